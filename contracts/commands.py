@@ -1,0 +1,99 @@
+"""Commands: what a caller asks Engram to change. Each is answered with a reply from
+``contracts.queries`` (``NoteWritten``/``NotesWritten``) or an ``ErrorReply``."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+import msgspec
+
+from contracts.base import SCHEMA_VERSION, Message
+from contracts.limits import (
+    DEFAULT_CATEGORY,
+    MAX_BATCH_NOTES,
+    Category,
+    CommandId,
+    Content,
+    LongText,
+    NoteId,
+    Subject,
+    UnitInterval,
+    UserId,
+    Version,
+)
+from contracts.model import NoteKind, NoteSource, Origin
+
+
+class Command(Message, frozen=True, kw_only=True):
+    """Fields every command carries."""
+
+    command_id: CommandId
+    user_id: UserId
+    expected_version: Version | None = None
+    origin: Origin | None = None
+
+
+class NoteDraft(msgspec.Struct, frozen=True, kw_only=True):
+    """The content of a new note. Episodes may carry summary, narrative and occurred_at;
+    procedures carry trigger and action."""
+
+    content: Content
+    kind: NoteKind = NoteKind.FACT
+    category: Category = DEFAULT_CATEGORY
+    subject: Subject | None = None
+    confidence: UnitInterval = 1.0
+    source: NoteSource = NoteSource.EXPLICIT
+    importance: UnitInterval = 0.5
+    summary: LongText | None = None
+    narrative: LongText | None = None
+    occurred_at: datetime | None = None
+    trigger: LongText | None = None
+    action: LongText | None = None
+
+
+class SaveNote(NoteDraft, tag_field="type", tag="save_note", frozen=True, kw_only=True):
+    """Save a new note. The reply names the note id (8 chars) and version 1.
+    ``expected_version``, if given, must be 0 (the note does not exist yet)."""
+
+    # msgspec allows one field-carrying base only, so the Command fields are repeated here.
+    schema_version: int = SCHEMA_VERSION
+    command_id: CommandId
+    user_id: UserId
+    expected_version: Version | None = None
+    origin: Origin | None = None
+
+    def draft(self) -> NoteDraft:
+        """The note part of the command."""
+        return NoteDraft(**{f: getattr(self, f) for f in NoteDraft.__struct_fields__})
+
+
+class SaveNotes(Command, tag="save_notes", frozen=True, kw_only=True):
+    """Save several notes at once (batch extraction). All are written atomically or none is."""
+
+    notes: Annotated[list[NoteDraft], msgspec.Meta(min_length=1, max_length=MAX_BATCH_NOTES)]
+
+
+class UpdateNote(Command, tag="update_note", frozen=True, kw_only=True):
+    """Change an active note: a new version with the given fields changed. The note id stays the
+    same. At least one field must be given. With ``expected_version`` the update is refused with
+    ``VERSION_CONFLICT`` unless the note is at exactly that version."""
+
+    note_id: NoteId
+    content: Content | None = None
+    category: Category | None = None
+    subject: Subject | None = None
+    confidence: UnitInterval | None = None
+    importance: UnitInterval | None = None
+
+
+class SupersedeNote(Command, tag="supersede_note", frozen=True, kw_only=True):
+    """Mark the active note ``note_id`` as outdated, replaced by the active note ``superseded_by``.
+    The old note leaves default searches and listings; its history stays. ``expected_version``
+    applies to the old note."""
+
+    note_id: NoteId
+    superseded_by: NoteId
+
+
+AnyCommand = SaveNote | SaveNotes | UpdateNote | SupersedeNote

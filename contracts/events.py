@@ -1,0 +1,60 @@
+"""Events: what happened, past tense, immutable once in the log.
+
+Every event carries ``event_id``, ``note_id``, ``user_id``, ``version`` (the note's version after
+this event, gapless from 1), ``command_id`` (the command that caused it) and ``at`` (when).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from contracts.base import Message
+from contracts.model import NoteKind, NoteSource, Origin
+
+
+class Event(Message, frozen=True, kw_only=True):
+    """Fields every event carries."""
+
+    event_id: str
+    note_id: str
+    user_id: str
+    version: int
+    command_id: str
+    at: datetime
+    origin: Origin | None = None
+
+
+class NoteSaved(Event, tag="note_saved", frozen=True, kw_only=True):
+    """A new note was saved (version 1)."""
+
+    kind: NoteKind
+    content: str
+    category: str
+    subject: str | None
+    confidence: float
+    source: NoteSource
+    importance: float
+    summary: str | None = None
+    narrative: str | None = None
+    occurred_at: datetime | None = None
+    trigger: str | None = None
+    action: str | None = None
+
+
+class NoteUpdated(Event, tag="note_updated", frozen=True, kw_only=True):
+    """An active note changed. Fields left ``None`` kept their previous value."""
+
+    content: str | None = None
+    category: str | None = None
+    subject: str | None = None
+    confidence: float | None = None
+    importance: float | None = None
+
+
+class NoteSuperseded(Event, tag="note_superseded", frozen=True, kw_only=True):
+    """An active note was marked outdated, replaced by the note ``superseded_by``."""
+
+    superseded_by: str
+
+
+AnyEvent = NoteSaved | NoteUpdated | NoteSuperseded

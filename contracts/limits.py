@@ -1,0 +1,90 @@
+"""Validation limits, enforced when a message is decoded and documented in README.
+
+Patterns are ASCII-only on purpose: ids end up inside Redis keys and CLI arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+MAX_CONTENT_CHARS = 16_384
+MAX_SUBJECT_CHARS = 200
+MAX_CATEGORY_CHARS = 50
+MAX_ID_CHARS = 128
+MAX_BATCH_NOTES = 100
+MAX_EPISODE_FIELD_CHARS = 16_384
+LIST_RECENT_DEFAULT = 10
+LIST_RECENT_MAX = 50
+LIST_NOTES_MAX = 1_000
+DEFAULT_CATEGORY = "general"
+
+# A printable-ASCII id without whitespace: users ("alice@example.com", "tg:12345") and command ids.
+ID_PATTERN = r"^[A-Za-z0-9._:@+/=|-]+$"
+NOTE_ID_PATTERN = r"^[A-Za-z0-9]{8}$"
+CATEGORY_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
+# At least one non-whitespace character.
+NOT_BLANK = r"\S"
+
+UserId = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=MAX_ID_CHARS,
+        pattern=ID_PATTERN,
+        description="The user whose memory this is. 1-128 chars of A-Za-z0-9 and ._:@+/=|-",
+    ),
+]
+CommandId = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=MAX_ID_CHARS,
+        pattern=ID_PATTERN,
+        description="Idempotency key chosen by the caller; a retry with the same id returns the first outcome.",
+    ),
+]
+NoteId = Annotated[
+    str,
+    msgspec.Meta(pattern=NOTE_ID_PATTERN, description="Note id: exactly 8 characters of A-Za-z0-9."),
+]
+Content = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=MAX_CONTENT_CHARS,
+        pattern=NOT_BLANK,
+        description=f"The note's text, 1-{MAX_CONTENT_CHARS} characters, not blank.",
+    ),
+]
+Category = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=MAX_CATEGORY_CHARS,
+        pattern=CATEGORY_PATTERN,
+        description="Lower-case slug, e.g. person, preference, context, project.",
+    ),
+]
+Subject = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=MAX_SUBJECT_CHARS,
+        pattern=NOT_BLANK,
+        description="The entity the note is about (a person, a project), up to 200 characters.",
+    ),
+]
+LongText = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_EPISODE_FIELD_CHARS, pattern=NOT_BLANK)]
+ShortText = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
+UnitInterval = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Version = Annotated[int, msgspec.Meta(ge=0, description="A note's version; 0 means 'does not exist yet'.")]
+Token = Annotated[
+    str,
+    msgspec.Meta(
+        max_length=64,
+        pattern=r"^[0-9]+:[0-9]+-[0-9]+$",
+        description="Consistency token returned by a command: '<partition>:<log entry id>'.",
+    ),
+]

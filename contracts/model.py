@@ -1,0 +1,81 @@
+"""The memory model shared by events, queries and replies."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+
+import msgspec
+
+from contracts.limits import Category, NoteId, ShortText, UnitInterval
+
+
+class NoteKind(enum.StrEnum):
+    """What sort of memory a note is."""
+
+    FACT = "fact"
+    EPISODE = "episode"
+    PROCEDURE = "procedure"
+
+
+class NoteSource(enum.StrEnum):
+    """Whether the user asked for the note to be remembered or it was extracted from conversation."""
+
+    EXPLICIT = "explicit"
+    EXTRACTED = "extracted"
+
+
+class NoteStatus(enum.StrEnum):
+    """Lifecycle of a note. Superseded notes stay in history but leave default listings."""
+
+    ACTIVE = "active"
+    SUPERSEDED = "superseded"
+    FORGOTTEN = "forgotten"
+
+
+class Origin(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Where a change came from: the channel (tui, whatsapp, api...) and the session or conversation."""
+
+    channel: ShortText | None = None
+    session_id: ShortText | None = None
+
+
+class NoteView(msgspec.Struct, frozen=True, kw_only=True):
+    """A note as the read model holds it: its current version and lifecycle."""
+
+    id: NoteId
+    user_id: str
+    kind: NoteKind
+    content: str
+    category: Category
+    subject: str | None
+    confidence: UnitInterval
+    source: NoteSource
+    importance: UnitInterval
+    created_at: datetime
+    updated_at: datetime
+    last_accessed_at: datetime | None
+    version: int
+    status: NoteStatus
+    supersedes: list[str]
+    superseded_by: str | None
+    summary: str | None = None
+    narrative: str | None = None
+    occurred_at: datetime | None = None
+    trigger: str | None = None
+    action: str | None = None
+
+
+class VersionView(msgspec.Struct, frozen=True, kw_only=True):
+    """One entry of a note's history: the state the note had from this version on."""
+
+    version: int
+    change: str
+    content: str
+    category: str
+    subject: str | None
+    status: NoteStatus
+    created_at: datetime
+    command_id: str
+    origin: Origin | None = None
+    superseded_by: str | None = None

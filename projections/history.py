@@ -1,0 +1,300 @@
+"""The history read model in Redis: each note's current view, every version, a deterministic
+per-user listing and a recency listing.
+
+Keys live under a *generation* (``engram:{p}:hist:<gen>:...``); ``engram:{p}:hist:live`` names the
+generation queries read. A rebuild fills a fresh generation from position zero and switches the
+pointer, so queries never see a half-built model. Every write transaction WATCHes the live pointer
+and the checkpoint: a stale writer (an old generation after a switch, or a second worker that
+lost its lease) aborts instead of writing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+import msgspec
+from redis.asyncio import Redis
+from redis.exceptions import WatchError
+
+from contracts import channels
+from contracts.events import NoteSaved, NoteSuperseded
+from contracts.model import NoteStatus, NoteView, VersionView
+from projections.history_model import (
+    add_supersedes,
+    evolve_view,
+    order_member,
+    recent_score,
+    version_entry,
+)
+from services.event_store import LogEntry, RedisEventStore
+
+_view_decoder = msgspec.json.Decoder(NoteView)
+_version_decoder = msgspec.json.Decoder(VersionView)
+
+
+class GenerationChanged(Exception):
+    """The live generation moved (a rebuild switched) or another writer advanced the checkpoint."""
+
+
+class HistoryKeys:
+    def __init__(self, partition: int, generation: int) -> None:
+        base = f"{channels.tag(partition)}:hist"
+        self.live = f"{base}:live"
+        self.generations = f"{base}:generations"
+        self.lease = f"{base}:lease"
+        self.prefix = f"{base}:{generation}:"
+        self.checkpoint = f"{self.prefix}checkpoint"
+
+    def note(self, user_id: str, note_id: str) -> str:
+        return f"{self.prefix}note:{user_id}:{note_id}"
+
+    def versions(self, user_id: str, note_id: str) -> str:
+        return f"{self.prefix}versions:{user_id}:{note_id}"
+
+    def order(self, user_id: str, include_superseded: bool) -> str:
+        return f"{self.prefix}{'order-all' if include_superseded else 'order'}:{user_id}"
+
+    def recent(self, user_id: str) -> str:
+        return f"{self.prefix}recent:{user_id}"
+
+
+async def live_generation(redis: Redis, partition: int) -> int:
+    raw = await redis.get(HistoryKeys(partition, 0).live)
+    return int(raw) if raw is not None else 0
+
+
+def position_key(position: str | bytes) -> tuple[int, int]:
+    return channels.parse_entry_id(position)
+
+
+class HistoryProjection:
+    """Writes one generation of one partition's history read model."""
+
+    name = "history"
+
+    def __init__(self, redis: Redis, partition: int, generation: int) -> None:
+        self._redis = redis
+        self.partition = partition
+        self.generation = generation
+        self.keys = HistoryKeys(partition, generation)
+
+    async def checkpoint(self) -> str | None:
+        raw = await self._redis.get(self.keys.checkpoint)
+        return raw.decode() if raw is not None else None
+
+    async def apply(self, batch: Sequence[LogEntry], *, live: bool = True) -> None:
+        """Apply a batch of log entries, in order, with the checkpoint, in one transaction.
+        Entries at or before the checkpoint are skipped, and so is an event whose note is already
+        at that version or later: redelivery and replays change nothing."""
+        keys = self.keys
+        async with self._redis.pipeline(transaction=True) as pipe:
+            try:
+                watched = [keys.checkpoint] + ([keys.live] if live else [])
+                await pipe.watch(*watched)
+                checkpoint = await pipe.get(keys.checkpoint)
+                if live and await live_generation(pipe, self.partition) != self.generation:  # type: ignore[arg-type]
+                    raise GenerationChanged()
+                done = position_key(checkpoint) if checkpoint else (0, 0)
+                batch = [e for e in batch if position_key(e.position) > done]
+                if not batch:
+                    return
+                views = await self._load_views(pipe, batch)
+                writes = _plan(batch, views, keys)
+                pipe.multi()
+                for user_id, members in writes.stale_members.items():
+                    pipe.zrem(keys.order(user_id, True), *members)
+                    pipe.zrem(keys.order(user_id, False), *members)
+                for key, view in writes.views.items():
+                    pipe.set(key, msgspec.json.encode(view))
+                    _index(pipe, keys, view)
+                for key, entries in writes.versions.items():
+                    pipe.hset(key, mapping=entries)
+                pipe.set(keys.checkpoint, batch[-1].position)
+                await pipe.execute()
+            except WatchError as e:
+                raise GenerationChanged() from e
+
+    async def _load_views(self, pipe, batch: Sequence[LogEntry]) -> dict[str, NoteView | None]:  # type: ignore[no-untyped-def]
+        note_keys: list[str] = []
+        for entry in batch:
+            event = entry.event
+            note_keys.append(self.keys.note(event.user_id, event.note_id))
+            if isinstance(event, NoteSuperseded):
+                note_keys.append(self.keys.note(event.user_id, event.superseded_by))
+        unique = list(dict.fromkeys(note_keys))
+        raws = await pipe.mget(unique)
+        return {k: (_view_decoder.decode(r) if r is not None else None) for k, r in zip(unique, raws, strict=True)}
+
+    async def rebuild(
+        self, store: RedisEventStore, progress: Callable[[int], None] | None = None, batch_size: int = 500
+    ) -> int:
+        """Fill this (fresh) generation from position zero up to the log's head when called.
+        Returns how many events were read."""
+        head, _ = await store.log_head(self.partition)
+        if head is None:
+            await self._redis.set(self.keys.checkpoint, "0-0")
+            return 0
+        after, read = "0", 0
+        while position_key(after) < position_key(head):
+            batch = await store.read_log(self.partition, after, batch_size)
+            if not batch:
+                break
+            await self.apply(batch, live=False)
+            after = batch[-1].position
+            read += len(batch)
+            if progress:
+                progress(len(batch))
+        return read
+
+    async def make_live(self, previous: int) -> bool:
+        """Switch queries to this generation if ``previous`` is still live; then drop the old one."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(self.keys.live)
+                if await live_generation(pipe, self.partition) != previous:  # type: ignore[arg-type]
+                    return False
+                pipe.multi()
+                pipe.set(self.keys.live, self.generation)
+                await pipe.execute()
+            except WatchError:
+                return False
+        await drop_generation(self._redis, self.partition, previous)
+        return True
+
+
+async def drop_generation(redis: Redis, partition: int, generation: int) -> int:
+    prefix = HistoryKeys(partition, generation).prefix
+    dropped = 0
+    batch: list[bytes] = []
+    async for key in redis.scan_iter(match=f"{_glob_escape(prefix)}*", count=1000):
+        batch.append(key)
+        if len(batch) >= 500:
+            dropped += await redis.unlink(*batch)
+            batch = []
+    if batch:
+        dropped += await redis.unlink(*batch)
+    return dropped
+
+
+def _glob_escape(text: str) -> str:
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
+
+
+class _Writes(msgspec.Struct):
+    views: dict[str, NoteView]
+    versions: dict[str, dict[str, bytes]]
+    # Listing members a category change left behind, per user.
+    stale_members: dict[str, set[bytes]]
+
+
+def _plan(batch: Sequence[LogEntry], views: dict[str, NoteView | None], keys: HistoryKeys) -> _Writes:
+    """The writes a batch makes, computed in memory in log order."""
+    writes = _Writes(views={}, versions={}, stale_members={})
+    for entry in batch:
+        event = entry.event
+        key = keys.note(event.user_id, event.note_id)
+        current = views.get(key)
+        if current is not None and current.version >= event.version:
+            continue
+        if current is None and not isinstance(event, NoteSaved):
+            # An event whose note was never saved cannot be applied; the log is the authority, so
+            # this means corruption. Skipping keeps the projection flowing; rebuild will agree.
+            continue
+        view = evolve_view(current, event)
+        if current is not None and order_member(current) != order_member(view):
+            writes.stale_members.setdefault(event.user_id, set()).add(order_member(current))
+        views[key] = view
+        writes.views[key] = view
+        writes.versions.setdefault(keys.versions(event.user_id, event.note_id), {})[str(event.version)] = (
+            msgspec.json.encode(version_entry(view, event))
+        )
+        if isinstance(event, NoteSuperseded):
+            other_key = keys.note(event.user_id, event.superseded_by)
+            other = views.get(other_key)
+            if other is not None:
+                other = add_supersedes(other, event.note_id)
+                views[other_key] = other
+                writes.views[other_key] = other
+    return writes
+
+
+def _index(pipe, keys: HistoryKeys, view: NoteView) -> None:  # type: ignore[no-untyped-def]
+    member = order_member(view)
+    pipe.zadd(keys.order(view.user_id, True), {member: 0})
+    if view.status is NoteStatus.ACTIVE:
+        pipe.zadd(keys.order(view.user_id, False), {member: 0})
+        pipe.zadd(keys.recent(view.user_id), {view.id: recent_score(view)})
+    else:
+        pipe.zrem(keys.order(view.user_id, False), member)
+        pipe.zrem(keys.recent(view.user_id), view.id)
+
+
+class HistoryReader:
+    """Reads the live generation for the query responders."""
+
+    def __init__(self, redis: Redis, partitions: int) -> None:
+        self._redis = redis
+        self.partitions = partitions
+
+    async def _keys(self, user_id: str) -> HistoryKeys:
+        p = channels.partition_of(user_id, self.partitions)
+        return HistoryKeys(p, await live_generation(self._redis, p))
+
+    async def checkpoint(self, partition: int) -> tuple[int, int]:
+        keys = HistoryKeys(partition, await live_generation(self._redis, partition))
+        raw = await self._redis.get(keys.checkpoint)
+        return position_key(raw) if raw else (0, 0)
+
+    async def wait_for(self, token: str, timeout: float, poll: float = 0.002) -> bool:
+        """Wait until the live generation has applied the token's position."""
+        partition, position = channels.parse_token(token)
+        if partition >= self.partitions:
+            return False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while await self.checkpoint(partition) < position:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(poll)
+        return True
+
+    async def get_note(self, user_id: str, note_id: str) -> NoteView | None:
+        keys = await self._keys(user_id)
+        raw = await self._redis.get(keys.note(user_id, note_id))
+        return _view_decoder.decode(raw) if raw is not None else None
+
+    async def history(self, user_id: str, note_id: str) -> tuple[NoteView, list[VersionView]] | None:
+        keys = await self._keys(user_id)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.get(keys.note(user_id, note_id))
+            pipe.hgetall(keys.versions(user_id, note_id))
+            raw_view, raw_versions = await pipe.execute()
+        if raw_view is None:
+            return None
+        versions = sorted((_version_decoder.decode(v) for v in raw_versions.values()), key=lambda v: v.version)
+        return _view_decoder.decode(raw_view), versions
+
+    async def list_notes(self, user_id: str, category: str | None, include_superseded: bool) -> list[NoteView]:
+        keys = await self._keys(user_id)
+        order = keys.order(user_id, include_superseded)
+        if category is None:
+            members = await self._redis.zrange(order, 0, -1)
+        else:
+            members = await self._redis.zrangebylex(order, f"[{category}\x00".encode(), f"({category}\x01".encode())
+        ids = [m.rsplit(b"\x00", 1)[1].decode() for m in members]
+        return await self._views(keys, user_id, ids)
+
+    async def list_recent(self, user_id: str, limit: int) -> tuple[list[NoteView], int]:
+        keys = await self._keys(user_id)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zrevrange(keys.recent(user_id), 0, limit - 1)
+            pipe.zcard(keys.recent(user_id))
+            members, total = await pipe.execute()
+        return await self._views(keys, user_id, [m.decode() for m in members]), int(total)
+
+    async def _views(self, keys: HistoryKeys, user_id: str, ids: list[str]) -> list[NoteView]:
+        if not ids:
+            return []
+        raws = await self._redis.mget([keys.note(user_id, i) for i in ids])
+        return [_view_decoder.decode(r) for r in raws if r is not None]

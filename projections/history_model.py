@@ -1,0 +1,90 @@
+"""The history read model's pure part: how an event changes a note's view and its history."""
+
+from __future__ import annotations
+
+import msgspec
+
+from contracts.events import AnyEvent, NoteSaved, NoteSuperseded, NoteUpdated
+from contracts.model import NoteStatus, NoteView, VersionView
+
+
+def evolve_view(view: NoteView | None, event: AnyEvent) -> NoteView:
+    if isinstance(event, NoteSaved):
+        return NoteView(
+            id=event.note_id,
+            user_id=event.user_id,
+            kind=event.kind,
+            content=event.content,
+            category=event.category,
+            subject=event.subject,
+            confidence=event.confidence,
+            source=event.source,
+            importance=event.importance,
+            created_at=event.at,
+            updated_at=event.at,
+            last_accessed_at=None,
+            version=event.version,
+            status=NoteStatus.ACTIVE,
+            # A supersede may have been applied to the replacement's view before; keep it.
+            supersedes=view.supersedes if view is not None else [],
+            superseded_by=None,
+            summary=event.summary,
+            narrative=event.narrative,
+            occurred_at=event.occurred_at,
+            trigger=event.trigger,
+            action=event.action,
+        )
+    if view is None:
+        raise ValueError(f"{type(event).__name__} for unknown note {event.note_id}")
+    if isinstance(event, NoteUpdated):
+        changes = {
+            f: v
+            for f in ("content", "category", "subject", "confidence", "importance")
+            if (v := getattr(event, f)) is not None
+        }
+        return msgspec.structs.replace(view, version=event.version, updated_at=event.at, **changes)
+    if isinstance(event, NoteSuperseded):
+        return msgspec.structs.replace(
+            view,
+            version=event.version,
+            updated_at=event.at,
+            status=NoteStatus.SUPERSEDED,
+            superseded_by=event.superseded_by,
+        )
+    raise TypeError(f"unknown event {type(event).__name__}")
+
+
+def add_supersedes(view: NoteView, old_note_id: str) -> NoteView:
+    """The replacement note learns which note it supersedes (a set: applying twice is harmless)."""
+    if old_note_id in view.supersedes:
+        return view
+    return msgspec.structs.replace(view, supersedes=sorted([*view.supersedes, old_note_id]))
+
+
+CHANGE_NAMES = {NoteSaved: "saved", NoteUpdated: "updated", NoteSuperseded: "superseded"}
+
+
+def version_entry(view: NoteView, event: AnyEvent) -> VersionView:
+    return VersionView(
+        version=event.version,
+        change=CHANGE_NAMES[type(event)],
+        content=view.content,
+        category=view.category,
+        subject=view.subject,
+        status=view.status,
+        created_at=event.at,
+        command_id=event.command_id,
+        origin=event.origin,
+        superseded_by=view.superseded_by,
+    )
+
+
+def order_member(view: NoteView) -> bytes:
+    """Lexicographic member of the listing index: category, then created_at (ms, zero-padded),
+    then id. Sorting these bytes is the deterministic order seed 002 needs for prompt caching."""
+    ms = int(view.created_at.timestamp() * 1000)
+    return f"{view.category}\x00{ms:015d}\x00{view.id}".encode()
+
+
+def recent_score(view: NoteView) -> float:
+    return view.created_at.timestamp() * 1000

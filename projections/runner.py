@@ -1,0 +1,82 @@
+"""Catch-up subscription: follows one partition's log from the projection's own checkpoint, in
+strict order, and applies batches. A lease lets several workers run it while only one applies; the
+projection's WATCH on its checkpoint keeps a worker that lost its lease from writing anyway."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from redis.asyncio import Redis
+
+from projections.history import GenerationChanged, HistoryKeys, HistoryProjection, live_generation
+from services.event_store import RedisEventStore
+
+log = logging.getLogger("engram.projections")
+
+_HOLD_LEASE = """
+local owner = redis.call('GET', KEYS[1])
+if owner == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if not owner then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
+class HistoryRunner:
+    def __init__(
+        self,
+        redis: Redis,
+        store: RedisEventStore,
+        partition: int,
+        owner: str,
+        batch_size: int = 256,
+        block_ms: int = 500,
+        lease_ms: int = 10_000,
+    ) -> None:
+        self._redis = redis
+        self._store = store
+        self.partition = partition
+        self._owner = owner
+        self._batch = batch_size
+        self._block_ms = block_ms
+        self._lease_ms = lease_ms
+        self._lease = redis.register_script(_HOLD_LEASE)
+        self._lease_key = HistoryKeys(partition, 0).lease
+
+    async def run(self, stop: asyncio.Event) -> None:
+        projection: HistoryProjection | None = None
+        after = "0"
+        while not stop.is_set():
+            try:
+                if not await self._lease(keys=[self._lease_key], args=[self._owner, self._lease_ms]):
+                    projection = None
+                    await asyncio.sleep(self._lease_ms / 3000)
+                    continue
+                if projection is None:
+                    generation = await live_generation(self._redis, self.partition)
+                    projection = HistoryProjection(self._redis, self.partition, generation)
+                    after = await projection.checkpoint() or "0"
+                batch = await self._store.read_log(self.partition, after, self._batch, self._block_ms)
+                if batch:
+                    await projection.apply(batch)
+                    after = batch[-1].position
+            except GenerationChanged:
+                projection = None
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Redis restarting, a network blip: keep the loop alive and pick up from the checkpoint.
+                log.exception("history projection of partition %d failed; retrying", self.partition)
+                projection = None
+                await asyncio.sleep(0.5)
+
+    async def release(self) -> None:
+        owner = await self._redis.get(self._lease_key)
+        if owner is not None and owner.decode() == self._owner:
+            await self._redis.delete(self._lease_key)

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Set-up, then the whole test suite (unit, integration, e2e, faults) against real Redis.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh || exit 1
+export HF_HUB_OFFLINE=1
+.venv/bin/python -m pytest "$@"
+rc=$?
+# pytest exits 5 when it collected no test; that is a failure of the suite, not a pass.
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests" >&2
+  exit 1
+fi
+exit "$rc"

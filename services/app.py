@@ -1,0 +1,175 @@
+"""The composition root: builds every part from ``Settings`` and runs them. Nothing connects at
+import time; ``build()`` only constructs, ``Engram.run()`` connects.
+
+Subscriptions of the service, all here:
+
+- command handler: stream ``engram:{p}:commands``, group ``engram-commands``, REJECT_ON_ERROR (ack
+  after the reply; an infrastructure failure leaves the entry pending for the reclaimer).
+- query responder: stream ``engram:{p}:queries``, group ``engram-queries``, REJECT_ON_ERROR.
+- history projection: ``engram:{p}:log``, no group: a catch-up subscription from its own
+  checkpoint, stored with its state.
+- reclaimers: both request streams; re-queue after ``claim_idle_ms``, dead-letter after
+  ``max_deliveries``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+from fast_depends.msgspec import MsgSpecSerializer
+from faststream import AckPolicy
+from faststream.redis import RedisBroker, StreamSub
+from faststream.redis.annotations import RedisStreamMessage
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from contracts import channels
+from projections.history import HistoryReader
+from projections.runner import HistoryRunner
+from services.commands import CommandService
+from services.config import Settings
+from services.event_store import RedisEventStore
+from services.queries import QueryService
+from services.reclaimer import PendingReclaimer
+
+log = logging.getLogger("engram")
+
+PARTITIONS_KEY = "engram:partitions"
+
+
+def make_broker(url: str) -> RedisBroker:
+    # logger=None: FastStream's per-message INFO lines cost more than the handler itself.
+    return RedisBroker(url, serializer=MsgSpecSerializer(), logger=None)  # type: ignore[arg-type]
+
+
+@dataclass
+class Engram:
+    settings: Settings
+    redis: Redis
+    broker: RedisBroker
+    store: RedisEventStore
+    commands: CommandService
+    queries: QueryService
+    history: HistoryReader
+    runners: list[HistoryRunner]
+    reclaimers: list[PendingReclaimer]
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        """Run every worker until ``stopping`` is set."""
+        await self._check_partitions()
+        await self._ensure_groups()
+        tasks = [asyncio.create_task(r.run(self.stopping), name=f"history-{r.partition}") for r in self.runners]
+        tasks += [asyncio.create_task(r.run(self.stopping), name=f"reclaim-{r.stream}") for r in self.reclaimers]
+        try:
+            await self.broker.start()
+            log.info(
+                "engram serving on %s: %d partition(s), consumer %s",
+                _redacted(self.settings.redis_url),
+                self.settings.partitions,
+                self.settings.consumer_name,
+            )
+            if ready is not None:
+                ready.set()
+            await self.stopping.wait()
+        finally:
+            self.stopping.set()
+            await self.broker.stop()
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            for runner in self.runners:
+                with contextlib.suppress(Exception):
+                    await runner.release()
+            await self.redis.aclose()
+
+    async def _ensure_groups(self) -> None:
+        """Create the request groups at position 0 ourselves: FastStream creates a new group at
+        ``$``, which would silently skip requests published before the first worker started."""
+        for p in range(self.settings.partitions):
+            for stream, group in (
+                (channels.command_stream(p), channels.COMMAND_GROUP),
+                (channels.query_stream(p), channels.QUERY_GROUP),
+            ):
+                try:
+                    await self.redis.xgroup_create(stream, group, id="0", mkstream=True)
+                except ResponseError as e:
+                    if "BUSYGROUP" not in str(e):
+                        raise
+
+    async def _check_partitions(self) -> None:
+        """The partition count routes every user; changing it under existing data would split a
+        user's history across partitions, so a mismatch refuses to start."""
+        await self.redis.set(PARTITIONS_KEY, self.settings.partitions, nx=True)
+        stored = int(await self.redis.get(PARTITIONS_KEY))
+        if stored != self.settings.partitions:
+            raise SystemExit(
+                f"this Redis holds data for ENGRAM_PARTITIONS={stored}, not {self.settings.partitions}; "
+                "set it back (re-partitioning is an export/import)"
+            )
+
+
+def build(settings: Settings) -> Engram:
+    redis = Redis.from_url(settings.redis_url)
+    broker = make_broker(settings.redis_url)
+    store = RedisEventStore(redis, settings.partitions, settings.idempotency_ttl_seconds)
+    history = HistoryReader(redis, settings.partitions)
+    commands = CommandService(store)
+    queries = QueryService(history, settings.read_wait_seconds)
+    _subscribe(broker, settings, commands, queries)
+    runners = [HistoryRunner(redis, store, p, settings.consumer_name) for p in range(settings.partitions)]
+    reclaimers = [
+        PendingReclaimer(redis, stream, group, settings.claim_idle_ms, settings.max_deliveries, settings.consumer_name)
+        for p in range(settings.partitions)
+        for stream, group in (
+            (channels.command_stream(p), channels.COMMAND_GROUP),
+            (channels.query_stream(p), channels.QUERY_GROUP),
+        )
+    ]
+    return Engram(settings, redis, broker, store, commands, queries, history, runners, reclaimers)
+
+
+def _subscribe(broker: RedisBroker, settings: Settings, commands: CommandService, queries: QueryService) -> None:
+    async def handle_command(msg: RedisStreamMessage) -> bytes:
+        """Executes a command (SaveNote, SaveNotes, UpdateNote, SupersedeNote) and replies with
+        NoteWritten, NotesWritten or ErrorReply."""
+        return await commands.handle(msg.body)
+
+    async def handle_query(msg: RedisStreamMessage) -> bytes:
+        """Answers a query (GetNote, GetHistory, ListNotes, ListRecent) from the history read
+        model, after waiting for the caller's consistency token."""
+        return await queries.handle(msg.body)
+
+    for p in range(settings.partitions):
+        broker.subscriber(
+            stream=StreamSub(
+                channels.command_stream(p),
+                group=channels.COMMAND_GROUP,
+                consumer=settings.consumer_name,
+                polling_interval=1000,
+            ),
+            ack_policy=AckPolicy.REJECT_ON_ERROR,
+            title=f"commands-{p}",
+        )(handle_command)
+        broker.subscriber(
+            stream=StreamSub(
+                channels.query_stream(p),
+                group=channels.QUERY_GROUP,
+                consumer=settings.consumer_name,
+                polling_interval=1000,
+            ),
+            ack_policy=AckPolicy.REJECT_ON_ERROR,
+            title=f"queries-{p}",
+        )(handle_query)
+
+
+def _redacted(url: str) -> str:
+    if "@" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url

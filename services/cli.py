@@ -1,0 +1,360 @@
+"""``engram``: the operator's and developer's command line. Every subcommand except ``serve``
+talks to a running ``engram serve`` over the bus through ``EngramClient``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from contracts import channels
+from contracts.errors import EngramError, ErrorCode
+from contracts.model import NoteSource
+from services.config import Settings
+
+log = logging.getLogger("engram")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except EngramError as e:
+        return _fail(args, e.code.value, e.message)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _fail(args: argparse.Namespace, code: str, message: str) -> int:
+    if getattr(args, "json", False):
+        print(json.dumps({"error": {"code": code, "message": message}}))
+    else:
+        print(f"engram: {code}: {message}", file=sys.stderr)
+    return 1
+
+
+def _print(args: argparse.Namespace, obj: Any, human: Callable[[Any], str] | None = None) -> None:
+    if args.json or human is None:
+        sys.stdout.write(msgspec.json.encode(obj).decode() + "\n")
+    else:
+        print(human(obj))
+
+
+def resolve_url(settings: Settings) -> str:
+    """The configured URL; else the default if it answers; else the private redis-server an
+    `engram serve` on the same data dir started (it leaves its URL in the data dir)."""
+    from services.redis_server import answers
+
+    if settings.redis_url_configured or answers(settings.redis_url):
+        return settings.redis_url
+    private = settings.data_dir / "redis.url"
+    if private.exists():
+        return private.read_text().strip()
+    return settings.redis_url
+
+
+# serve ------------------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = Settings.from_env()
+    private = None
+    from services.redis_server import RedisServer, answers
+
+    if not settings.redis_url_configured and not answers(settings.redis_url):
+        private = RedisServer(settings.data_dir / "redis").start()
+        (settings.data_dir / "redis.url").write_text(private.url)
+        log.info(
+            "no Redis at %s and none configured: started a private redis-server (AOF) at %s under %s",
+            settings.redis_url,
+            private.url,
+            private.directory,
+        )
+        settings = Settings(**{**settings.__dict__, "redis_url": private.url})
+    try:
+        return asyncio.run(_serve(settings))
+    finally:
+        if private is not None:
+            private.stop()
+            (settings.data_dir / "redis.url").unlink(missing_ok=True)
+
+
+async def _serve(settings: Settings) -> int:
+    from services.app import build
+
+    engram = build(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, engram.stopping.set)
+    try:
+        await engram.run()
+    except (OSError, ConnectionError) as e:
+        log.error("cannot reach Redis at %s: %s", settings.redis_url, e)
+        return 1
+    return 0
+
+
+# client subcommands -----------------------------------------------------------------------------
+
+
+def _with_client(fn: Callable[..., Awaitable[int | None]]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        async def go() -> int:
+            from services.client import EngramClient
+
+            settings = Settings.from_env()
+            client = EngramClient(resolve_url(settings), timeout=args.timeout or settings.request_timeout_seconds)
+            await client.connect()
+            try:
+                return int(await fn(client, args) or 0)
+            finally:
+                await client.close()
+
+        return asyncio.run(go())
+
+    return run
+
+
+async def cmd_save(client: Any, args: argparse.Namespace) -> None:
+    reply = await client.save(
+        args.user,
+        args.text,
+        category=args.category,
+        subject=args.subject,
+        confidence=args.confidence,
+        source=NoteSource(args.source),
+        importance=args.importance,
+        command_id=args.command_id,
+    )
+    _print(
+        args,
+        reply,
+        lambda r: f"saved {r.note_id} (version {r.version}{', replayed' if r.replayed else ''}) token {r.token}",
+    )
+
+
+async def cmd_update(client: Any, args: argparse.Namespace) -> None:
+    reply = await client.update(
+        args.user,
+        args.note_id,
+        content=args.text,
+        category=args.category,
+        subject=args.subject,
+        expected_version=args.expected_version,
+        command_id=args.command_id,
+    )
+    _print(args, reply, lambda r: f"updated {r.note_id} to version {r.version} token {r.token}")
+
+
+async def cmd_supersede(client: Any, args: argparse.Namespace) -> None:
+    reply = await client.supersede(args.user, args.old_id, args.new_id, command_id=args.command_id)
+    _print(args, reply, lambda r: f"Memory {r.note_id} marked as superseded by {r.superseded_by}")
+
+
+async def cmd_get(client: Any, args: argparse.Namespace) -> None:
+    note = await client.get_note(args.user, args.note_id, after=args.after)
+    _print(args, note, _human_note)
+
+
+async def cmd_history(client: Any, args: argparse.Namespace) -> None:
+    reply = await client.history(args.user, args.note_id, after=args.after)
+    out = {"note_id": reply.note_id, "status": reply.status, "versions": reply.versions}
+    _print(
+        args,
+        out,
+        lambda o: "\n".join(
+            f"v{v.version} {v.created_at:%Y-%m-%d %H:%M:%S} {v.change:<10} {v.content}" for v in o["versions"]
+        ),
+    )
+
+
+async def cmd_list(client: Any, args: argparse.Namespace) -> None:
+    reply = await client.list_notes(
+        args.user, category=args.category, include_superseded=args.include_superseded, after=args.after
+    )
+    _print(args, {"notes": reply.notes, "total": reply.total}, lambda o: _human_notes(o["notes"]))
+
+
+async def cmd_recent(client: Any, args: argparse.Namespace) -> None:
+    reply = await client.list_recent(args.user, limit=args.limit, after=args.after)
+    _print(args, {"notes": reply.notes, "total": reply.total}, lambda o: _human_notes(o["notes"]))
+
+
+def _human_note(n: Any) -> str:
+    subject = f"[{n.subject}] " if n.subject else ""
+    return f"[id:{n.id}] ({n.category}, v{n.version}, {n.status.value}) {subject}{n.content}"
+
+
+def _human_notes(notes: list[Any]) -> str:
+    return "\n".join(_human_note(n) for n in notes) or "(no memories)"
+
+
+# operator subcommands ---------------------------------------------------------------------------
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    async def go() -> None:
+        from redis.asyncio import Redis
+
+        from services.app import PARTITIONS_KEY
+
+        settings = Settings.from_env()
+        url = resolve_url(settings)
+        redis = Redis.from_url(url)
+        try:
+            partitions = int(await redis.get(PARTITIONS_KEY) or settings.partitions)
+        except OSError as e:
+            raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {url}: {e}") from None
+        positions = {channels.event_log(p): ("0" if args.from_start else "$") for p in range(partitions)}
+        shown = 0
+        while args.count is None or shown < args.count:
+            response = await redis.xread(positions, block=1000, count=100)
+            for stream, entries in response or []:
+                for entry_id, fields in entries:
+                    positions[stream.decode()] = entry_id.decode()
+                    event = json.loads(fields[b"e"])
+                    print(
+                        json.dumps({"log": stream.decode(), "position": entry_id.decode(), "event": event}), flush=True
+                    )
+                    shown += 1
+                    if args.count is not None and shown >= args.count:
+                        break
+        await redis.aclose()
+
+    asyncio.run(go())
+    return 0
+
+
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    async def go() -> dict[str, Any]:
+        from redis.asyncio import Redis
+        from tqdm import tqdm
+
+        from projections.history import HistoryKeys, HistoryProjection, live_generation
+        from services.app import PARTITIONS_KEY
+        from services.event_store import RedisEventStore
+
+        settings = Settings.from_env()
+        url = resolve_url(settings)
+        redis = Redis.from_url(url)
+        try:
+            partitions = int(await redis.get(PARTITIONS_KEY) or settings.partitions)
+        except OSError as e:
+            raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {url}: {e}") from None
+        store = RedisEventStore(redis, partitions, settings.idempotency_ttl_seconds)
+        total = 0
+        generations = {}
+        for p in range(partitions):
+            _, length = await store.log_head(p)
+            previous = await live_generation(redis, p)
+            generation = int(await redis.incr(HistoryKeys(p, 0).generations))
+            projection = HistoryProjection(redis, p, generation)
+            with tqdm(
+                total=length, desc=f"history partition {p}", unit="event", file=sys.stderr, disable=args.json
+            ) as bar:
+                total += await projection.rebuild(store, progress=bar.update)
+            if not await projection.make_live(previous):
+                raise EngramError(ErrorCode.STORAGE_ERROR, f"another rebuild of partition {p} finished first")
+            generations[str(p)] = generation
+        await redis.aclose()
+        return {"projection": "history", "events": total, "generations": generations}
+
+    result = asyncio.run(go())
+    _print(args, result, lambda r: f"rebuilt history from {r['events']} events; live generations {r['generations']}")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from contracts.schema import json_schema
+
+    text = json.dumps(json_schema(), indent=2, sort_keys=True)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+        _print(args, {"written": args.out}, lambda o: f"wrote {o['written']}")
+    else:
+        print(text)
+    return 0
+
+
+# argument parsing -------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="engram", description="Engram: long-term memory for LLM agents.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(
+        name: str, run: Callable[[argparse.Namespace], int], help: str, user: bool = False
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(run=run)
+        p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+        if user:
+            p.add_argument("--user", required=True, help="the user whose memory this is")
+            p.add_argument("--timeout", type=float, default=None, help="seconds to wait for a reply")
+        return p
+
+    add("serve", cmd_serve, "run every worker (command handler, projections, query responders)")
+
+    p = add("save", _with_client(cmd_save), "save a new note", user=True)
+    p.add_argument("text")
+    p.add_argument("--category", default="general")
+    p.add_argument("--subject")
+    p.add_argument("--confidence", type=float, default=1.0)
+    p.add_argument("--importance", type=float, default=0.5)
+    p.add_argument("--source", choices=[s.value for s in NoteSource], default="explicit")
+    p.add_argument("--command-id", help="idempotency key (default: a new one)")
+
+    p = add("update", _with_client(cmd_update), "change a note (new version, same id)", user=True)
+    p.add_argument("note_id")
+    p.add_argument("text", nargs="?")
+    p.add_argument("--category")
+    p.add_argument("--subject")
+    p.add_argument("--expected-version", type=int)
+    p.add_argument("--command-id")
+
+    p = add("supersede", _with_client(cmd_supersede), "mark OLD_ID as replaced by NEW_ID", user=True)
+    p.add_argument("old_id")
+    p.add_argument("new_id")
+    p.add_argument("--command-id")
+
+    for name, fn, help in (
+        ("get", cmd_get, "show one note"),
+        ("history", cmd_history, "show every version of a note"),
+    ):
+        p = add(name, _with_client(fn), help, user=True)
+        p.add_argument("note_id")
+        p.add_argument("--after", help="consistency token to wait for")
+
+    p = add("list", _with_client(cmd_list), "list notes by category, then creation time", user=True)
+    p.add_argument("--category")
+    p.add_argument("--include-superseded", action="store_true")
+    p.add_argument("--after")
+
+    p = add("recent", _with_client(cmd_recent), "most recently created notes", user=True)
+    p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--after")
+
+    p = add("tail", cmd_tail, "follow the public event stream (JSON lines)")
+    p.add_argument("--from-start", action="store_true", help="start at the beginning of the log")
+    p.add_argument("--count", type=int, help="stop after this many events")
+
+    p = add("rebuild", cmd_rebuild, "rebuild a projection from the event log, then switch to it")
+    p.add_argument("projection", choices=["history"])
+
+    p = add("schema", cmd_schema, "write the JSON Schema of every contract")
+    p.add_argument("--out", help="file to write (default: stdout)")
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

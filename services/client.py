@@ -1,0 +1,245 @@
+"""``EngramClient``: the thin async Python client of the bus. One method per command and query;
+returns reply Structs and raises ``EngramError`` for error replies, time-outs and an unreachable bus."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from types import TracebackType
+from typing import Any, TypeVar
+
+import msgspec
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from contracts import channels
+from contracts.commands import AnyCommand, NoteDraft, SaveNote, SaveNotes, SupersedeNote, UpdateNote
+from contracts.errors import EngramError, ErrorCode, ErrorReply
+from contracts.model import NoteKind, NoteSource, NoteView, Origin
+from contracts.queries import (
+    AnyQuery,
+    AnyReply,
+    GetHistory,
+    GetNote,
+    HistoryReply,
+    ListNotes,
+    ListRecent,
+    NoteReply,
+    NotesReply,
+    NotesWritten,
+    NoteWritten,
+)
+from services.app import PARTITIONS_KEY, make_broker
+
+R = TypeVar("R")
+_reply_decoder = msgspec.json.Decoder(AnyReply)
+_encoder = msgspec.json.Encoder()
+
+
+class EngramClient:
+    def __init__(self, url: str, *, timeout: float = 10.0, request_stream_maxlen: int = 100_000) -> None:
+        self.url = url
+        self.timeout = timeout
+        self._maxlen = request_stream_maxlen
+        self._broker = make_broker(url)
+        self.partitions = 1
+
+    async def __aenter__(self) -> EngramClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: tuple[type[BaseException], BaseException, TracebackType] | Any) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        try:
+            await self._broker.connect()
+            redis = self._broker.config.connection.client  # type: ignore[attr-defined]
+            stored = await redis.get(PARTITIONS_KEY)
+        except (RedisConnectionError, OSError) as e:
+            await self._broker.stop()
+            raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {self.url}: {e}") from None
+        if stored is None:
+            raise EngramError(
+                ErrorCode.UNAVAILABLE, f"no Engram service has ever run on {self.url}; start `engram serve`"
+            )
+        self.partitions = int(stored)
+
+    async def close(self) -> None:
+        await self._broker.stop()
+
+    # Commands -------------------------------------------------------------------------------
+
+    async def save(
+        self,
+        user_id: str,
+        content: str,
+        *,
+        kind: NoteKind = NoteKind.FACT,
+        category: str = "general",
+        subject: str | None = None,
+        confidence: float = 1.0,
+        source: NoteSource = NoteSource.EXPLICIT,
+        importance: float = 0.5,
+        command_id: str | None = None,
+        origin: Origin | None = None,
+        **episode_or_procedure: Any,
+    ) -> NoteWritten:
+        command = SaveNote(
+            command_id=command_id or new_command_id(),
+            user_id=user_id,
+            content=content,
+            kind=kind,
+            category=category,
+            subject=subject,
+            confidence=confidence,
+            source=source,
+            importance=importance,
+            origin=origin,
+            **episode_or_procedure,
+        )
+        return await self.execute(command, NoteWritten)
+
+    async def save_many(
+        self, user_id: str, notes: list[NoteDraft], *, command_id: str | None = None, origin: Origin | None = None
+    ) -> NotesWritten:
+        command = SaveNotes(command_id=command_id or new_command_id(), user_id=user_id, notes=notes, origin=origin)
+        return await self.execute(command, NotesWritten)
+
+    async def update(
+        self,
+        user_id: str,
+        note_id: str,
+        *,
+        content: str | None = None,
+        category: str | None = None,
+        subject: str | None = None,
+        confidence: float | None = None,
+        importance: float | None = None,
+        expected_version: int | None = None,
+        command_id: str | None = None,
+        origin: Origin | None = None,
+    ) -> NoteWritten:
+        command = UpdateNote(
+            command_id=command_id or new_command_id(),
+            user_id=user_id,
+            note_id=note_id,
+            content=content,
+            category=category,
+            subject=subject,
+            confidence=confidence,
+            importance=importance,
+            expected_version=expected_version,
+            origin=origin,
+        )
+        return await self.execute(command, NoteWritten)
+
+    async def supersede(
+        self,
+        user_id: str,
+        note_id: str,
+        superseded_by: str,
+        *,
+        expected_version: int | None = None,
+        command_id: str | None = None,
+        origin: Origin | None = None,
+    ) -> NoteWritten:
+        command = SupersedeNote(
+            command_id=command_id or new_command_id(),
+            user_id=user_id,
+            note_id=note_id,
+            superseded_by=superseded_by,
+            expected_version=expected_version,
+            origin=origin,
+        )
+        return await self.execute(command, NoteWritten)
+
+    # Queries --------------------------------------------------------------------------------
+
+    async def get_note(self, user_id: str, note_id: str, *, after: str | None = None) -> NoteView:
+        reply = await self.ask(GetNote(user_id=user_id, note_id=note_id, after=after), NoteReply)
+        return reply.note
+
+    async def history(self, user_id: str, note_id: str, *, after: str | None = None) -> HistoryReply:
+        return await self.ask(GetHistory(user_id=user_id, note_id=note_id, after=after), HistoryReply)
+
+    async def list_notes(
+        self, user_id: str, *, category: str | None = None, include_superseded: bool = False, after: str | None = None
+    ) -> NotesReply:
+        query = ListNotes(user_id=user_id, category=category, include_superseded=include_superseded, after=after)
+        return await self.ask(query, NotesReply)
+
+    async def list_recent(self, user_id: str, *, limit: int = 10, after: str | None = None) -> NotesReply:
+        return await self.ask(ListRecent(user_id=user_id, limit=limit, after=after), NotesReply)
+
+    # Plumbing -------------------------------------------------------------------------------
+
+    async def execute(self, command: AnyCommand, expect: type[R]) -> R:
+        stream = channels.command_stream(channels.partition_of(command.user_id, self.partitions))
+        return _expect(await self.request_raw(stream, _encoder.encode(command)), expect)
+
+    async def ask(self, query: AnyQuery, expect: type[R]) -> R:
+        stream = channels.query_stream(channels.partition_of(query.user_id, self.partitions))
+        return _expect(await self.request_raw(stream, _encoder.encode(query)), expect)
+
+    async def request_raw(self, stream: str, body: bytes) -> bytes:
+        """Send any bytes to a request stream and return the raw reply (tests send bad input here)."""
+        try:
+            response = await self._broker.request(body, stream=stream, timeout=self.timeout, maxlen=self._maxlen)
+        except TimeoutError:
+            raise EngramError(
+                ErrorCode.TIMEOUT,
+                f"no reply within {self.timeout:g} s; a command may still be applied: "
+                "retry it with the same command_id",
+            ) from None
+        except (RedisConnectionError, OSError) as e:
+            raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {self.url}: {e}") from None
+        return bytes(response.body)
+
+
+class EngramSession:
+    """Read-your-writes for one user: remembers the token of the last write and passes it to
+    every query, so a read never misses this session's own writes."""
+
+    def __init__(self, client: EngramClient, user_id: str) -> None:
+        self.client = client
+        self.user_id = user_id
+        self.token: str | None = None
+
+    def _track(self, reply: R) -> R:
+        self.token = getattr(reply, "token", self.token)
+        return reply
+
+    async def save(self, content: str, **kwargs: Any) -> NoteWritten:
+        return self._track(await self.client.save(self.user_id, content, **kwargs))
+
+    async def update(self, note_id: str, **kwargs: Any) -> NoteWritten:
+        return self._track(await self.client.update(self.user_id, note_id, **kwargs))
+
+    async def supersede(self, note_id: str, superseded_by: str, **kwargs: Any) -> NoteWritten:
+        return self._track(await self.client.supersede(self.user_id, note_id, superseded_by, **kwargs))
+
+    async def get_note(self, note_id: str) -> NoteView:
+        return await self.client.get_note(self.user_id, note_id, after=self.token)
+
+    async def list_notes(self, **kwargs: Any) -> NotesReply:
+        return await self.client.list_notes(self.user_id, after=self.token, **kwargs)
+
+    async def list_recent(self, limit: int = 10) -> NotesReply:
+        return await self.client.list_recent(self.user_id, limit=limit, after=self.token)
+
+
+def new_command_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _expect(raw: bytes, expect: type[R]) -> R:
+    reply = _reply_decoder.decode(raw)
+    if isinstance(reply, ErrorReply):
+        raise EngramError.from_reply(reply)
+    if not isinstance(reply, expect):
+        raise EngramError(ErrorCode.STORAGE_ERROR, f"unexpected reply {type(reply).__name__}")
+    return reply
+
+
+def iso(dt: datetime | None) -> str | None:
+    return dt.isoformat() if dt else None

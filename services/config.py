@@ -1,0 +1,49 @@
+"""Configuration from the environment (documented in README's Configuration table)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def _int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def _float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+@dataclass(frozen=True)
+class Settings:
+    redis_url: str = DEFAULT_REDIS_URL
+    # False when no URL was given: `engram serve` may then start a private redis-server.
+    redis_url_configured: bool = False
+    data_dir: Path = Path(".engram")
+    partitions: int = 1
+    idempotency_ttl_seconds: int = 7 * 24 * 3600
+    read_wait_seconds: float = 5.0
+    request_timeout_seconds: float = 10.0
+    claim_idle_ms: int = 30_000
+    max_deliveries: int = 5
+    request_stream_maxlen: int = 100_000
+    consumer_name: str = field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        url = os.environ.get("ENGRAM_REDIS_URL") or os.environ.get("REDIS_URL")
+        return cls(
+            redis_url=url or DEFAULT_REDIS_URL,
+            redis_url_configured=url is not None,
+            data_dir=Path(os.environ.get("ENGRAM_DATA_DIR", ".engram")),
+            partitions=_int("ENGRAM_PARTITIONS", 1),
+            idempotency_ttl_seconds=_int("ENGRAM_IDEMPOTENCY_TTL_SECONDS", 7 * 24 * 3600),
+            read_wait_seconds=_float("ENGRAM_READ_WAIT_SECONDS", 5.0),
+            request_timeout_seconds=_float("ENGRAM_REQUEST_TIMEOUT_SECONDS", 10.0),
+            claim_idle_ms=_int("ENGRAM_CLAIM_IDLE_MS", 30_000),
+            max_deliveries=_int("ENGRAM_MAX_DELIVERIES", 5),
+            request_stream_maxlen=_int("ENGRAM_REQUEST_STREAM_MAXLEN", 100_000),
+        )

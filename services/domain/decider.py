@@ -1,0 +1,205 @@
+"""The decider: (states of the notes a command touches, command, now) -> what to append.
+
+It raises ``EngramError`` for every refusal. It never generates randomness or reads a clock:
+new note ids come from ``note_ids_for`` and time is the ``now`` argument.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import datetime
+
+import msgspec
+
+from contracts.commands import AnyCommand, NoteDraft, SaveNote, SaveNotes, SupersedeNote, UpdateNote
+from contracts.errors import EngramError, ErrorCode
+from contracts.events import AnyEvent, NoteSaved, NoteSuperseded, NoteUpdated
+from contracts.model import NoteKind, NoteStatus
+from services.domain.ids import event_id, new_note_id
+from services.domain.note import NoteState
+
+
+class StreamAppend(msgspec.Struct, frozen=True, kw_only=True):
+    """Append ``events`` to one note's stream if it is still at ``expected_version``. An append
+    with no events only checks the version (the other note of a supersede)."""
+
+    note_id: str
+    expected_version: int
+    events: list[AnyEvent]
+
+
+class IdCollision(Exception):
+    """A derived new note id is taken by an existing note of the same user: retry with the next
+    attempt. Internal; never reaches a caller."""
+
+
+def note_ids_for(command: AnyCommand, attempt: int = 0) -> list[str]:
+    """The notes whose state ``decide`` needs, in a stable order."""
+    if isinstance(command, SaveNote):
+        return [new_note_id(command.user_id, command.command_id, 0, attempt)]
+    if isinstance(command, SaveNotes):
+        return [new_note_id(command.user_id, command.command_id, i, attempt) for i in range(len(command.notes))]
+    if isinstance(command, UpdateNote):
+        return [command.note_id]
+    if isinstance(command, SupersedeNote):
+        return [command.note_id, command.superseded_by]
+    raise TypeError(f"unknown command {type(command).__name__}")
+
+
+def decide(command: AnyCommand, states: Mapping[str, NoteState], ids: list[str], now: datetime) -> list[StreamAppend]:
+    """``ids`` is what ``note_ids_for`` returned and ``states`` their current states."""
+    if isinstance(command, SaveNote):
+        _expect_new(command.expected_version)
+        return [
+            _save(command.user_id, command.command_id, command.origin, command.draft(), ids[0], states[ids[0]], now)
+        ]
+    if isinstance(command, SaveNotes):
+        _expect_new(command.expected_version)
+        return [
+            _save(command.user_id, command.command_id, command.origin, draft, note_id, states[note_id], now)
+            for draft, note_id in zip(command.notes, ids, strict=True)
+        ]
+    if isinstance(command, UpdateNote):
+        return _update(command, states[command.note_id], now)
+    if isinstance(command, SupersedeNote):
+        return _supersede(command, states[command.note_id], states[command.superseded_by], now)
+    raise TypeError(f"unknown command {type(command).__name__}")
+
+
+def _save(user_id, command_id, origin, draft: NoteDraft, note_id: str, state: NoteState, now: datetime) -> StreamAppend:  # type: ignore[no-untyped-def]
+    if state.exists:
+        raise IdCollision(note_id)
+    _check_text("content", draft.content)
+    for field in ("subject", "summary", "narrative", "trigger", "action"):
+        _check_text(field, getattr(draft, field))
+    if draft.kind is NoteKind.PROCEDURE and not (draft.trigger and draft.action):
+        raise EngramError(ErrorCode.INVALID_PARAMETER, "a procedure needs both 'trigger' and 'action'")
+    if draft.kind is not NoteKind.EPISODE and (draft.narrative or draft.summary or draft.occurred_at):
+        raise EngramError(
+            ErrorCode.INVALID_PARAMETER, "'summary', 'narrative' and 'occurred_at' belong to episodes (kind='episode')"
+        )
+    if draft.kind is not NoteKind.PROCEDURE and (draft.trigger or draft.action):
+        raise EngramError(ErrorCode.INVALID_PARAMETER, "'trigger' and 'action' belong to procedures (kind='procedure')")
+    event = NoteSaved(
+        event_id=event_id(user_id, note_id, 1),
+        note_id=note_id,
+        user_id=user_id,
+        version=1,
+        command_id=command_id,
+        at=now,
+        origin=origin,
+        kind=draft.kind,
+        content=draft.content,
+        category=draft.category,
+        subject=draft.subject,
+        confidence=draft.confidence,
+        source=draft.source,
+        importance=draft.importance,
+        summary=draft.summary,
+        narrative=draft.narrative,
+        occurred_at=draft.occurred_at,
+        trigger=draft.trigger,
+        action=draft.action,
+    )
+    return StreamAppend(note_id=note_id, expected_version=0, events=[event])
+
+
+def _update(command: UpdateNote, state: NoteState, now: datetime) -> list[StreamAppend]:
+    _require_active(command.note_id, state)
+    _check_version(command.note_id, command.expected_version, state)
+    _check_text("content", command.content)
+    _check_text("subject", command.subject)
+    changes = {
+        field: value
+        for field in ("content", "category", "subject", "confidence", "importance")
+        if (value := getattr(command, field)) is not None and value != getattr(state, field)
+    }
+    if not changes:
+        given = [
+            f for f in ("content", "category", "subject", "confidence", "importance") if getattr(command, f) is not None
+        ]
+        if not given:
+            raise EngramError(
+                ErrorCode.INVALID_PARAMETER,
+                "an update needs at least one of content, category, subject, confidence, importance",
+            )
+        # Same values again: nothing happens, and the reply names the current version.
+        return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[])]
+    version = state.version + 1
+    event = NoteUpdated(
+        event_id=event_id(command.user_id, command.note_id, version),
+        note_id=command.note_id,
+        user_id=command.user_id,
+        version=version,
+        command_id=command.command_id,
+        at=now,
+        origin=command.origin,
+        **changes,
+    )
+    return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[event])]
+
+
+def _supersede(command: SupersedeNote, old: NoteState, new: NoteState, now: datetime) -> list[StreamAppend]:
+    if command.note_id == command.superseded_by:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, "a memory cannot supersede itself")
+    _require_active(command.note_id, old)
+    _require_active(command.superseded_by, new)
+    _check_version(command.note_id, command.expected_version, old)
+    version = old.version + 1
+    event = NoteSuperseded(
+        event_id=event_id(command.user_id, command.note_id, version),
+        note_id=command.note_id,
+        user_id=command.user_id,
+        version=version,
+        command_id=command.command_id,
+        at=now,
+        origin=command.origin,
+        superseded_by=command.superseded_by,
+    )
+    return [
+        StreamAppend(note_id=command.note_id, expected_version=old.version, events=[event]),
+        # The replacement must still be active when the supersede commits.
+        StreamAppend(note_id=command.superseded_by, expected_version=new.version, events=[]),
+    ]
+
+
+def _require_active(note_id: str, state: NoteState) -> None:
+    if not state.exists or state.status is NoteStatus.FORGOTTEN:
+        raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"Memory with ID {note_id} not found")
+    if state.status is NoteStatus.SUPERSEDED:
+        raise EngramError(
+            ErrorCode.INVALID_PARAMETER,
+            f"Memory {note_id} is superseded by {state.superseded_by}; change {state.superseded_by} instead",
+        )
+
+
+def _check_version(note_id: str, expected: int | None, state: NoteState) -> None:
+    if expected is not None and expected != state.version:
+        raise EngramError(
+            ErrorCode.VERSION_CONFLICT,
+            f"Memory {note_id} is at version {state.version}, not the expected {expected}; read it again and retry",
+        )
+
+
+def _expect_new(expected: int | None) -> None:
+    if expected not in (None, 0):
+        raise EngramError(ErrorCode.INVALID_PARAMETER, "expected_version of a new note can only be 0")
+
+
+# Control characters other than tab and newlines (Unicode category Cc), and lone surrogates.
+_FORBIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _check_text(field: str, value: str | None) -> None:
+    """Refuse what would corrupt storage or prompts: NUL and other control characters, and lone
+    surrogates (not encodable as UTF-8)."""
+    if value is None:
+        return
+    found = _FORBIDDEN.search(value)
+    if found:
+        ch = found.group()
+        what = "an unpaired surrogate" if "\ud800" <= ch <= "\udfff" else "a control character"
+        raise EngramError(
+            ErrorCode.INVALID_PARAMETER, f"'{field}' contains {what} (U+{ord(ch):04X}) at position {found.start()}"
+        )

@@ -1,0 +1,68 @@
+"""A note's state as the decider sees it: a left fold over the note's own events."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from contracts.events import AnyEvent, NoteSaved, NoteSuperseded, NoteUpdated
+from contracts.model import NoteStatus
+
+
+class NoteState(msgspec.Struct, frozen=True, kw_only=True):
+    """Only what decisions need. ``version == 0`` means the note does not exist."""
+
+    version: int = 0
+    status: NoteStatus | None = None
+    content: str = ""
+    category: str = ""
+    subject: str | None = None
+    confidence: float = 1.0
+    importance: float = 0.5
+    superseded_by: str | None = None
+
+    @property
+    def exists(self) -> bool:
+        return self.version > 0
+
+
+ABSENT = NoteState()
+
+
+def evolve(state: NoteState, event: AnyEvent) -> NoteState:
+    if isinstance(event, NoteSaved):
+        return NoteState(
+            version=event.version,
+            status=NoteStatus.ACTIVE,
+            content=event.content,
+            category=event.category,
+            subject=event.subject,
+            confidence=event.confidence,
+            importance=event.importance,
+        )
+    if isinstance(event, NoteUpdated):
+        return msgspec.structs.replace(
+            state,
+            version=event.version,
+            content=_keep(event.content, state.content),
+            category=_keep(event.category, state.category),
+            subject=_keep(event.subject, state.subject),
+            confidence=_keep(event.confidence, state.confidence),
+            importance=_keep(event.importance, state.importance),
+        )
+    if isinstance(event, NoteSuperseded):
+        return msgspec.structs.replace(
+            state, version=event.version, status=NoteStatus.SUPERSEDED, superseded_by=event.superseded_by
+        )
+    raise TypeError(f"unknown event {type(event).__name__}")
+
+
+def fold(events: Iterable[AnyEvent], state: NoteState = ABSENT) -> NoteState:
+    for event in events:
+        state = evolve(state, event)
+    return state
+
+
+def _keep(new, old):  # type: ignore[no-untyped-def]
+    return old if new is None else new

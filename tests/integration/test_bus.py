@@ -1,0 +1,173 @@
+"""Commands and queries over the real broker: happy paths, isolation, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+import redis.asyncio as aioredis
+
+from contracts import channels
+from contracts.errors import EngramError, ErrorCode
+from contracts.model import NoteStatus
+from services.client import EngramClient, EngramSession
+
+
+async def test_save_get_update_history_list_recent(client: EngramClient) -> None:
+    alec = await client.save("alice", "Alec is my boss at TechCorp", category="person", subject="Alec")
+    sarah = await client.save("alice", "Sarah works on the Platform team", category="person", subject="Sarah")
+    friday = await client.save("alice", "I prefer tasks due on Friday", category="preference")
+    moved = await client.update("alice", sarah.note_id, content="Sarah works on the Design team")
+    assert moved.note_id == sarah.note_id and moved.version == 2
+
+    note = await client.get_note("alice", sarah.note_id, after=moved.token)
+    assert note.content == "Sarah works on the Design team" and note.version == 2 and note.subject == "Sarah"
+    assert note.created_at < note.updated_at
+
+    history = await client.history("alice", sarah.note_id, after=moved.token)
+    assert [(v.version, v.change, v.content) for v in history.versions] == [
+        (1, "saved", "Sarah works on the Platform team"),
+        (2, "updated", "Sarah works on the Design team"),
+    ]
+
+    listing = await client.list_notes("alice", after=moved.token)
+    assert [n.id for n in listing.notes] == [alec.note_id, sarah.note_id, friday.note_id]  # category, then created_at
+    assert [n.id for n in (await client.list_notes("alice", category="preference")).notes] == [friday.note_id]
+    recent = await client.list_recent("alice", limit=2)
+    assert [n.id for n in recent.notes] == [friday.note_id, sarah.note_id] and recent.total == 3
+
+
+async def test_supersede_hides_the_old_note_from_listings_but_not_history(client: EngramClient) -> None:
+    seattle = await client.save("alice", "User lives in Seattle")
+    austin = await client.save("alice", "User moved to Austin")
+    reply = await client.supersede("alice", seattle.note_id, austin.note_id)
+    assert reply.superseded_by == austin.note_id and reply.version == 2
+
+    listing = await client.list_notes("alice", after=reply.token)
+    assert [n.id for n in listing.notes] == [austin.note_id]
+    everything = await client.list_notes("alice", include_superseded=True)
+    assert {n.id for n in everything.notes} == {seattle.note_id, austin.note_id}
+    assert [n.id for n in (await client.list_recent("alice")).notes] == [austin.note_id]
+    old = await client.get_note("alice", seattle.note_id)
+    assert old.status is NoteStatus.SUPERSEDED and old.superseded_by == austin.note_id
+    assert (await client.get_note("alice", austin.note_id)).supersedes == [seattle.note_id]
+    assert [v.change for v in (await client.history("alice", seattle.note_id)).versions] == ["saved", "superseded"]
+
+
+async def test_category_change_moves_the_note_in_the_listing(client: EngramClient) -> None:
+    note = await client.save("alice", "Project X uses Python 3.12", category="context")
+    moved = await client.update("alice", note.note_id, category="project")
+    assert (await client.list_notes("alice", category="context", after=moved.token)).notes == []
+    assert [n.id for n in (await client.list_notes("alice", category="project")).notes] == [note.note_id]
+    assert len((await client.list_notes("alice", include_superseded=True)).notes) == 1
+
+
+async def test_user_isolation_every_query_and_command_answers_not_found(client: EngramClient) -> None:
+    mine = await client.save("alice", "Alice's doctor is Dr. Who")
+    theirs = await client.save("bob", "Bob's note")
+    await client.get_note("alice", mine.note_id, after=theirs.token)
+    attempts = [
+        client.get_note("mallory", mine.note_id),
+        client.history("mallory", mine.note_id),
+        client.update("mallory", mine.note_id, content="hijacked"),
+        client.supersede("mallory", mine.note_id, theirs.note_id),
+        client.supersede("bob", theirs.note_id, mine.note_id),
+        client.supersede("bob", mine.note_id, theirs.note_id),
+    ]
+    missing = "ZZZZZZZZ"
+    for attempt in attempts:
+        with pytest.raises(EngramError) as info:
+            await attempt
+        assert info.value.code is ErrorCode.MEMORY_NOT_FOUND
+        # Indistinguishable from a note that never existed: same code, same wording.
+        assert info.value.message in (
+            f"Memory with ID {mine.note_id} not found",
+            f"Memory with ID {theirs.note_id} not found",
+        )
+    with pytest.raises(EngramError) as never:
+        await client.get_note("mallory", missing)
+    assert never.value.message == f"Memory with ID {missing} not found"
+    assert (await client.list_notes("mallory")).notes == []
+    assert (await client.list_recent("mallory")).notes == []
+    assert [n.content for n in (await client.list_notes("bob")).notes] == ["Bob's note"]
+    assert (await client.get_note("alice", mine.note_id)).content == "Alice's doctor is Dr. Who"
+
+
+BAD_COMMANDS = [
+    (b"{not json", ErrorCode.INVALID_PARAMETER),
+    (b"\xff\xfe\x00garbage", ErrorCode.INVALID_PARAMETER),
+    (b'{"type": "save_note", "command_id": "c", "user_id": "u", "content": 5}', ErrorCode.INVALID_PARAMETER),
+    (b'{"type": "save_note", "command_id": "c", "user_id": "u", "content": ""}', ErrorCode.INVALID_PARAMETER),
+    (
+        b'{"type": "save_note", "command_id": "c", "user_id": "u", "content": "' + b"x" * 20000 + b'"}',
+        ErrorCode.INVALID_PARAMETER,
+    ),
+    (
+        b'{"type": "save_note", "command_id": "c", "user_id": "u", "content": "nul \\u0000 byte"}',
+        ErrorCode.INVALID_PARAMETER,
+    ),
+    (
+        b'{"type": "save_note", "command_id": "c", "user_id": "u", "content": "lone \\ud800 surrogate"}',
+        ErrorCode.INVALID_PARAMETER,
+    ),
+    (b'{"type": "save_note", "user_id": "u", "content": "no command id"}', ErrorCode.INVALID_PARAMETER),
+    (
+        b'{"type": "update_note", "command_id": "c", "user_id": "u", "note_id": "AAAAAAAA", "content": "x"}',
+        ErrorCode.MEMORY_NOT_FOUND,
+    ),
+    (
+        b'{"type": "supersede_note", "command_id": "c", "user_id": "u", '
+        b'"note_id": "AAAAAAAA", "superseded_by": "BBBBBBBB"}',
+        ErrorCode.MEMORY_NOT_FOUND,
+    ),
+    (
+        b'{"type": "get_note", "user_id": "u", "note_id": "AAAAAAAA"}',
+        ErrorCode.INVALID_PARAMETER,
+    ),  # a query on the command stream
+]
+
+
+async def test_bad_input_gets_a_typed_error_and_the_stream_keeps_flowing(client: EngramClient, redis_url: str) -> None:
+    stream = channels.command_stream(0)
+    for body, code in BAD_COMMANDS:
+        reply = msgspec.json.decode(await client.request_raw(stream, body))
+        assert reply["type"] == "error" and reply["code"] == code.value, (body[:60], reply)
+        assert reply["message"]
+    good = await client.save("u", "still flowing")
+    assert (await client.get_note("u", good.note_id, after=good.token)).content == "still flowing"
+    r = aioredis.Redis.from_url(redis_url)
+    assert (await r.xpending(stream, channels.COMMAND_GROUP))["pending"] == 0
+    assert await r.xlen(channels.dead_letter_stream(stream)) == 0
+    await r.aclose()
+
+
+async def test_bad_queries_get_typed_errors(client: EngramClient) -> None:
+    stream = channels.query_stream(0)
+    for body in (b"nope", b'{"type": "list_recent", "user_id": "u", "limit": 500}', b'{"type": "save_note"}'):
+        reply = msgspec.json.decode(await client.request_raw(stream, body))
+        assert reply["code"] == "INVALID_PARAMETER"
+
+
+async def test_read_your_writes_under_concurrent_load(client: EngramClient) -> None:
+    async def writer(user: str) -> None:
+        session = EngramSession(client, user)
+        for i in range(15):
+            saved = await session.save(f"{user} fact number {i}")
+            assert (await session.get_note(saved.note_id)).content == f"{user} fact number {i}"
+            assert saved.note_id in {n.id for n in (await session.list_recent(limit=1)).notes}
+
+    await asyncio.gather(*[writer(f"user{u}") for u in range(8)])
+
+
+async def test_a_token_the_read_model_cannot_reach_times_out_with_a_typed_error(redis_url: str) -> None:
+    from tests.conftest import RunningService, test_settings
+
+    running = await RunningService(test_settings(redis_url, read_wait_seconds=0.3)).start()
+    try:
+        async with EngramClient(redis_url) as c:
+            with pytest.raises(EngramError) as info:
+                await c.list_notes("alice", after="0:99999999999999-0")
+            assert info.value.code is ErrorCode.TIMEOUT
+    finally:
+        await running.stop()

@@ -1,0 +1,103 @@
+"""Promises 1 and 2 against the real Redis: exactly once in the log, no lost update."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import redis.asyncio as aioredis
+
+from contracts import channels
+from contracts.commands import SaveNote, UpdateNote
+from contracts.errors import EngramError, ErrorCode
+from services.client import EngramClient
+from services.event_store import decode_event
+
+
+async def log_events(url: str, partition: int = 0) -> list:  # type: ignore[type-arg]
+    r = aioredis.Redis.from_url(url)
+    entries = await r.xrange(channels.event_log(partition))
+    await r.aclose()
+    return [decode_event(fields[b"e"]) for _, fields in entries]
+
+
+async def test_same_command_id_twice_appends_once_and_replies_the_same(client: EngramClient, redis_url: str) -> None:
+    first = await client.save("alice", "I prefer Friday due dates", command_id="cmd-1")
+    again = await client.save("alice", "I prefer Friday due dates", command_id="cmd-1")
+    assert (again.note_id, again.version, again.token) == (first.note_id, first.version, first.token)
+    assert not first.replayed and again.replayed
+    assert [e.command_id for e in await log_events(redis_url)] == ["cmd-1"]
+
+
+async def test_same_command_id_sent_concurrently_appends_once(client: EngramClient, redis_url: str) -> None:
+    command = SaveNote(command_id="cmd-burst", user_id="alice", content="Has a dog named Max")
+    replies = await asyncio.gather(*[client.execute(command, object) for _ in range(20)])  # type: ignore[arg-type]
+    assert len({(r.note_id, r.version, r.token) for r in replies}) == 1  # type: ignore[attr-defined]
+    assert sum(not r.replayed for r in replies) == 1  # type: ignore[attr-defined]
+    assert len(await log_events(redis_url)) == 1
+
+
+async def test_concurrent_updates_with_the_same_expected_version_exactly_one_wins(
+    client: EngramClient, redis_url: str
+) -> None:
+    saved = await client.save("alice", "Sarah works on the Platform team", subject="Sarah")
+    for round_ in range(5):
+        expected = saved.version + round_
+        updates = [
+            client.execute(
+                UpdateNote(
+                    command_id=f"u{round_}-{i}",
+                    user_id="alice",
+                    note_id=saved.note_id,
+                    content=f"Sarah works on team {round_}-{i}",
+                    expected_version=expected,
+                ),
+                object,
+            )  # type: ignore[arg-type]
+            for i in range(8)
+        ]
+        results = await asyncio.gather(*updates, return_exceptions=True)
+        winners = [r for r in results if not isinstance(r, Exception)]
+        losers = [r for r in results if isinstance(r, EngramError)]
+        assert len(winners) == 1 and len(losers) == 7
+        assert all(e.code is ErrorCode.VERSION_CONFLICT for e in losers)
+        assert winners[0].version == expected + 1  # type: ignore[attr-defined]
+    versions = [e.version for e in await log_events(redis_url)]
+    assert versions == [1, 2, 3, 4, 5, 6]  # gapless, nothing lost, nothing doubled
+
+
+async def test_concurrent_updates_without_expected_version_all_land_in_order(
+    client: EngramClient, redis_url: str
+) -> None:
+    saved = await client.save("alice", "counter 0")
+    await asyncio.gather(*[client.update("alice", saved.note_id, content=f"counter {i}") for i in range(1, 11)])
+    events = await log_events(redis_url)
+    assert [e.version for e in events] == list(range(1, 12))
+    history = await client.history(
+        "alice", saved.note_id, after=(await client.update("alice", saved.note_id, content="final")).token
+    )
+    assert [v.version for v in history.versions] == list(range(1, 13))
+
+
+async def test_batch_save_is_atomic_and_idempotent(client: EngramClient, redis_url: str) -> None:
+    from contracts.commands import NoteDraft
+
+    drafts = [NoteDraft(content=c) for c in ("Likes black coffee", "Allergic to peanuts", "Works as software engineer")]
+    first = await client.save_many("alice", drafts, command_id="batch-1")
+    again = await client.save_many("alice", drafts, command_id="batch-1")
+    assert first.notes == again.notes and again.replayed and len(first.notes) == 3
+    assert len(await log_events(redis_url)) == 3
+    try:
+        await client.save_many("alice", [NoteDraft(content="fine"), NoteDraft(content="bad\x00")], command_id="batch-2")
+    except EngramError as e:
+        assert e.code is ErrorCode.INVALID_PARAMETER
+    assert len(await log_events(redis_url)) == 3  # nothing of the refused batch
+
+
+async def test_outcome_of_a_command_id_is_scoped_to_its_user(client: EngramClient) -> None:
+    a = await client.save("alice", "alice's secret", command_id="shared-id")
+    b = await client.save("bob", "bob's note", command_id="shared-id")
+    assert not b.replayed and b.note_id != a.note_id
+    note = await client.get_note("bob", b.note_id, after=b.token)
+    assert note.content == "bob's note"
+    assert msgspec.json.encode(note).find(b"alice") == -1

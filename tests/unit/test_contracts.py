@@ -1,0 +1,100 @@
+"""The wire format: explicit tags, schema versions, validation limits, JSON Schema export."""
+
+from __future__ import annotations
+
+import typing
+
+import msgspec
+import pytest
+
+from contracts.commands import AnyCommand
+from contracts.errors import EngramError, ErrorCode
+from contracts.events import AnyEvent
+from contracts.limits import MAX_CONTENT_CHARS
+from contracts.queries import AnyQuery, AnyReply
+from contracts.schema import json_schema
+from services.commands import decode_command
+from services.queries import decode_query
+
+ALL = [t for union in (AnyCommand, AnyEvent, AnyQuery, AnyReply) for t in typing.get_args(union)]
+
+
+def test_every_message_has_an_explicit_snake_case_tag_and_a_schema_version() -> None:
+    tags = []
+    for cls in ALL:
+        config = cls.__struct_config__
+        assert config.tag_field == "type"
+        assert isinstance(config.tag, str) and config.tag != cls.__name__ and config.tag.islower(), cls
+        assert "schema_version" in cls.__struct_fields__
+        assert config.frozen and cls.__doc__, cls
+        tags.append(config.tag)
+    assert len(tags) == len(set(tags))
+
+
+def test_every_event_carries_the_identity_fields() -> None:
+    for cls in typing.get_args(AnyEvent):
+        assert {"event_id", "note_id", "user_id", "version", "command_id", "at"} <= set(cls.__struct_fields__)
+
+
+def save(**fields: object) -> bytes:
+    body: dict[str, object] = {"type": "save_note", "command_id": "c1", "user_id": "alice", "content": "hello"}
+    body.update(fields)
+    return msgspec.json.encode({k: v for k, v in body.items() if v is not ...})
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (b"{not json", "malformed JSON"),
+        (b"", "malformed JSON"),
+        (b"[]", "Expected `object`"),
+        (b'{"type": "drop_database"}', "Invalid value 'drop_database'"),
+        (b'{"command_id": "c", "user_id": "u", "content": "x"}', "missing required field `type`"),
+        (save(content=...), "missing required field `content`"),
+        (save(content=""), "$.content"),
+        (save(content="   \n\t"), "$.content"),
+        (save(content="x" * (MAX_CONTENT_CHARS + 1)), "length <= 16384"),
+        (save(content=42), "Expected `str`, got `int`"),
+        (save(user_id="a b"), "$.user_id"),
+        (save(user_id=""), "$.user_id"),
+        (save(command_id="x" * 129), "$.command_id"),
+        (save(confidence=1.5), "$.confidence"),
+        (save(kind="dream"), "$.kind"),
+        (save(category="Person!"), "$.category"),
+        (save(subject="s" * 201), "$.subject"),
+        (b'{"type": "update_note", "command_id": "c", "user_id": "u", "note_id": "short"}', "$.note_id"),
+        (b'{"type": "save_notes", "command_id": "c", "user_id": "u", "notes": []}', "$.notes"),
+    ],
+)
+def test_bad_commands_are_invalid_parameter_with_a_clear_message(body: bytes, fragment: str) -> None:
+    with pytest.raises(EngramError) as info:
+        decode_command(body)
+    assert info.value.code is ErrorCode.INVALID_PARAMETER
+    assert fragment in info.value.message
+
+
+def test_bad_queries_are_invalid_parameter() -> None:
+    for body in (
+        b'{"type": "list_recent", "user_id": "u", "limit": 0}',
+        b'{"type": "list_recent", "user_id": "u", "limit": 51}',
+        b'{"type": "get_note", "user_id": "u", "note_id": "x"}',
+        b'{"type": "get_note", "user_id": "u", "note_id": "AAAAAAAA", "after": "nonsense"}',
+    ):
+        with pytest.raises(EngramError) as info:
+            decode_query(body)
+        assert info.value.code is ErrorCode.INVALID_PARAMETER
+
+
+def test_unicode_content_round_trips() -> None:
+    text = "Zoë likes 寿司 🍣 and ‮right-to-left‬ text, e\u0301 combining, zero\u200bwidth"
+    assert decode_command(save(content=text)).content == text  # type: ignore[union-attr]
+
+
+def test_json_schema_covers_every_contract() -> None:
+    schema = json_schema()
+    names = set(schema["$defs"])
+    assert {cls.__name__ for cls in ALL} <= names
+    save_note = schema["$defs"]["SaveNote"]
+    assert save_note["properties"]["type"] == {"enum": ["save_note"]}
+    assert save_note["properties"]["content"]["maxLength"] == MAX_CONTENT_CHARS
+    assert "content" in save_note["required"]
