@@ -72,5 +72,5 @@ def parse_token(token: str) -> tuple[int, tuple[int, int]]:
 def parse_entry_id(entry_id: str | bytes) -> tuple[int, int]:
     if isinstance(entry_id, bytes):
         entry_id = entry_id.decode()
-    ms, seq = entry_id.split("-", 1)
-    return int(ms), int(seq)
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)

@@ -36,7 +36,8 @@ class Settings:
     def from_env(cls) -> Settings:
         url = os.environ.get("ENGRAM_REDIS_URL") or os.environ.get("REDIS_URL")
         return cls(
-            redis_url=url or DEFAULT_REDIS_URL,
+            # With no URL configured, this address is tried first (then a private redis-server).
+            redis_url=url or os.environ.get("ENGRAM_DEFAULT_REDIS_URL", DEFAULT_REDIS_URL),
             redis_url_configured=url is not None,
             data_dir=Path(os.environ.get("ENGRAM_DATA_DIR", ".engram")),
             partitions=_int("ENGRAM_PARTITIONS", 1),

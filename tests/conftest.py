@@ -36,7 +36,7 @@ def redis_url() -> Iterator[str]:
     client.close()
 
 
-def test_settings(url: str, **overrides: object) -> Settings:
+def service_settings(url: str, **overrides: object) -> Settings:
     values: dict[str, object] = {
         "redis_url": url,
         "redis_url_configured": True,
@@ -72,7 +72,7 @@ class RunningService:
 
 @pytest.fixture
 async def service(redis_url: str) -> AsyncIterator[RunningService]:
-    running = await RunningService(test_settings(redis_url)).start()
+    running = await RunningService(service_settings(redis_url)).start()
     yield running
     await running.stop()
 

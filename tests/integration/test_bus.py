@@ -161,9 +161,9 @@ async def test_read_your_writes_under_concurrent_load(client: EngramClient) -> N
 
 
 async def test_a_token_the_read_model_cannot_reach_times_out_with_a_typed_error(redis_url: str) -> None:
-    from tests.conftest import RunningService, test_settings
+    from tests.conftest import RunningService, service_settings
 
-    running = await RunningService(test_settings(redis_url, read_wait_seconds=0.3)).start()
+    running = await RunningService(service_settings(redis_url, read_wait_seconds=0.3)).start()
     try:
         async with EngramClient(redis_url) as c:
             with pytest.raises(EngramError) as info:

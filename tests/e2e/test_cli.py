@@ -1,0 +1,137 @@
+"""The `engram` CLI against a running `engram serve`, both real processes, on real Redis."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from services.redis_server import free_port
+from tests.support import ROOT, ServeProcess, cli, engram_env
+
+
+@pytest.fixture
+def env(redis_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
+    values = engram_env(ENGRAM_REDIS_URL=redis_url, ENGRAM_DATA_DIR=str(tmp_path / "data"))
+    serve = ServeProcess(values).start()
+    yield values
+    assert serve.stop() == 0
+
+
+def test_the_note_lifecycle_through_the_cli(env: dict[str, str]) -> None:
+    code, saved, _ = cli(
+        env,
+        "save",
+        "--user",
+        "alice",
+        "--category",
+        "person",
+        "--subject",
+        "Alec",
+        "--command-id",
+        "cli-1",
+        "Alec is my boss",
+    )
+    assert code == 0 and saved["version"] == 1 and len(saved["note_id"]) == 8 and saved["token"].startswith("0:")
+    note_id = saved["note_id"]
+    code, again, _ = cli(env, "save", "--user", "alice", "--command-id", "cli-1", "Alec is my boss")
+    assert again["note_id"] == note_id and again["replayed"] is True
+
+    code, updated, _ = cli(
+        env, "update", "--user", "alice", "--expected-version", "1", note_id, "Alec is my former boss"
+    )
+    assert code == 0 and updated["version"] == 2
+    code, conflict, _ = cli(env, "update", "--user", "alice", "--expected-version", "1", note_id, "stale write")
+    assert code == 1 and conflict["error"]["code"] == "VERSION_CONFLICT"
+
+    code, note, _ = cli(env, "get", "--user", "alice", "--after", updated["token"], note_id)
+    assert code == 0 and note["content"] == "Alec is my former boss" and note["subject"] == "Alec"
+    code, history, _ = cli(env, "history", "--user", "alice", note_id)
+    assert [v["content"] for v in history["versions"]] == ["Alec is my boss", "Alec is my former boss"]
+    assert history["note_id"] == note_id and all("created_at" in v for v in history["versions"])
+
+    code, newer, _ = cli(env, "save", "--user", "alice", "--category", "person", "Alec retired")
+    code, superseded, _ = cli(env, "supersede", "--user", "alice", note_id, newer["note_id"])
+    assert code == 0 and superseded["superseded_by"] == newer["note_id"]
+    code, listing, _ = cli(env, "list", "--user", "alice", "--after", superseded["token"])
+    assert [n["id"] for n in listing["notes"]] == [newer["note_id"]]
+    code, everything, _ = cli(env, "list", "--user", "alice", "--include-superseded")
+    assert len(everything["notes"]) == 2
+    code, recent, _ = cli(env, "recent", "--user", "alice", "--limit", "1")
+    assert [n["id"] for n in recent["notes"]] == [newer["note_id"]]
+
+    code, other, _ = cli(env, "get", "--user", "mallory", note_id)
+    assert code == 1 and other == {
+        "error": {"code": "MEMORY_NOT_FOUND", "message": f"Memory with ID {note_id} not found"}
+    }
+    code, bad, _ = cli(env, "save", "--user", "alice", "--confidence", "7", "x")
+    assert code == 1 and bad["error"]["code"] == "INVALID_PARAMETER" and "confidence" in bad["error"]["message"]
+
+    tail = subprocess.run(
+        [sys.executable, "-m", "services.cli", "tail", "--from-start", "--count", "4"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    lines = [json.loads(line) for line in tail.stdout.splitlines()]
+    assert [line["event"]["type"] for line in lines] == ["note_saved", "note_updated", "note_saved", "note_superseded"]
+
+    code, rebuilt, _ = cli(env, "rebuild", "history")
+    assert code == 0 and rebuilt["events"] == 4
+    code, after_rebuild, _ = cli(env, "list", "--user", "alice", "--include-superseded")
+    assert after_rebuild == everything
+
+
+def test_human_output_and_schema(env: dict[str, str], tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "services.cli", "save", "--user", "bob", "Likes black coffee"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert run.returncode == 0 and run.stdout.startswith("saved ")
+    code, written, _ = cli(env, "schema", "--out", str(tmp_path / "schema.json"))
+    schema = json.loads((tmp_path / "schema.json").read_text())
+    assert code == 0 and {"SaveNote", "NoteSaved", "GetNote", "ErrorReply"} <= set(schema["$defs"])
+
+
+def test_an_unreachable_bus_is_one_clear_line(tmp_path: Path) -> None:
+    env = engram_env(ENGRAM_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", ENGRAM_DATA_DIR=str(tmp_path))
+    code, out, err = cli(env, "list", "--user", "alice")
+    assert (
+        code == 1 and out["error"]["code"] == "UNAVAILABLE" and "cannot reach the Engram bus" in out["error"]["message"]
+    )
+    plain = subprocess.run(
+        [sys.executable, "-m", "services.cli", "get", "--user", "a", "AAAAAAAA"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert plain.returncode == 1 and "Traceback" not in plain.stderr
+    assert len(plain.stderr.strip().splitlines()) == 1 and plain.stderr.startswith("engram: UNAVAILABLE")
+
+
+def test_serve_starts_a_private_redis_when_none_is_configured_or_answering(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    env = engram_env(ENGRAM_DEFAULT_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", ENGRAM_DATA_DIR=str(data))
+    serve = ServeProcess(env).start()
+    try:
+        assert any("started a private redis-server" in line for line in serve.lines)
+        code, saved, _ = cli(env, "save", "--user", "alice", "kept in the private Redis")
+        assert code == 0
+        code, note, _ = cli(env, "get", "--user", "alice", "--after", saved["token"], saved["note_id"])
+        assert note["content"] == "kept in the private Redis"
+        assert list((data / "redis").rglob("*.aof*")), "the private Redis writes an AOF under the data dir"
+    finally:
+        assert serve.stop() == 0
+    assert not (data / "redis.url").exists()

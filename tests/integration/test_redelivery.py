@@ -1,0 +1,84 @@
+"""Promise 7's second half and promise 8's first: a dead consumer's pending messages are claimed
+by a live worker; a message that keeps failing goes to the dead-letter stream after a bounded
+number of deliveries, and the stream keeps flowing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+
+from contracts import channels
+from contracts.commands import SaveNote
+from contracts.errors import EngramError, ErrorCode
+from services.app import PARTITIONS_KEY
+from services.client import EngramClient
+from services.reclaimer import ATTEMPT_FIELD
+from tests.conftest import RunningService, service_settings
+from tests.integration.test_idempotency_and_concurrency import log_events
+
+
+async def test_a_dead_consumers_pending_command_is_claimed_and_answered(redis_url: str) -> None:
+    redis = aioredis.Redis.from_url(redis_url)
+    stream = channels.command_stream(0)
+    await redis.set(PARTITIONS_KEY, 1)
+    await redis.xgroup_create(stream, channels.COMMAND_GROUP, id="0", mkstream=True)
+    async with EngramClient(redis_url, timeout=15) as client:
+        request = asyncio.create_task(
+            client.execute(SaveNote(command_id="orphan", user_id="alice", content="taken by a dying worker"), object)  # type: ignore[arg-type]
+        )
+        # A worker reads the command into its pending list, then dies without acking.
+        grabbed = await redis.xreadgroup(channels.COMMAND_GROUP, "dead-worker", {stream: ">"}, count=1, block=5000)
+        assert grabbed and len(grabbed[0][1]) == 1
+        running = await RunningService(service_settings(redis_url, claim_idle_ms=300)).start()
+        try:
+            reply = await request
+            assert reply.version == 1  # type: ignore[attr-defined]
+            assert [e.command_id for e in await log_events(redis_url)] == ["orphan"]
+            assert (await redis.xpending(stream, channels.COMMAND_GROUP))["pending"] == 0
+        finally:
+            await running.stop()
+    await redis.aclose()
+
+
+async def test_a_poison_command_is_dead_lettered_after_bounded_deliveries(redis_url: str) -> None:
+    running = await RunningService(service_settings(redis_url, claim_idle_ms=200, max_deliveries=3)).start()
+    calls = 0
+    original = running.engram.commands.execute
+
+    async def crash_on_poison(command):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        if command.content == "poison":
+            calls += 1
+            raise RuntimeError("simulated infrastructure bug")
+        return await original(command)
+
+    running.engram.commands.execute = crash_on_poison  # type: ignore[method-assign]
+    stream = channels.command_stream(0)
+    redis = aioredis.Redis.from_url(redis_url)
+    try:
+        async with EngramClient(redis_url, timeout=0.5) as client:
+            with pytest.raises(EngramError) as info:
+                await client.save("alice", "poison", command_id="poison-1")
+            assert info.value.code is ErrorCode.TIMEOUT
+            client.timeout = 10
+            healthy = await client.save(
+                "alice", "healthy", command_id="healthy-1"
+            )  # the stream keeps flowing meanwhile
+            assert healthy.version == 1
+            dead_stream = channels.dead_letter_stream(stream)
+            for _ in range(100):
+                if await redis.xlen(dead_stream):
+                    break
+                await asyncio.sleep(0.1)
+            (_, fields), *rest = await redis.xrange(dead_stream)
+            assert rest == []
+            assert fields[ATTEMPT_FIELD.encode()] == b"3" and calls == 3
+            assert b"poison-1" in fields[b"__data__"]
+            assert (await redis.xpending(stream, channels.COMMAND_GROUP))["pending"] == 0
+            # The poison command never reached the log; the healthy one did.
+            assert [e.command_id for e in await log_events(redis_url)] == ["healthy-1"]
+    finally:
+        await redis.aclose()
+        await running.stop()
