@@ -122,7 +122,10 @@ def build(settings: Settings) -> Engram:
     commands = CommandService(store)
     queries = QueryService(history, settings.read_wait_seconds)
     _subscribe(broker, settings, commands, queries)
-    runners = [HistoryRunner(redis, store, p, settings.consumer_name) for p in range(settings.partitions)]
+    runners = [
+        HistoryRunner(redis, store, p, settings.consumer_name, lease_ms=settings.lease_ms)
+        for p in range(settings.partitions)
+    ]
     reclaimers = [
         PendingReclaimer(redis, stream, group, settings.claim_idle_ms, settings.max_deliveries, settings.consumer_name)
         for p in range(settings.partitions)

@@ -30,6 +30,8 @@ class Settings:
     claim_idle_ms: int = 30_000
     max_deliveries: int = 5
     request_stream_maxlen: int = 100_000
+    # How long a dead worker's projection lease blocks a successor: the failover time.
+    lease_ms: int = 3_000
     consumer_name: str = field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
 
     @classmethod
@@ -47,4 +49,5 @@ class Settings:
             claim_idle_ms=_int("ENGRAM_CLAIM_IDLE_MS", 30_000),
             max_deliveries=_int("ENGRAM_MAX_DELIVERIES", 5),
             request_stream_maxlen=_int("ENGRAM_REQUEST_STREAM_MAXLEN", 100_000),
+            lease_ms=_int("ENGRAM_LEASE_MS", 3_000),
         )

@@ -98,14 +98,14 @@ def test_human_output_and_schema(env: dict[str, str], tmp_path: Path) -> None:
         timeout=30,
     )
     assert run.returncode == 0 and run.stdout.startswith("saved ")
-    code, written, _ = cli(env, "schema", "--out", str(tmp_path / "schema.json"))
+    code, _written, _ = cli(env, "schema", "--out", str(tmp_path / "schema.json"))
     schema = json.loads((tmp_path / "schema.json").read_text())
     assert code == 0 and {"SaveNote", "NoteSaved", "GetNote", "ErrorReply"} <= set(schema["$defs"])
 
 
 def test_an_unreachable_bus_is_one_clear_line(tmp_path: Path) -> None:
     env = engram_env(ENGRAM_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", ENGRAM_DATA_DIR=str(tmp_path))
-    code, out, err = cli(env, "list", "--user", "alice")
+    code, out, _err = cli(env, "list", "--user", "alice")
     assert (
         code == 1 and out["error"]["code"] == "UNAVAILABLE" and "cannot reach the Engram bus" in out["error"]["message"]
     )
