@@ -92,14 +92,19 @@ class HistoryProjection:
             try:
                 watched = [keys.checkpoint] + ([keys.live] if live else [])
                 await pipe.watch(*watched)
-                checkpoint = await pipe.get(keys.checkpoint)
-                if live and await live_generation(pipe, self.partition) != self.generation:  # type: ignore[arg-type]
+                # One round trip for everything the batch reads (all keys share the {p} slot).
+                note_keys = _note_keys(keys, batch)
+                checkpoint, generation, *raw_views = await pipe.mget([keys.checkpoint, keys.live, *note_keys])
+                if live and int(generation or 0) != self.generation:
                     raise GenerationChanged()
                 done = position_key(checkpoint) if checkpoint else (0, 0)
                 batch = [e for e in batch if position_key(e.position) > done]
                 if not batch:
                     return
-                views = await self._load_views(pipe, batch)
+                views = {
+                    k: (_view_decoder.decode(r) if r is not None else None)
+                    for k, r in zip(note_keys, raw_views, strict=True)
+                }
                 writes = _plan(batch, views, keys)
                 pipe.multi()
                 for user_id, members in writes.stale_members.items():
@@ -114,17 +119,6 @@ class HistoryProjection:
                 await pipe.execute()
             except WatchError as e:
                 raise GenerationChanged() from e
-
-    async def _load_views(self, pipe, batch: Sequence[LogEntry]) -> dict[str, NoteView | None]:  # type: ignore[no-untyped-def]
-        note_keys: list[str] = []
-        for entry in batch:
-            event = entry.event
-            note_keys.append(self.keys.note(event.user_id, event.note_id))
-            if isinstance(event, NoteSuperseded):
-                note_keys.append(self.keys.note(event.user_id, event.superseded_by))
-        unique = list(dict.fromkeys(note_keys))
-        raws = await pipe.mget(unique)
-        return {k: (_view_decoder.decode(r) if r is not None else None) for k, r in zip(unique, raws, strict=True)}
 
     async def rebuild(
         self, store: RedisEventStore, progress: Callable[[int], None] | None = None, batch_size: int = 500
@@ -179,6 +173,17 @@ async def drop_generation(redis: Redis, partition: int, generation: int) -> int:
 
 def _glob_escape(text: str) -> str:
     return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
+
+
+def _note_keys(keys: HistoryKeys, batch: Sequence[LogEntry]) -> list[str]:
+    """The read-model keys of every note a batch touches, once each."""
+    found: dict[str, None] = {}
+    for entry in batch:
+        event = entry.event
+        found[keys.note(event.user_id, event.note_id)] = None
+        if isinstance(event, NoteSuperseded):
+            found[keys.note(event.user_id, event.superseded_by)] = None
+    return list(found)
 
 
 class _Writes(msgspec.Struct):

@@ -157,6 +157,7 @@ def _subscribe(broker: RedisBroker, settings: Settings, commands: CommandService
                 polling_interval=1000,
             ),
             ack_policy=AckPolicy.REJECT_ON_ERROR,
+            max_workers=settings.handler_concurrency,
             title=f"commands-{p}",
         )(handle_command)
         broker.subscriber(
@@ -167,6 +168,7 @@ def _subscribe(broker: RedisBroker, settings: Settings, commands: CommandService
                 polling_interval=1000,
             ),
             ack_policy=AckPolicy.REJECT_ON_ERROR,
+            max_workers=settings.handler_concurrency,
             title=f"queries-{p}",
         )(handle_query)
 

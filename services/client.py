@@ -9,6 +9,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import msgspec
+from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from contracts import channels
@@ -28,7 +29,8 @@ from contracts.queries import (
     NotesWritten,
     NoteWritten,
 )
-from services.app import PARTITIONS_KEY, make_broker
+from services.app import PARTITIONS_KEY
+from services.bus import BusRequester
 
 R = TypeVar("R")
 _reply_decoder = msgspec.json.Decoder(AnyReply)
@@ -39,8 +41,8 @@ class EngramClient:
     def __init__(self, url: str, *, timeout: float = 10.0, request_stream_maxlen: int = 100_000) -> None:
         self.url = url
         self.timeout = timeout
-        self._maxlen = request_stream_maxlen
-        self._broker = make_broker(url)
+        self._redis = Redis.from_url(url)
+        self._bus = BusRequester(self._redis, request_stream_maxlen)
         self.partitions = 1
 
     async def __aenter__(self) -> EngramClient:
@@ -52,11 +54,10 @@ class EngramClient:
 
     async def connect(self) -> None:
         try:
-            await self._broker.connect()
-            redis = self._broker.config.connection.client  # type: ignore[attr-defined]
-            stored = await redis.get(PARTITIONS_KEY)
+            stored = await self._redis.get(PARTITIONS_KEY)
+            await self._bus.start()
         except (RedisConnectionError, OSError) as e:
-            await self._broker.stop()
+            await self.close()
             raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {self.url}: {e}") from None
         if stored is None:
             raise EngramError(
@@ -65,7 +66,8 @@ class EngramClient:
         self.partitions = int(stored)
 
     async def close(self) -> None:
-        await self._broker.stop()
+        await self._bus.stop()
+        await self._redis.aclose()
 
     # Commands -------------------------------------------------------------------------------
 
@@ -184,7 +186,7 @@ class EngramClient:
     async def request_raw(self, stream: str, body: bytes) -> bytes:
         """Send any bytes to a request stream and return the raw reply (tests send bad input here)."""
         try:
-            response = await self._broker.request(body, stream=stream, timeout=self.timeout, maxlen=self._maxlen)
+            return await self._bus.request(stream, body, self.timeout)
         except TimeoutError:
             raise EngramError(
                 ErrorCode.TIMEOUT,
@@ -193,7 +195,6 @@ class EngramClient:
             ) from None
         except (RedisConnectionError, OSError) as e:
             raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {self.url}: {e}") from None
-        return bytes(response.body)
 
 
 class EngramSession:

@@ -30,6 +30,9 @@ class Settings:
     claim_idle_ms: int = 30_000
     max_deliveries: int = 5
     request_stream_maxlen: int = 100_000
+    # Messages handled at once per request stream: commands of different notes proceed in
+    # parallel; two on the same note are serialised by the optimistic append.
+    handler_concurrency: int = 16
     # How long a dead worker's projection lease blocks a successor: the failover time.
     lease_ms: int = 3_000
     consumer_name: str = field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
@@ -50,4 +53,5 @@ class Settings:
             max_deliveries=_int("ENGRAM_MAX_DELIVERIES", 5),
             request_stream_maxlen=_int("ENGRAM_REQUEST_STREAM_MAXLEN", 100_000),
             lease_ms=_int("ENGRAM_LEASE_MS", 3_000),
+            handler_concurrency=_int("ENGRAM_HANDLER_CONCURRENCY", 16),
         )

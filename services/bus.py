@@ -1,0 +1,72 @@
+"""``BusRequester``: request/reply over Redis Streams for clients, wire-compatible with FastStream.
+
+FastStream's ``broker.request`` opens a Pub/Sub connection and subscribes to a fresh reply
+channel for every single request, which caps a client at a few hundred requests per second here.
+This requester subscribes once to its own reply channel and matches replies by correlation id, so
+many requests can be in flight on one connection. Requests are ordinary FastStream messages
+(``BinaryMessageFormatV1`` with ``reply_to`` and ``correlation_id`` headers); the service's
+FastStream subscribers answer them unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+
+from faststream.redis.message import DATA_KEY
+from faststream.redis.parser.binary import BinaryMessageFormatV1
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+
+
+class BusRequester:
+    def __init__(self, redis: Redis, request_stream_maxlen: int) -> None:
+        self._redis = redis
+        self._maxlen = request_stream_maxlen
+        self.reply_channel = f"engram:replies:{uuid.uuid4().hex}"
+        self._waiting: dict[str, asyncio.Future[bytes]] = {}
+        self._pubsub: PubSub | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        await self._pubsub.subscribe(self.reply_channel)
+        self._reader = asyncio.create_task(self._read_replies(), name="engram-replies")
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):
+                await self._pubsub.aclose()
+        for future in self._waiting.values():
+            future.cancel()
+
+    async def request(self, stream: str, body: bytes, timeout: float) -> bytes:
+        """Raises TimeoutError when no reply comes in time (a late reply is dropped)."""
+        if self._reader is not None and self._reader.done():
+            self._reader.result()  # surface why the reply reader died (e.g. a lost connection)
+        correlation_id = uuid.uuid4().hex
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._waiting[correlation_id] = future
+        try:
+            message = await BinaryMessageFormatV1.encode(
+                message=body, reply_to=self.reply_channel, headers={}, correlation_id=correlation_id
+            )
+            await self._redis.xadd(stream, {DATA_KEY: message}, maxlen=self._maxlen, approximate=True)
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._waiting.pop(correlation_id, None)
+
+    async def _read_replies(self) -> None:
+        assert self._pubsub is not None
+        async for message in self._pubsub.listen():
+            if message.get("type") != "message":
+                continue
+            body, headers = BinaryMessageFormatV1.parse(message["data"])
+            future = self._waiting.get(headers.get("correlation_id", ""))
+            if future is not None and not future.done():
+                future.set_result(bytes(body))
