@@ -40,6 +40,10 @@ log = logging.getLogger("engram")
 PARTITIONS_KEY = "engram:partitions"
 
 
+class ConfigurationError(RuntimeError):
+    """The configuration contradicts the data already in Redis; the service does not start."""
+
+
 def make_broker(url: str) -> RedisBroker:
     # logger=None: FastStream's per-message INFO lines cost more than the handler itself.
     return RedisBroker(url, serializer=MsgSpecSerializer(), logger=None)  # type: ignore[arg-type]
@@ -60,11 +64,12 @@ class Engram:
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Run every worker until ``stopping`` is set."""
-        await self._check_partitions()
-        await self._ensure_groups()
-        tasks = [asyncio.create_task(r.run(self.stopping), name=f"history-{r.partition}") for r in self.runners]
-        tasks += [asyncio.create_task(r.run(self.stopping), name=f"reclaim-{r.stream}") for r in self.reclaimers]
+        tasks: list[asyncio.Task[None]] = []
         try:
+            await self._check_partitions()
+            await self._ensure_groups()
+            tasks += [asyncio.create_task(r.run(self.stopping), name=f"history-{r.partition}") for r in self.runners]
+            tasks += [asyncio.create_task(r.run(self.stopping), name=f"reclaim-{r.stream}") for r in self.reclaimers]
             await self.broker.start()
             log.info(
                 "engram serving on %s: %d partition(s), consumer %s",
@@ -108,7 +113,7 @@ class Engram:
         await self.redis.set(PARTITIONS_KEY, self.settings.partitions, nx=True)
         stored = int(await self.redis.get(PARTITIONS_KEY))
         if stored != self.settings.partitions:
-            raise SystemExit(
+            raise ConfigurationError(
                 f"this Redis holds data for ENGRAM_PARTITIONS={stored}, not {self.settings.partitions}; "
                 "set it back (re-partitioning is an export/import)"
             )

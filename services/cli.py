@@ -89,7 +89,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 async def _serve(settings: Settings) -> int:
-    from services.app import build
+    from services.app import ConfigurationError, build
 
     engram = build(settings)
     loop = asyncio.get_running_loop()
@@ -99,6 +99,9 @@ async def _serve(settings: Settings) -> int:
         await engram.run()
     except (OSError, ConnectionError) as e:
         log.error("cannot reach Redis at %s: %s", settings.redis_url, e)
+        return 1
+    except ConfigurationError as e:
+        log.error("%s", e)
         return 1
     return 0
 

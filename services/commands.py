@@ -18,7 +18,8 @@ from contracts.commands import AnyCommand, SaveNotes, SupersedeNote
 from contracts.errors import EngramError, ErrorCode, ErrorReply
 from contracts.queries import CommandReply, NotesWritten, NoteWritten, WrittenNote
 from services.domain.decider import IdCollision, decide, note_ids_for
-from services.event_store import Appended, Outcome, RedisEventStore
+from services.event_store import Appended, Outcome
+from services.ports import EventStore
 
 log = logging.getLogger("engram.commands")
 
@@ -41,7 +42,7 @@ def decode_command(body: bytes) -> AnyCommand:
 
 
 class CommandService:
-    def __init__(self, store: RedisEventStore, clock: Callable[[], datetime] = utc_now) -> None:
+    def __init__(self, store: EventStore, clock: Callable[[], datetime] = utc_now) -> None:
         self._store = store
         self._clock = clock
 

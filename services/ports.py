@@ -1,0 +1,33 @@
+"""The ports the application services depend on. ``RedisEventStore`` is the production adapter;
+``tests/fakes.py`` has an in-memory one; ``tests/integration/test_event_store_contract.py``
+holds both to the same contract."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from services.domain.decider import StreamAppend
+from services.event_store import Appended, Conflict, LoadedNote, LogEntry, Outcome
+
+
+class EventStore(Protocol):
+    partitions: int
+
+    def partition_of(self, user_id: str) -> int: ...
+
+    async def outcome(self, user_id: str, command_id: str) -> Outcome | None:
+        """The first outcome of an accepted command, or None."""
+
+    async def load(self, user_id: str, note_ids: Sequence[str]) -> dict[str, LoadedNote]:
+        """Each note's folded state and the log position of its latest event."""
+
+    async def append(self, user_id: str, command_id: str, appends: Sequence[StreamAppend]) -> Appended | Conflict:
+        """Atomically: refuse a seen command id with its first outcome; refuse if any note is not
+        at its expected version; else write every event and return the outcome."""
+
+    async def read_log(self, partition: int, after: str, count: int, block_ms: int | None = None) -> list[LogEntry]:
+        """Events of one partition after a position, in log order."""
+
+    async def log_head(self, partition: int) -> tuple[str | None, int]:
+        """The last position of a partition's log and its length."""

@@ -1,0 +1,98 @@
+"""The command handler's application service over the in-memory event store: replays, retries
+after a lost race, id collisions, no-op updates."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import msgspec
+import pytest
+
+from contracts.commands import SaveNote, UpdateNote
+from contracts.errors import EngramError, ErrorCode
+from services.commands import CommandService
+from services.domain.ids import new_note_id
+from tests.fakes import InMemoryEventStore
+
+NOW = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+def store() -> InMemoryEventStore:
+    return InMemoryEventStore()
+
+
+@pytest.fixture
+def service(store: InMemoryEventStore) -> CommandService:
+    return CommandService(store, clock=lambda: NOW)
+
+
+async def test_a_replayed_command_gets_its_first_outcome(service: CommandService) -> None:
+    command = SaveNote(command_id="c1", user_id="u", content="hello")
+    first = await service.execute(command)
+    again = await service.execute(command)
+    assert (again.note_id, again.version, again.token, again.replayed) == (first.note_id, 1, first.token, True)  # type: ignore[union-attr]
+
+
+async def test_losing_a_race_decides_again_on_the_new_state(service: CommandService, store: InMemoryEventStore) -> None:
+    saved = await service.execute(SaveNote(command_id="c1", user_id="u", content="v1"))
+    real_load = store.load
+    raced = False
+
+    async def load_then_someone_writes(user_id, note_ids):  # type: ignore[no-untyped-def]
+        nonlocal raced
+        loaded = await real_load(user_id, note_ids)
+        if not raced:
+            raced = True
+            await service.execute(UpdateNote(command_id="other", user_id="u", note_id=saved.note_id, content="theirs"))  # type: ignore[union-attr]
+        return loaded
+
+    store.load = load_then_someone_writes  # type: ignore[method-assign]
+    mine = await service.execute(UpdateNote(command_id="mine", user_id="u", note_id=saved.note_id, content="mine"))  # type: ignore[union-attr]
+    assert mine.version == 3  # decided again after the conflict, on top of "theirs"
+
+
+async def test_losing_a_race_with_an_explicit_expected_version_is_a_conflict(
+    service: CommandService, store: InMemoryEventStore
+) -> None:
+    saved = await service.execute(SaveNote(command_id="c1", user_id="u", content="v1"))
+    await service.execute(UpdateNote(command_id="other", user_id="u", note_id=saved.note_id, content="theirs"))  # type: ignore[union-attr]
+    with pytest.raises(EngramError) as info:
+        await service.execute(
+            UpdateNote(command_id="mine", user_id="u", note_id=saved.note_id, content="mine", expected_version=1)
+        )  # type: ignore[union-attr]
+    assert info.value.code is ErrorCode.VERSION_CONFLICT
+
+
+async def test_a_derived_id_taken_by_another_note_moves_to_the_next_attempt(
+    service: CommandService, store: InMemoryEventStore
+) -> None:
+    # Plant a note at the id the next command would derive first.
+    taken = new_note_id("u", "c2", 0, 0)
+    planted = SaveNote(command_id="plant", user_id="u", content="planted")
+    from services.domain.decider import decide
+
+    appends = decide(planted, {taken: (await store.load("u", [taken]))[taken].state}, [taken], NOW)
+    await store.append("u", "plant", appends)
+    reply = await service.execute(SaveNote(command_id="c2", user_id="u", content="mine"))
+    assert reply.note_id == new_note_id("u", "c2", 0, 1)  # type: ignore[union-attr]
+
+
+async def test_an_update_that_changes_nothing_appends_nothing(
+    service: CommandService, store: InMemoryEventStore
+) -> None:
+    saved = await service.execute(SaveNote(command_id="c1", user_id="u", content="same"))
+    reply = await service.execute(UpdateNote(command_id="c2", user_id="u", note_id=saved.note_id, content="same"))  # type: ignore[union-attr]
+    assert (reply.version, reply.token) == (1, saved.token)  # type: ignore[union-attr]
+    assert (await store.log_head(0))[1] == 1
+
+
+async def test_handle_maps_refusals_to_error_replies(service: CommandService) -> None:
+    body = b'{"type": "update_note", "command_id": "c", "user_id": "u", "note_id": "AAAAAAAA", "content": "x"}'
+    reply = msgspec.json.decode(await service.handle(body))
+    assert reply == {
+        "type": "error",
+        "schema_version": 1,
+        "code": "MEMORY_NOT_FOUND",
+        "message": "Memory with ID AAAAAAAA not found",
+    }
