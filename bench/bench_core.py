@@ -139,10 +139,13 @@ async def main() -> None:
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--round-trips", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=1, help="engram serve processes sharing the groups")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp) / "redis").start()
-        serve = ServeProcess(engram_env(ENGRAM_REDIS_URL=server.url, ENGRAM_DATA_DIR=tmp)).start()
+        workers = [
+            ServeProcess(engram_env(ENGRAM_REDIS_URL=server.url, ENGRAM_DATA_DIR=tmp)).start() for _ in range(args.workers)
+        ]
         try:
             floor_times, floor_rate = await floor(server.url, args.round_trips, min(args.seconds, 10), args.clients)
             async with EngramClient(server.url) as client:
@@ -151,7 +154,8 @@ async def main() -> None:
                 load = await sustained(client, HistoryReader(redis, 1), args.seconds, args.clients)
                 await redis.aclose()
         finally:
-            serve.stop()
+            for worker in workers:
+                worker.stop()
             server.stop()
     results = {
         "floor_request_reply": summary(floor_times),
@@ -159,7 +163,7 @@ async def main() -> None:
         "save_round_trip": summary(saves),
         "update_round_trip": summary(updates),
         "save_p50_over_floor": round(pct(saves, 0.5) / pct(floor_times, 0.5), 2),
-        "sustained": {"seconds": args.seconds, "clients": args.clients, **load},
+        "sustained": {"seconds": args.seconds, "clients": args.clients, "workers": args.workers, **load},
     }
     print(
         f"floor (echo handler, same transport): p50 {results['floor_request_reply']['p50_ms']} ms, "
@@ -174,7 +178,8 @@ async def main() -> None:
         f"p99 {results['update_round_trip']['p99_ms']} ms"
     )
     print(
-        f"sustained: {load['commands_per_s']} commands/s over {args.seconds:g} s with {args.clients} clients, "
+        f"sustained: {load['commands_per_s']} commands/s over {args.seconds:g} s with {args.clients} clients "
+        f"and {args.workers} worker(s), "
         f"{load['errors']} errors ({load['commands_per_s'] / floor_rate:.0%} of the floor's rate); "
         f"event-to-read-model lag {load['lag']}"
     )
