@@ -144,7 +144,8 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp) / "redis").start()
         workers = [
-            ServeProcess(engram_env(ENGRAM_REDIS_URL=server.url, ENGRAM_DATA_DIR=tmp)).start() for _ in range(args.workers)
+            ServeProcess(engram_env(ENGRAM_REDIS_URL=server.url, ENGRAM_DATA_DIR=tmp)).start()
+            for _ in range(args.workers)
         ]
         try:
             floor_times, floor_rate = await floor(server.url, args.round_trips, min(args.seconds, 10), args.clients)

@@ -1,0 +1,178 @@
+"""``QdrantEdgeIndex``: the Qdrant engine in-process (``qdrant-edge-py``), one shard directory
+under the data dir. Calls are synchronous and short; they run in a worker thread so the event
+loop keeps serving. One process owns a shard directory (the embedded deployment); several
+workers use the Qdrant server adapter instead."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from qdrant_edge import (
+    CountRequest,
+    Distance,
+    EdgeConfig,
+    EdgeShard,
+    EdgeSparseVectorParams,
+    EdgeVectorParams,
+    FieldCondition,
+    Filter,
+    Fusion,
+    MatchAny,
+    MatchValue,
+    Modifier,
+    PayloadSchemaType,
+    Point,
+    Prefetch,
+    Query,
+    QueryRequest,
+    RangeFloat,
+    SparseVector,
+    UpdateOperation,
+)
+
+from projections.vector_index import (
+    DENSE,
+    INTEGER_FIELDS,
+    KEYWORD_FIELDS,
+    SPARSE,
+    IndexHit,
+    IndexPoint,
+    IndexQuery,
+    dot,
+)
+
+
+def _filter(user_id: str, match: dict[str, str | list[str]], note_id: str | None = None, from_chunk: int = 0) -> Filter:
+    conditions: list[Any] = [FieldCondition(key="user_id", match=MatchValue(user_id))]
+    if note_id is not None:
+        conditions.append(FieldCondition(key="note_id", match=MatchValue(note_id)))
+    if from_chunk:
+        conditions.append(FieldCondition(key="chunk", range=RangeFloat(gte=from_chunk)))
+    for key, value in match.items():
+        condition = MatchAny(list(value)) if isinstance(value, list) else MatchValue(value)
+        conditions.append(FieldCondition(key=key, match=condition))
+    return Filter(must=conditions)
+
+
+class QdrantEdgeIndex:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._shard: EdgeShard | None = None
+        # One thread: the shard is used from one place at a time, in order.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qdrant-edge")
+
+    async def _run(self, fn, *args):  # type: ignore[no-untyped-def]
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    @property
+    def shard(self) -> EdgeShard:
+        if self._shard is None:
+            raise RuntimeError("the index is not open: call ensure() first")
+        return self._shard
+
+    async def ensure(self, dimension: int) -> None:
+        if self._shard is not None:
+            return
+        self._shard = await self._run(self._open, dimension)
+
+    def _open(self, dimension: int) -> EdgeShard:
+        config = EdgeConfig(
+            vectors={DENSE: EdgeVectorParams(size=dimension, distance=Distance.Cosine)},
+            sparse_vectors={SPARSE: EdgeSparseVectorParams(modifier=Modifier.Idf)},
+        )
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if any(self.directory.iterdir()):
+            shard = EdgeShard.load(str(self.directory), config)
+        else:
+            shard = EdgeShard.create(str(self.directory), config)
+        existing = shard.info().payload_schema
+        for name in KEYWORD_FIELDS:
+            if name not in existing:
+                shard.update(UpdateOperation.create_field_index(name, PayloadSchemaType.Keyword))
+        for name in INTEGER_FIELDS:
+            if name not in existing:
+                shard.update(UpdateOperation.create_field_index(name, PayloadSchemaType.Integer))
+        return shard
+
+    async def upsert(self, points: list[IndexPoint]) -> None:
+        if not points:
+            return
+        edge_points = [
+            Point(
+                id=p.id,
+                vector={DENSE: p.dense, SPARSE: SparseVector(p.sparse.indices, p.sparse.values)},
+                payload=p.payload,
+            )
+            for p in points
+        ]
+        await self._run(self.shard.update, UpdateOperation.upsert_points(edge_points))
+
+    async def delete(self, user_id: str, note_id: str, from_chunk: int = 0) -> None:
+        operation = UpdateOperation.delete_points_by_filter(_filter(user_id, {}, note_id, from_chunk))
+        await self._run(self.shard.update, operation)
+
+    async def set_payload(self, user_id: str, note_id: str, fields: dict[str, Any]) -> None:
+        operation = UpdateOperation.set_payload_by_filter(_filter(user_id, {}, note_id), fields)
+        await self._run(self.shard.update, operation)
+
+    async def search(self, query: IndexQuery) -> list[IndexHit]:
+        return await self._run(self._search, query)
+
+    def _search(self, query: IndexQuery) -> list[IndexHit]:
+        where = _filter(query.user_id, query.match)
+        prefetches = [Prefetch(limit=query.prefetch, query=Query.Nearest(query.dense, using=DENSE), filter=where)]
+        weights = [query.weights[0]]
+        if query.sparse is not None and query.sparse.indices:
+            sparse = SparseVector(query.sparse.indices, query.sparse.values)
+            prefetches.append(Prefetch(limit=query.prefetch, query=Query.Nearest(sparse, using=SPARSE), filter=where))
+            weights.append(query.weights[1])
+        request = QueryRequest(
+            limit=query.limit,
+            prefetches=prefetches,
+            query=Fusion.Rrf(k=query.rrf_k, weights=weights),  # type: ignore[arg-type]  # the stub misses nested classes
+            filter=where,
+            with_payload=True,
+            with_vector=[DENSE],
+        )
+        hits = []
+        for p in self.shard.query(request):
+            vector = p.vector.get(DENSE) if isinstance(p.vector, dict) else None
+            similarity = dot(query.dense, vector) if isinstance(vector, list) else 0.0  # type: ignore[arg-type]
+            hits.append(
+                IndexHit(point_id=str(p.id), score=p.score, similarity=similarity, payload=dict(p.payload or {}))
+            )
+        return hits
+
+    async def similar(
+        self, user_id: str, dense: list[float], match: dict[str, str | list[str]], limit: int, threshold: float
+    ) -> list[IndexHit]:
+        request = QueryRequest(
+            limit=limit,
+            query=Query.Nearest(dense, using=DENSE),
+            filter=_filter(user_id, match),
+            score_threshold=threshold,
+            with_payload=True,
+        )
+        points = await self._run(self.shard.query, request)
+        return [
+            IndexHit(point_id=str(p.id), score=p.score, similarity=p.score, payload=dict(p.payload or {}))
+            for p in points
+        ]
+
+    async def count(self, user_id: str | None = None) -> int:
+        request = CountRequest(filter=_filter(user_id, {}) if user_id else None, exact=True)
+        return int(await self._run(self.shard.count, request))
+
+    async def flush(self) -> None:
+        if self._shard is not None:
+            await self._run(self._shard.flush)
+
+    async def close(self) -> None:
+        if self._shard is not None:
+            shard, self._shard = self._shard, None
+            await self._run(shard.flush)
+            await self._run(shard.close)
+        self._executor.shutdown(wait=False)

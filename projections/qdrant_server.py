@@ -1,0 +1,148 @@
+"""``QdrantServerIndex``: a Qdrant server or cluster through ``qdrant-client`` (the scale-out
+path, ``ENGRAM_QDRANT_URL``). Same collection layout as the Edge shard: named dense vector
+``dense``, sparse ``bm25`` with the IDF modifier (BM25 vectors are made client-side by Edge's
+``Bm25``, which matches the server's), a tenant keyword index on ``user_id``. Tests run it
+against qdrant-client's local mode, a stand-in only: it filters in Python."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qdrant_client import AsyncQdrantClient, models
+
+from projections.vector_index import (
+    DENSE,
+    INTEGER_FIELDS,
+    KEYWORD_FIELDS,
+    SPARSE,
+    IndexHit,
+    IndexPoint,
+    IndexQuery,
+    dot,
+)
+
+
+def _filter(
+    user_id: str, match: dict[str, str | list[str]], note_id: str | None = None, from_chunk: int = 0
+) -> models.Filter:
+    conditions: list[Any] = [models.FieldCondition(key="user_id", match=models.MatchValue(value=user_id))]
+    if note_id is not None:
+        conditions.append(models.FieldCondition(key="note_id", match=models.MatchValue(value=note_id)))
+    if from_chunk:
+        conditions.append(models.FieldCondition(key="chunk", range=models.Range(gte=from_chunk)))
+    for key, value in match.items():
+        condition = models.MatchAny(any=list(value)) if isinstance(value, list) else models.MatchValue(value=value)
+        conditions.append(models.FieldCondition(key=key, match=condition))
+    return models.Filter(must=conditions)
+
+
+class QdrantServerIndex:
+    def __init__(self, client: AsyncQdrantClient, collection: str = "engram") -> None:
+        self._client = client
+        self.collection = collection
+
+    @classmethod
+    def from_url(cls, url: str, collection: str = "engram", api_key: str | None = None) -> QdrantServerIndex:
+        if url == ":memory:" or not url.startswith(("http://", "https://")):
+            return cls(
+                AsyncQdrantClient(location=url) if url == ":memory:" else AsyncQdrantClient(path=url), collection
+            )
+        return cls(AsyncQdrantClient(url=url, api_key=api_key), collection)
+
+    async def ensure(self, dimension: int) -> None:
+        if not await self._client.collection_exists(self.collection):
+            await self._client.create_collection(
+                self.collection,
+                vectors_config={DENSE: models.VectorParams(size=dimension, distance=models.Distance.COSINE)},
+                sparse_vectors_config={SPARSE: models.SparseVectorParams(modifier=models.Modifier.IDF)},
+            )
+            await self._client.create_payload_index(
+                self.collection,
+                "user_id",
+                models.KeywordIndexParams(type=models.KeywordIndexType.KEYWORD, is_tenant=True),
+            )
+            for name in KEYWORD_FIELDS[1:]:
+                await self._client.create_payload_index(self.collection, name, models.PayloadSchemaType.KEYWORD)
+            for name in INTEGER_FIELDS:
+                await self._client.create_payload_index(self.collection, name, models.PayloadSchemaType.INTEGER)
+
+    async def upsert(self, points: list[IndexPoint]) -> None:
+        if not points:
+            return
+        await self._client.upsert(
+            self.collection,
+            points=[
+                models.PointStruct(
+                    id=p.id,
+                    vector={
+                        DENSE: p.dense,
+                        SPARSE: models.SparseVector(indices=p.sparse.indices, values=p.sparse.values),
+                    },
+                    payload=p.payload,
+                )
+                for p in points
+            ],
+            wait=True,
+        )
+
+    async def delete(self, user_id: str, note_id: str, from_chunk: int = 0) -> None:
+        selector = models.FilterSelector(filter=_filter(user_id, {}, note_id, from_chunk))
+        await self._client.delete(self.collection, points_selector=selector, wait=True)
+
+    async def set_payload(self, user_id: str, note_id: str, fields: dict[str, Any]) -> None:
+        await self._client.set_payload(self.collection, payload=fields, points=_filter(user_id, {}, note_id), wait=True)
+
+    async def search(self, query: IndexQuery) -> list[IndexHit]:
+        where = _filter(query.user_id, query.match)
+        prefetch = [models.Prefetch(query=query.dense, using=DENSE, limit=query.prefetch, filter=where)]
+        weights = [query.weights[0]]
+        if query.sparse is not None and query.sparse.indices:
+            sparse = models.SparseVector(indices=query.sparse.indices, values=query.sparse.values)
+            prefetch.append(models.Prefetch(query=sparse, using=SPARSE, limit=query.prefetch, filter=where))
+            weights.append(query.weights[1])
+        response = await self._client.query_points(
+            self.collection,
+            prefetch=prefetch,
+            query=models.RrfQuery(rrf=models.Rrf(k=query.rrf_k, weights=weights)),
+            query_filter=where,
+            limit=query.limit,
+            with_payload=True,
+            with_vectors=[DENSE],
+        )
+        hits = []
+        for p in response.points:
+            vector = p.vector.get(DENSE) if isinstance(p.vector, dict) else None
+            similarity = dot(query.dense, vector) if isinstance(vector, list) else 0.0  # type: ignore[arg-type]
+            hits.append(
+                IndexHit(point_id=str(p.id), score=p.score, similarity=similarity, payload=dict(p.payload or {}))
+            )
+        return hits
+
+    async def similar(
+        self, user_id: str, dense: list[float], match: dict[str, str | list[str]], limit: int, threshold: float
+    ) -> list[IndexHit]:
+        response = await self._client.query_points(
+            self.collection,
+            query=dense,
+            using=DENSE,
+            query_filter=_filter(user_id, match),
+            limit=limit,
+            score_threshold=threshold,
+            with_payload=True,
+        )
+        return [
+            IndexHit(point_id=str(p.id), score=p.score, similarity=p.score, payload=dict(p.payload or {}))
+            for p in response.points
+        ]
+
+    async def count(self, user_id: str | None = None) -> int:
+        result = await self._client.count(
+            self.collection, count_filter=_filter(user_id, {}) if user_id else None, exact=True
+        )
+        return int(result.count)
+
+    async def flush(self) -> None:
+        """The server persists on its own."""
+
+    async def close(self) -> None:
+        await self._client.close()

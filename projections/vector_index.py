@@ -1,0 +1,86 @@
+"""The vector index port: what the index projection and the search responder need from Qdrant.
+
+Points are chunks of notes (or conversation messages). Their payload holds ids, version, status
+and filter fields, never the text: deleting a point in Qdrant does not erase its payload from
+disk (FIELD-NOTES), so text lives only in the read model, which can really delete it.
+Adapters: ``QdrantEdgeIndex`` (embedded, in-process) and ``QdrantServerIndex`` (qdrant-client).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import msgspec
+
+DENSE = "dense"
+SPARSE = "bm25"
+
+# Payload fields with an index: the tenant first, then every filter a search can use.
+KEYWORD_FIELDS = ("user_id", "note_id", "status", "category", "kind", "subject", "record", "session_id")
+INTEGER_FIELDS = ("chunk", "version")
+
+MEMORY = "memory"
+CONVERSATION = "conversation"
+
+
+class Sparse(msgspec.Struct, frozen=True):
+    indices: list[int]
+    values: list[float]
+
+
+class IndexPoint(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    dense: list[float]
+    sparse: Sparse
+    payload: dict[str, Any]
+
+
+class IndexQuery(msgspec.Struct, frozen=True, kw_only=True):
+    """A hybrid query for one user. ``match`` maps a payload field to a value or to any of a list
+    of values. ``weights`` are the RRF weights of (dense, bm25)."""
+
+    user_id: str
+    dense: list[float]
+    sparse: Sparse | None
+    match: dict[str, str | list[str]]
+    limit: int
+    prefetch: int
+    weights: tuple[float, float] = (1.0, 1.0)
+    rrf_k: int = 60
+
+
+class IndexHit(msgspec.Struct, frozen=True, kw_only=True):
+    point_id: str
+    score: float
+    # Cosine similarity of the query and this chunk's dense vector.
+    similarity: float
+    payload: dict[str, Any]
+
+
+class VectorIndex(Protocol):
+    async def ensure(self, dimension: int) -> None:
+        """Create the collection (or shard) and its payload indexes if missing."""
+
+    async def upsert(self, points: list[IndexPoint]) -> None: ...
+
+    async def delete(self, user_id: str, note_id: str, from_chunk: int = 0) -> None:
+        """Delete a note's points with ``chunk >= from_chunk``."""
+
+    async def set_payload(self, user_id: str, note_id: str, fields: dict[str, Any]) -> None:
+        """Set payload fields on every point of a note."""
+
+    async def search(self, query: IndexQuery) -> list[IndexHit]:
+        """Fused (RRF) dense + BM25 hits, best first, chunk level."""
+
+    async def similar(
+        self, user_id: str, dense: list[float], match: dict[str, str | list[str]], limit: int, threshold: float
+    ) -> list[IndexHit]:
+        """Dense-only neighbours above a cosine threshold."""
+
+    async def count(self, user_id: str | None = None) -> int: ...
+
+    async def close(self) -> None: ...
+
+
+def dot(a: list[float], b: list[float]) -> float:
+    return float(sum(x * y for x, y in zip(a, b, strict=True)))

@@ -1,0 +1,126 @@
+"""One contract, every adapter of the VectorIndex port: Qdrant Edge (the real engine, in-process)
+and the Qdrant server adapter (against qdrant-client's local mode, its stand-in)."""
+
+from __future__ import annotations
+
+import math
+import random
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from qdrant_edge import Bm25
+
+from projections.qdrant_edge import QdrantEdgeIndex
+from projections.qdrant_server import QdrantServerIndex
+from projections.vector_index import IndexPoint, IndexQuery, Sparse, VectorIndex
+
+DIM = 8
+bm25 = Bm25()
+
+
+def unit(seed: int) -> list[float]:
+    rng = random.Random(seed)
+    v = [rng.gauss(0, 1) for _ in range(DIM)]
+    n = math.sqrt(sum(x * x for x in v))
+    return [x / n for x in v]
+
+
+def sparse(text: str, query: bool = False) -> Sparse:
+    s = bm25.embed_query(text) if query else bm25.embed_document(text)
+    return Sparse(list(s.indices), list(s.values))
+
+
+def point(user: str, note: str, chunk: int, seed: int, text: str, **payload: object) -> IndexPoint:
+    fields = {
+        "user_id": user,
+        "note_id": note,
+        "chunk": chunk,
+        "version": 1,
+        "status": "active",
+        "category": "general",
+        "kind": "fact",
+        "record": "memory",
+    }
+    fields.update(payload)
+    return IndexPoint(
+        id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{user}/{note}/{chunk}")),
+        dense=unit(seed),
+        sparse=sparse(text),
+        payload=fields,
+    )
+
+
+@pytest.fixture(params=["edge", "server"])
+async def index(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[VectorIndex]:
+    adapter: VectorIndex = (
+        QdrantEdgeIndex(tmp_path / "shard") if request.param == "edge" else QdrantServerIndex.from_url(":memory:")
+    )
+    await adapter.ensure(DIM)
+    await adapter.upsert(
+        [
+            point("alice", "AAAAAAAA", 0, 1, "Alec is my boss at TechCorp", category="person"),
+            point("alice", "AAAAAAAA", 1, 2, "second chunk of the Alec note", category="person"),
+            point("alice", "BBBBBBBB", 0, 3, "The user prefers Friday due dates", category="preference"),
+            point("alice", "CCCCCCCC", 0, 4, "User lives in Seattle", status="superseded"),
+            point("bob", "DDDDDDDD", 0, 1, "Alec is my boss at TechCorp"),
+        ]
+    )
+    yield adapter
+    await adapter.close()
+
+
+def query(user: str, seed: int, text: str, **match: str | list[str]) -> IndexQuery:
+    return IndexQuery(
+        user_id=user, dense=unit(seed), sparse=sparse(text, query=True), match=match, limit=10, prefetch=20
+    )
+
+
+async def test_search_is_scoped_to_the_user_and_ranks_the_best_match_first(index: VectorIndex) -> None:
+    hits = await index.search(query("alice", 1, "Alec boss"))
+    assert hits and hits[0].payload["note_id"] == "AAAAAAAA" and hits[0].payload["chunk"] == 0
+    assert hits[0].similarity == pytest.approx(1.0, abs=1e-4)
+    assert {h.payload["user_id"] for h in hits} == {"alice"}
+    assert [h.payload["note_id"] for h in await index.search(query("bob", 1, "Alec boss"))] == ["DDDDDDDD"]
+    assert await index.search(query("mallory", 1, "Alec boss")) == []
+
+
+async def test_keyword_only_matches_reach_the_top_through_bm25(index: VectorIndex) -> None:
+    hits = await index.search(query("alice", 99, "Friday due dates"))
+    assert hits[0].payload["note_id"] == "BBBBBBBB"
+
+
+async def test_filters_on_payload(index: VectorIndex) -> None:
+    active = await index.search(query("alice", 4, "Seattle", status="active"))
+    assert "CCCCCCCC" not in {h.payload["note_id"] for h in active}
+    both = await index.search(query("alice", 4, "Seattle", status=["active", "superseded"]))
+    assert both[0].payload["note_id"] == "CCCCCCCC"
+    people = await index.search(query("alice", 3, "anything", category="person"))
+    assert {h.payload["note_id"] for h in people} == {"AAAAAAAA"}
+
+
+async def test_set_payload_and_delete_by_note(index: VectorIndex) -> None:
+    await index.set_payload("alice", "AAAAAAAA", {"status": "superseded"})
+    assert "AAAAAAAA" not in {
+        h.payload["note_id"] for h in await index.search(query("alice", 1, "Alec", status="active"))
+    }
+    assert [h.payload["note_id"] for h in await index.search(query("bob", 1, "Alec", status="active"))] == ["DDDDDDDD"]
+    await index.delete("alice", "AAAAAAAA", from_chunk=1)
+    assert await index.count("alice") == 3  # chunk 1 of AAAAAAAA is gone, chunk 0 stays
+    assert "AAAAAAAA" in {h.payload["note_id"] for h in await index.search(query("alice", 1, "Alec"))}
+    await index.delete("alice", "AAAAAAAA")
+    assert await index.count("alice") == 2 and await index.count("bob") == 1 and await index.count() == 3
+
+
+async def test_similar_returns_neighbours_above_the_threshold(index: VectorIndex) -> None:
+    near = await index.similar("alice", unit(3), {"status": "active"}, limit=5, threshold=0.99)
+    assert [h.payload["note_id"] for h in near] == ["BBBBBBBB"] and near[0].similarity == pytest.approx(1.0, abs=1e-4)
+    assert await index.similar("bob", unit(3), {}, limit=5, threshold=0.99) == []
+
+
+async def test_upsert_of_the_same_point_replaces_it(index: VectorIndex) -> None:
+    await index.upsert([point("alice", "BBBBBBBB", 0, 50, "The user prefers Monday due dates", version=2)])
+    assert await index.count("alice") == 4
+    hits = await index.search(query("alice", 50, "Monday"))
+    assert hits[0].payload["note_id"] == "BBBBBBBB" and hits[0].payload["version"] == 2
