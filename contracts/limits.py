@@ -18,6 +18,9 @@ MAX_EPISODE_FIELD_CHARS = 16_384
 LIST_RECENT_DEFAULT = 10
 LIST_RECENT_MAX = 50
 LIST_NOTES_MAX = 1_000
+SEARCH_TOP_K_DEFAULT = 5
+SEARCH_TOP_K_MAX = 20
+MAX_QUERY_CHARS = 2_000
 DEFAULT_CATEGORY = "general"
 
 # A printable-ASCII id without whitespace: users ("alice@example.com", "tg:12345") and command ids.

@@ -15,12 +15,17 @@ from contracts.errors import ErrorReply
 from contracts.limits import (
     LIST_RECENT_DEFAULT,
     LIST_RECENT_MAX,
+    MAX_QUERY_CHARS,
+    NOT_BLANK,
+    SEARCH_TOP_K_DEFAULT,
+    SEARCH_TOP_K_MAX,
     Category,
     NoteId,
+    Subject,
     Token,
     UserId,
 )
-from contracts.model import NoteView, VersionView
+from contracts.model import NoteKind, NoteView, VersionView
 
 
 class Query(Message, frozen=True, kw_only=True):
@@ -56,7 +61,20 @@ class ListRecent(Query, tag="list_recent", frozen=True, kw_only=True):
     limit: Annotated[int, msgspec.Meta(ge=1, le=LIST_RECENT_MAX)] = LIST_RECENT_DEFAULT
 
 
-AnyQuery = GetNote | GetHistory | ListNotes | ListRecent
+class SearchNotes(Query, tag="search_notes", frozen=True, kw_only=True):
+    """Hybrid search (dense MiniLM + BM25, fused with weighted RRF) over the user's notes, best
+    first, one result per note (long notes are searched by chunk). Superseded notes are left out
+    unless ``include_superseded``. With ``after``, waits until the index has the caller's writes."""
+
+    query: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_QUERY_CHARS, pattern=NOT_BLANK)]
+    top_k: Annotated[int, msgspec.Meta(ge=1, le=SEARCH_TOP_K_MAX)] = SEARCH_TOP_K_DEFAULT
+    category: Category | None = None
+    kind: NoteKind | None = None
+    subject: Subject | None = None
+    include_superseded: bool = False
+
+
+AnyQuery = GetNote | GetHistory | ListNotes | ListRecent | SearchNotes
 
 
 class WrittenNote(msgspec.Struct, frozen=True, kw_only=True):
@@ -107,6 +125,22 @@ class NotesReply(Message, tag="notes", frozen=True, kw_only=True):
     total: int
 
 
+class SearchHit(msgspec.Struct, frozen=True, kw_only=True):
+    """One note found by a search. ``score`` is the fused rank score (what orders results);
+    ``similarity`` the cosine similarity of the query and the note's best chunk (0-1 in practice)."""
+
+    note: NoteView
+    score: float
+    similarity: float
+    source: str = "memory"
+
+
+class SearchReply(Message, tag="search_results", frozen=True, kw_only=True):
+    """Answer to ``SearchNotes``."""
+
+    results: list[SearchHit]
+
+
 CommandReply = NoteWritten | NotesWritten | ErrorReply
-QueryReply = NoteReply | HistoryReply | NotesReply | ErrorReply
-AnyReply = NoteWritten | NotesWritten | NoteReply | HistoryReply | NotesReply | ErrorReply
+QueryReply = NoteReply | HistoryReply | NotesReply | SearchReply | ErrorReply
+AnyReply = NoteWritten | NotesWritten | NoteReply | HistoryReply | NotesReply | SearchReply | ErrorReply

@@ -1,16 +1,18 @@
-"""Catch-up subscription: follows one partition's log from the projection's own checkpoint, in
-strict order, and applies batches. A lease lets several workers run it while only one applies; the
-projection's WATCH on its checkpoint keeps a worker that lost its lease from writing anyway."""
+"""Catch-up subscription: follows one partition's log from a projection's own checkpoint, in
+strict order, and applies batches. A lease lets several workers run it while only one applies;
+the projection's WATCH on its checkpoint keeps a worker that lost its lease from writing anyway."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 from redis.asyncio import Redis
 
-from projections.history import GenerationChanged, HistoryKeys, HistoryProjection, live_generation
-from services.event_store import RedisEventStore
+from projections.history import GenerationChanged
+from services.event_store import LogEntry, RedisEventStore
 
 log = logging.getLogger("engram.projections")
 
@@ -28,13 +30,24 @@ return 0
 """
 
 
-class HistoryRunner:
+class Projection(Protocol):
+    async def checkpoint(self) -> str | None: ...
+
+    async def apply(self, batch: Sequence[LogEntry]) -> None:
+        """Raises GenerationChanged when it is no longer the live generation."""
+
+
+class ProjectionRunner:
     def __init__(
         self,
         redis: Redis,
         store: RedisEventStore,
         partition: int,
         owner: str,
+        *,
+        name: str,
+        lease_key: str,
+        open_live: Callable[[], Awaitable[Projection]],
         batch_size: int = 256,
         block_ms: int = 500,
         lease_ms: int = 10_000,
@@ -42,15 +55,17 @@ class HistoryRunner:
         self._redis = redis
         self._store = store
         self.partition = partition
+        self.name = name
         self._owner = owner
+        self._open_live = open_live
         self._batch = batch_size
         self._block_ms = block_ms
         self._lease_ms = lease_ms
         self._lease = redis.register_script(_HOLD_LEASE)
-        self._lease_key = HistoryKeys(partition, 0).lease
+        self._lease_key = lease_key
 
     async def run(self, stop: asyncio.Event) -> None:
-        projection: HistoryProjection | None = None
+        projection: Projection | None = None
         after = "0"
         while not stop.is_set():
             try:
@@ -59,8 +74,7 @@ class HistoryRunner:
                     await asyncio.sleep(self._lease_ms / 3000)
                     continue
                 if projection is None:
-                    generation = await live_generation(self._redis, self.partition)
-                    projection = HistoryProjection(self._redis, self.partition, generation)
+                    projection = await self._open_live()
                     after = await projection.checkpoint() or "0"
                 batch = await self._store.read_log(self.partition, after, self._batch, self._block_ms)
                 if batch:
@@ -72,7 +86,7 @@ class HistoryRunner:
                 raise
             except Exception:
                 # Redis restarting, a network blip: keep the loop alive and pick up from the checkpoint.
-                log.exception("history projection of partition %d failed; retrying", self.partition)
+                log.exception("%s projection of partition %d failed; retrying", self.name, self.partition)
                 projection = None
                 await asyncio.sleep(0.5)
 
@@ -80,3 +94,42 @@ class HistoryRunner:
         owner = await self._redis.get(self._lease_key)
         if owner is not None and owner.decode() == self._owner:
             await self._redis.delete(self._lease_key)
+
+
+def history_runner(redis: Redis, store: RedisEventStore, partition: int, owner: str, lease_ms: int) -> ProjectionRunner:
+    from projections.history import HistoryKeys, HistoryProjection, live_generation
+
+    async def open_live() -> Projection:
+        return HistoryProjection(redis, partition, await live_generation(redis, partition))
+
+    return ProjectionRunner(
+        redis,
+        store,
+        partition,
+        owner,
+        name="history",
+        lease_key=HistoryKeys(partition, 0).lease,
+        open_live=open_live,
+        lease_ms=lease_ms,
+    )
+
+
+def index_runner(
+    redis: Redis, store: RedisEventStore, runtime, partition: int, owner: str, lease_ms: int
+) -> ProjectionRunner:  # type: ignore[no-untyped-def]
+    from projections.index import IndexKeys, IndexProjection
+
+    async def open_live() -> Projection:
+        await runtime.sync()
+        return IndexProjection(redis, runtime.index, runtime.embedder, partition, runtime.generation)
+
+    return ProjectionRunner(
+        redis,
+        store,
+        partition,
+        owner,
+        name="index",
+        lease_key=IndexKeys(partition, 0).lease,
+        open_live=open_live,
+        lease_ms=lease_ms,
+    )

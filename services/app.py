@@ -28,12 +28,14 @@ from redis.exceptions import ResponseError
 
 from contracts import channels
 from projections.history import HistoryReader
-from projections.runner import HistoryRunner
+from projections.index_runtime import IndexRuntime
+from projections.runner import ProjectionRunner, history_runner, index_runner
 from services.commands import CommandService
 from services.config import Settings
 from services.event_store import RedisEventStore
 from services.queries import QueryService
 from services.reclaimer import PendingReclaimer
+from services.search import SearchService
 
 log = logging.getLogger("engram")
 
@@ -58,8 +60,9 @@ class Engram:
     commands: CommandService
     queries: QueryService
     history: HistoryReader
-    runners: list[HistoryRunner]
+    runners: list[ProjectionRunner]
     reclaimers: list[PendingReclaimer]
+    index: IndexRuntime | None
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
@@ -68,8 +71,11 @@ class Engram:
         try:
             await self._check_partitions()
             await self._ensure_groups()
-            tasks += [asyncio.create_task(r.run(self.stopping), name=f"history-{r.partition}") for r in self.runners]
+            tasks += [asyncio.create_task(r.run(self.stopping), name=f"{r.name}-{r.partition}") for r in self.runners]
             tasks += [asyncio.create_task(r.run(self.stopping), name=f"reclaim-{r.stream}") for r in self.reclaimers]
+            if self.index is not None:
+                # The model loads in the background (6-9 s); commands and reads are served meanwhile.
+                tasks.append(asyncio.create_task(self.index.watch(self.stopping), name="index-generations"))
             await self.broker.start()
             log.info(
                 "engram serving on %s: %d partition(s), consumer %s",
@@ -91,6 +97,8 @@ class Engram:
             for runner in self.runners:
                 with contextlib.suppress(Exception):
                     await runner.release()
+            if self.index is not None:
+                await self.index.close()
             await self.redis.aclose()
 
     async def _ensure_groups(self) -> None:
@@ -125,12 +133,19 @@ def build(settings: Settings) -> Engram:
     store = RedisEventStore(redis, settings.partitions, settings.idempotency_ttl_seconds)
     history = HistoryReader(redis, settings.partitions)
     commands = CommandService(store)
-    queries = QueryService(history, settings.read_wait_seconds)
-    _subscribe(broker, settings, commands, queries)
     runners = [
-        HistoryRunner(redis, store, p, settings.consumer_name, lease_ms=settings.lease_ms)
-        for p in range(settings.partitions)
+        history_runner(redis, store, p, settings.consumer_name, settings.lease_ms) for p in range(settings.partitions)
     ]
+    index = build_index_runtime(redis, settings) if settings.index_enabled else None
+    search = None
+    if index is not None:
+        search = SearchService(index, history, settings.read_wait_seconds, settings.search_weights, settings.rrf_k)
+        runners += [
+            index_runner(redis, store, index, p, settings.consumer_name, settings.lease_ms)
+            for p in range(settings.partitions)
+        ]
+    queries = QueryService(history, settings.read_wait_seconds, search)
+    _subscribe(broker, settings, commands, queries)
     reclaimers = [
         PendingReclaimer(redis, stream, group, settings.claim_idle_ms, settings.max_deliveries, settings.consumer_name)
         for p in range(settings.partitions)
@@ -139,7 +154,26 @@ def build(settings: Settings) -> Engram:
             (channels.query_stream(p), channels.QUERY_GROUP),
         )
     ]
-    return Engram(settings, redis, broker, store, commands, queries, history, runners, reclaimers)
+    return Engram(settings, redis, broker, store, commands, queries, history, runners, reclaimers, index)
+
+
+def build_index_runtime(redis: Redis, settings: Settings) -> IndexRuntime:
+    """Qdrant Edge under the data dir by default; a Qdrant server when ENGRAM_QDRANT_URL is set."""
+    from projections.index_runtime import drop_edge_directory, edge_directory
+    from services.embedder import MiniLMEmbedder
+
+    embedder = MiniLMEmbedder()
+    if settings.qdrant_url:
+        from projections.qdrant_server import QdrantServerIndex
+
+        url, key = settings.qdrant_url, settings.qdrant_api_key
+        return IndexRuntime(redis, embedder, lambda g: QdrantServerIndex.from_url(url, f"engram_g{g}", key))
+    from projections.qdrant_edge import QdrantEdgeIndex
+
+    data_dir = settings.data_dir
+    return IndexRuntime(
+        redis, embedder, lambda g: QdrantEdgeIndex(edge_directory(data_dir, g)), drop_edge_directory(data_dir)
+    )
 
 
 def _subscribe(broker: RedisBroker, settings: Settings, commands: CommandService, queries: QueryService) -> None:

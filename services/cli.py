@@ -192,6 +192,29 @@ async def cmd_recent(client: Any, args: argparse.Namespace) -> None:
     _print(args, {"notes": reply.notes, "total": reply.total}, lambda o: _human_notes(o["notes"]))
 
 
+async def cmd_search(client: Any, args: argparse.Namespace) -> None:
+    reply = await client.search(
+        args.user,
+        args.query,
+        top_k=args.top_k,
+        category=args.category,
+        include_superseded=args.include_superseded,
+        after=args.after,
+    )
+    results = [
+        {**msgspec.to_builtins(hit.note), "note_id": hit.note.id, "score": hit.score, "similarity": hit.similarity}
+        for hit in reply.results
+    ]
+    _print(
+        args,
+        {"results": results},
+        lambda o: (
+            "\n".join(f"{r['similarity']:.2f} [id:{r['note_id']}] {r['content']}" for r in o["results"])
+            or "(nothing found)"
+        ),
+    )
+
+
 def _human_note(n: Any) -> str:
     subject = f"[{n.subject}] " if n.subject else ""
     return f"[id:{n.id}] ({n.category}, v{n.version}, {n.status.value}) {subject}{n.content}"
@@ -345,6 +368,13 @@ def _parser() -> argparse.ArgumentParser:
 
     p = add("recent", _with_client(cmd_recent), "most recently created notes", user=True)
     p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--after")
+
+    p = add("search", _with_client(cmd_search), "hybrid search of a user's notes", user=True)
+    p.add_argument("query")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--category")
+    p.add_argument("--include-superseded", action="store_true")
     p.add_argument("--after")
 
     p = add("tail", cmd_tail, "follow the public event stream (JSON lines)")

@@ -28,6 +28,8 @@ from contracts.queries import (
     NotesReply,
     NotesWritten,
     NoteWritten,
+    SearchNotes,
+    SearchReply,
 )
 from services.app import PARTITIONS_KEY
 from services.bus import BusRequester
@@ -173,6 +175,30 @@ class EngramClient:
     async def list_recent(self, user_id: str, *, limit: int = 10, after: str | None = None) -> NotesReply:
         return await self.ask(ListRecent(user_id=user_id, limit=limit, after=after), NotesReply)
 
+    async def search(
+        self,
+        user_id: str,
+        query: str,
+        *,
+        top_k: int = 5,
+        category: str | None = None,
+        kind: NoteKind | None = None,
+        subject: str | None = None,
+        include_superseded: bool = False,
+        after: str | None = None,
+    ) -> SearchReply:
+        request = SearchNotes(
+            user_id=user_id,
+            query=query,
+            top_k=top_k,
+            category=category,
+            kind=kind,
+            subject=subject,
+            include_superseded=include_superseded,
+            after=after,
+        )
+        return await self.ask(request, SearchReply)
+
     # Plumbing -------------------------------------------------------------------------------
 
     async def execute(self, command: AnyCommand, expect: type[R]) -> R:
@@ -227,6 +253,9 @@ class EngramSession:
 
     async def list_recent(self, limit: int = 10) -> NotesReply:
         return await self.client.list_recent(self.user_id, limit=limit, after=self.token)
+
+    async def search(self, query: str, **kwargs: Any) -> SearchReply:
+        return await self.client.search(self.user_id, query, after=self.token, **kwargs)
 
 
 def new_command_id() -> str:

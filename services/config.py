@@ -17,6 +17,11 @@ def _float(name: str, default: float) -> float:
     return float(os.environ.get(name, default))
 
 
+def _weights(text: str) -> tuple[float, float]:
+    dense, sparse = (float(x) for x in text.split(","))
+    return dense, sparse
+
+
 @dataclass(frozen=True)
 class Settings:
     redis_url: str = DEFAULT_REDIS_URL
@@ -35,6 +40,13 @@ class Settings:
     handler_concurrency: int = 16
     # How long a dead worker's projection lease blocks a successor: the failover time.
     lease_ms: int = 3_000
+    # The vector index: on by default (Qdrant Edge under the data dir, or a Qdrant server).
+    index_enabled: bool = True
+    qdrant_url: str | None = None
+    qdrant_api_key: str | None = None
+    # RRF weights of (dense, BM25) and RRF's k.
+    search_weights: tuple[float, float] = (1.0, 1.0)
+    rrf_k: int = 60
     consumer_name: str = field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
 
     @classmethod
@@ -54,4 +66,9 @@ class Settings:
             request_stream_maxlen=_int("ENGRAM_REQUEST_STREAM_MAXLEN", 100_000),
             lease_ms=_int("ENGRAM_LEASE_MS", 3_000),
             handler_concurrency=_int("ENGRAM_HANDLER_CONCURRENCY", 16),
+            index_enabled=os.environ.get("ENGRAM_INDEX", "on").lower() not in ("off", "0", "false", "no"),
+            qdrant_url=os.environ.get("ENGRAM_QDRANT_URL") or None,
+            qdrant_api_key=os.environ.get("ENGRAM_QDRANT_API_KEY") or None,
+            search_weights=_weights(os.environ.get("ENGRAM_SEARCH_WEIGHTS", "1.0,1.0")),
+            rrf_k=_int("ENGRAM_RRF_K", 60),
         )

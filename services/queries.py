@@ -16,8 +16,11 @@ from contracts.queries import (
     NoteReply,
     NotesReply,
     QueryReply,
+    SearchNotes,
+    SearchReply,
 )
 from projections.history import HistoryReader
+from services.search import SearchService
 
 _query_decoder = msgspec.json.Decoder(AnyQuery)
 _encoder = msgspec.json.Encoder()
@@ -37,9 +40,10 @@ def _not_found(note_id: str) -> EngramError:
 
 
 class QueryService:
-    def __init__(self, history: HistoryReader, read_wait_seconds: float) -> None:
+    def __init__(self, history: HistoryReader, read_wait_seconds: float, search: SearchService | None = None) -> None:
         self._history = history
         self._wait = read_wait_seconds
+        self._search = search
 
     async def handle(self, body: bytes) -> bytes:
         try:
@@ -48,7 +52,11 @@ class QueryService:
             reply = e.reply()
         return _encoder.encode(reply)
 
-    async def ask(self, query: AnyQuery) -> NoteReply | HistoryReply | NotesReply:
+    async def ask(self, query: AnyQuery) -> NoteReply | HistoryReply | NotesReply | SearchReply:
+        if isinstance(query, SearchNotes):
+            if self._search is None:
+                raise EngramError(ErrorCode.UNAVAILABLE, "search is off in this deployment (ENGRAM_INDEX=off)")
+            return await self._search.search(query)
         if query.after is not None and not await self._history.wait_for(query.after, self._wait):
             raise EngramError(
                 ErrorCode.TIMEOUT,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -39,6 +41,7 @@ def redis_url() -> Iterator[str]:
 def service_settings(url: str, **overrides: object) -> Settings:
     values: dict[str, object] = {
         "redis_url": url,
+        "data_dir": Path(tempfile.mkdtemp(prefix="engram-test-")),
         "redis_url_configured": True,
         "claim_idle_ms": 1_000,
         "max_deliveries": 3,
@@ -68,6 +71,8 @@ class RunningService:
         self.engram.stopping.set()
         if self._task is not None:
             await asyncio.wait_for(self._task, 15)
+        if self.settings.data_dir.name.startswith("engram-test-"):
+            shutil.rmtree(self.settings.data_dir, ignore_errors=True)
 
 
 @pytest.fixture

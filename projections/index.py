@@ -1,0 +1,265 @@
+"""The vector index projection: notes (and conversation messages) chunked, embedded (dense
+MiniLM + BM25) and upserted into the vector index, fed from the event log like the history one.
+
+Its own state lives in Redis beside the log: per note the indexed version, filter fields and
+chunk count, and per partition the checkpoint, written in one WATCHed transaction after the
+index writes. Index writes are idempotent (point ids derive from user, note and chunk), so a
+crash between the two replays the batch harmlessly; a note never goes back to an older version
+because events at or below its indexed version are skipped.
+
+Generations: ``engram:{p}:idx:live`` names the live generation; a rebuild (``engram rebuild
+index``, e.g. for a new embedding model) fills a fresh shard directory or collection and
+switches the pointer; queries keep using the old one until then.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from qdrant_edge import Bm25
+from redis.asyncio import Redis
+from redis.exceptions import WatchError
+
+from contracts import channels
+from contracts.events import NoteSaved, NoteSuperseded, NoteUpdated
+from projections.history import GenerationChanged, position_key
+from projections.vector_index import MEMORY, IndexPoint, Sparse, VectorIndex
+from services.embedder import Embedder
+from services.event_store import LogEntry, RedisEventStore
+
+_POINT_NAMESPACE = uuid.UUID("0b6d7c55-5c7e-4b0e-8d6f-6a2f4e1c9b21")
+
+
+def point_id(user_id: str, note_id: str, chunk: int) -> str:
+    return str(uuid.uuid5(_POINT_NAMESPACE, f"{user_id}/{note_id}/{chunk}"))
+
+
+class IndexKeys:
+    def __init__(self, partition: int, generation: int) -> None:
+        base = f"{channels.tag(partition)}:idx"
+        self.live = f"{base}:live"
+        self.lease = f"{base}:lease"
+        self.prefix = f"{base}:{generation}:"
+        self.checkpoint = f"{self.prefix}checkpoint"
+
+    def note(self, user_id: str, note_id: str) -> str:
+        return f"{self.prefix}note:{user_id}:{note_id}"
+
+
+GENERATIONS_KEY = "engram:index:generations"
+
+
+async def live_index_generation(redis: Redis, partition: int) -> int:
+    raw = await redis.get(IndexKeys(partition, 0).live)
+    return int(raw) if raw is not None else 0
+
+
+class NoteMeta(msgspec.Struct, kw_only=True):
+    """What the index knows of a note: enough to build payloads and skip old events."""
+
+    version: int
+    status: str
+    category: str
+    kind: str
+    subject: str | None
+    created_at: float
+    chunks: int = 0
+    record: str = MEMORY
+    session_id: str | None = None
+
+    def payload(self, user_id: str, note_id: str, chunk: int) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "user_id": user_id,
+            "note_id": note_id,
+            "chunk": chunk,
+            "version": self.version,
+            "status": self.status,
+            "category": self.category,
+            "kind": self.kind,
+            "record": self.record,
+            "created_at": self.created_at,
+        }
+        if self.subject is not None:
+            fields["subject"] = self.subject
+        if self.session_id is not None:
+            fields["session_id"] = self.session_id
+        return fields
+
+    def filter_fields(self) -> dict[str, Any]:
+        fields = self.payload("", "", 0)
+        for key in ("user_id", "note_id", "chunk"):
+            del fields[key]
+        return fields
+
+
+_meta_decoder = msgspec.json.Decoder(NoteMeta)
+_bm25: Bm25 | None = None
+
+
+def bm25() -> Bm25:
+    global _bm25
+    if _bm25 is None:
+        _bm25 = Bm25()
+    return _bm25
+
+
+def sparse_document(text: str) -> Sparse:
+    vector = bm25().embed_document(text)
+    return Sparse(list(vector.indices), list(vector.values))
+
+
+def sparse_query(text: str) -> Sparse:
+    vector = bm25().embed_query(text)
+    return Sparse(list(vector.indices), list(vector.values))
+
+
+class IndexProjection:
+    name = "index"
+
+    def __init__(self, redis: Redis, index: VectorIndex, embedder: Embedder, partition: int, generation: int) -> None:
+        self._redis = redis
+        self.index = index
+        self._embedder = embedder
+        self.partition = partition
+        self.generation = generation
+        self.keys = IndexKeys(partition, generation)
+
+    async def checkpoint(self) -> str | None:
+        raw = await self._redis.get(self.keys.checkpoint)
+        return raw.decode() if raw is not None else None
+
+    async def apply(self, batch: Sequence[LogEntry], *, live: bool = True) -> None:
+        keys = self.keys
+        note_keys = list(dict.fromkeys(keys.note(e.event.user_id, e.event.note_id) for e in batch))
+        async with self._redis.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(keys.checkpoint, *([keys.live] if live else []))
+                checkpoint, generation, *raw = await pipe.mget([keys.checkpoint, keys.live, *note_keys])
+                if live and int(generation or 0) != self.generation:
+                    raise GenerationChanged()
+                done = position_key(checkpoint) if checkpoint else (0, 0)
+                batch = [e for e in batch if position_key(e.position) > done]
+                if not batch:
+                    return
+                metas = {
+                    k: (_meta_decoder.decode(r) if r is not None else None) for k, r in zip(note_keys, raw, strict=True)
+                }
+                changed = await self._write_index(batch, metas)
+                pipe.multi()
+                for key in changed:
+                    pipe.set(key, msgspec.json.encode(metas[key]))
+                pipe.set(keys.checkpoint, batch[-1].position)
+                await pipe.execute()
+            except WatchError as e:
+                raise GenerationChanged() from e
+
+    async def _write_index(self, batch: Sequence[LogEntry], metas: dict[str, NoteMeta | None]) -> set[str]:
+        """Fold the batch per note, then write each changed note's final state to the index:
+        re-embed notes whose text changed, set payload on notes whose fields changed."""
+        texts: dict[str, tuple[str, str, str]] = {}  # note key -> (user, note, text)
+        touched: dict[str, tuple[str, str]] = {}
+        old_chunks: dict[str, int] = {}
+        for entry in batch:
+            event = entry.event
+            key = self.keys.note(event.user_id, event.note_id)
+            meta = metas.get(key)
+            if meta is not None and event.version <= meta.version:
+                continue
+            if key not in old_chunks:
+                old_chunks[key] = meta.chunks if meta is not None else 0
+            if isinstance(event, NoteSaved):
+                meta = NoteMeta(
+                    version=event.version,
+                    status="active",
+                    category=event.category,
+                    kind=event.kind.value,
+                    subject=event.subject,
+                    created_at=_ts(event.at),
+                )
+                texts[key] = (event.user_id, event.note_id, event.content)
+            elif meta is None:
+                continue  # an event for a note the index never saw saved: nothing to update
+            elif isinstance(event, NoteUpdated):
+                meta.version = event.version
+                meta.category = event.category or meta.category
+                meta.subject = event.subject if event.subject is not None else meta.subject
+                if event.content is not None:
+                    texts[key] = (event.user_id, event.note_id, event.content)
+            elif isinstance(event, NoteSuperseded):
+                meta.version = event.version
+                meta.status = "superseded"
+            metas[key] = meta
+            touched[key] = (event.user_id, event.note_id)
+
+        pieces: list[tuple[str, int, str]] = []  # (note key, chunk, text)
+        for key, (_, _, text) in texts.items():
+            for i, piece in enumerate(self._embedder.chunks(text)):
+                pieces.append((key, i, piece))
+        vectors = await self._embedder.embed([p[2] for p in pieces]) if pieces else []
+        points = []
+        for (key, chunk, piece), dense in zip(pieces, vectors, strict=True):
+            user_id, note_id = touched[key]
+            meta = metas[key]
+            assert meta is not None
+            points.append(
+                IndexPoint(
+                    id=point_id(user_id, note_id, chunk),
+                    dense=dense,
+                    sparse=sparse_document(piece),
+                    payload=meta.payload(user_id, note_id, chunk),
+                )
+            )
+        await self.index.upsert(points)
+        for key, (user_id, note_id) in touched.items():
+            meta = metas[key]
+            assert meta is not None
+            if key in texts:
+                chunks = sum(1 for p in pieces if p[0] == key)
+                if old_chunks[key] > chunks:
+                    await self.index.delete(user_id, note_id, from_chunk=chunks)
+                meta.chunks = chunks
+            else:
+                await self.index.set_payload(user_id, note_id, meta.filter_fields())
+        return set(touched)
+
+    async def rebuild(self, store: RedisEventStore, progress=None, batch_size: int = 256) -> int:  # type: ignore[no-untyped-def]
+        """Fill this (fresh) generation from position zero up to the log's head when called."""
+        head, _ = await store.log_head(self.partition)
+        if head is None:
+            await self._redis.set(self.keys.checkpoint, "0-0")
+            return 0
+        after, read = "0", 0
+        while position_key(after) < position_key(head):
+            batch = await store.read_log(self.partition, after, batch_size)
+            if not batch:
+                break
+            await self.apply(batch, live=False)
+            after = batch[-1].position
+            read += len(batch)
+            if progress:
+                progress(len(batch))
+        return read
+
+
+def _ts(at: datetime) -> float:
+    return at.timestamp()
+
+
+def generation_dir(data_dir: Path, generation: int) -> Path:
+    return data_dir / "index" / f"g{generation}"
+
+
+def write_model_record(directory: Path, model: str, dimension: int) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "engram-index.json").write_text(json.dumps({"model": model, "dimension": dimension}))
+
+
+def read_model_record(directory: Path) -> dict[str, Any] | None:
+    path = directory / "engram-index.json"
+    return json.loads(path.read_text()) if path.exists() else None

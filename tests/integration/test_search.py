@@ -1,0 +1,129 @@
+"""Semantic memory through the real bus: hybrid search, isolation, supersede, read-your-writes,
+chunking, and the index projection's rebuild and redelivery."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+
+from contracts.errors import EngramError, ErrorCode
+from services.client import EngramClient, EngramSession
+from tests.conftest import RunningService
+
+FACTS = [
+    ("person", "Alec is my boss at TechCorp"),
+    ("person", "My sister Sarah lives in Los Angeles"),
+    ("preference", "I prefer tasks to have due dates on Fridays"),
+    ("preference", "I like my coffee black, no sugar"),
+    ("context", "I work on the Platform team, mostly in Python"),
+    ("context", "My dog Max needs a walk at 7am every day"),
+    ("project", "Project Zephyrine uses PostgreSQL 16 and Kafka"),
+    ("health", "I am allergic to peanuts"),
+]
+
+
+async def remember(client: EngramClient, user: str) -> tuple[dict[str, str], str]:
+    ids, token = {}, ""
+    for category, text in FACTS:
+        written = await client.save(user, text, category=category)
+        ids[text], token = written.note_id, written.token
+    return ids, token
+
+
+async def top(client: EngramClient, user: str, query: str, **kwargs) -> list[str]:  # type: ignore[no-untyped-def]
+    return [hit.note.content for hit in (await client.search(user, query, **kwargs)).results]
+
+
+async def test_hybrid_search_finds_by_meaning_and_by_rare_keyword(client: EngramClient) -> None:
+    _, token = await remember(client, "alice")
+    meaning = await client.search("alice", "who is my manager at work?", after=token)
+    assert meaning.results[0].note.content == "Alec is my boss at TechCorp"
+    assert 0 < meaning.results[0].similarity <= 1 and meaning.results[0].score > 0
+    assert (await top(client, "alice", "what food must I avoid"))[0] == "I am allergic to peanuts"
+    assert (await top(client, "alice", "Zephyrine"))[0] == "Project Zephyrine uses PostgreSQL 16 and Kafka"
+    assert await top(client, "alice", "pets", top_k=1) == ["My dog Max needs a walk at 7am every day"]
+    assert len((await client.search("alice", "anything at all", top_k=20)).results) == len(FACTS)
+    only = await top(client, "alice", "what do I like", category="preference")
+    assert set(only) == {"I prefer tasks to have due dates on Fridays", "I like my coffee black, no sugar"}
+
+
+async def test_search_never_returns_another_users_note_even_with_identical_text(client: EngramClient) -> None:
+    alice_ids, _ = await remember(client, "alice")
+    bob = await client.save("bob", "Alec is my boss at TechCorp")
+    for user, expected in (("alice", alice_ids["Alec is my boss at TechCorp"]), ("bob", bob.note_id)):
+        reply = await client.search(user, "Alec is my boss at TechCorp", top_k=20, after=bob.token)
+        assert {hit.note.user_id for hit in reply.results} == {user}
+        assert reply.results[0].note.id == expected
+    assert (await client.search("mallory", "Alec boss", top_k=20)).results == []
+
+
+async def test_superseded_notes_leave_default_results_at_once_and_show_on_request(client: EngramClient) -> None:
+    seattle = await client.save("alice", "User lives in Seattle")
+    austin = await client.save("alice", "User moved to Austin last month")
+    superseded = await client.supersede("alice", seattle.note_id, austin.note_id)
+    default = await client.search("alice", "where does the user live", after=superseded.token)
+    assert [hit.note.id for hit in default.results] == [austin.note_id]
+    everything = await client.search("alice", "where does the user live", include_superseded=True)
+    assert {hit.note.id for hit in everything.results} == {seattle.note_id, austin.note_id}
+    assert next(h for h in everything.results if h.note.id == seattle.note_id).note.status.value == "superseded"
+
+
+async def test_updates_are_searched_by_their_new_text(client: EngramClient) -> None:
+    note = await client.save("alice", "Sarah works on the Platform team")
+    moved = await client.update("alice", note.note_id, content="Sarah moved to the Design team as its lead")
+    hits = (await client.search("alice", "design lead", after=moved.token)).results
+    assert hits[0].note.id == note.note_id and hits[0].note.version == 2
+    assert hits[0].note.content == "Sarah moved to the Design team as its lead"
+
+
+async def test_long_notes_are_chunked_and_answered_as_one_note(client: EngramClient) -> None:
+    filler = " ".join(f"On day {i} of the trip we walked around the old town and ate local food." for i in range(60))
+    story = filler + " On the last evening we finally saw the aurora borealis over the frozen lake."
+    long_note = await client.save("alice", story, kind="episode", summary="A long winter trip")  # type: ignore[arg-type]
+    await client.save("alice", "I like hiking in the summer")
+    hits = (await client.search("alice", "northern lights", top_k=5, after=(await client.save("alice", "x y z")).token)).results
+    assert hits[0].note.id == long_note.note_id
+    assert [h.note.id for h in hits].count(long_note.note_id) == 1
+
+
+async def test_a_saved_note_is_found_with_its_token_under_concurrent_load(client: EngramClient) -> None:
+    async def writer(user: str) -> None:
+        session = EngramSession(client, user)
+        for i in range(6):
+            written = await session.save(f"{user} remembers the secret codeword kumquat{i}{user}")
+            hits = (await session.search(f"kumquat{i}{user}", top_k=1)).results
+            assert [h.note.id for h in hits] == [written.note_id]
+
+    await asyncio.gather(*[writer(f"user{u}") for u in range(6)])
+
+
+async def test_bad_search_input_is_invalid_parameter(client: EngramClient) -> None:
+    for kwargs in ({"top_k": 0}, {"top_k": 21}):
+        with pytest.raises(EngramError) as info:
+            await client.search("alice", "x", **kwargs)  # type: ignore[arg-type]
+        assert info.value.code is ErrorCode.INVALID_PARAMETER
+    with pytest.raises(EngramError) as blank:
+        await client.search("alice", "   ")
+    assert blank.value.code is ErrorCode.INVALID_PARAMETER
+
+
+async def test_a_changed_model_is_detected_at_start(redis_url: str) -> None:
+    from projections.index_runtime import ModelMismatch, model_key
+    from tests.conftest import service_settings
+
+    redis = aioredis.Redis.from_url(redis_url)
+    await redis.set(model_key(0), '{"model": "some/other-model", "dimension": 768}')
+    running = await RunningService(service_settings(redis_url)).start()
+    try:
+        assert running.engram.index is not None
+        with pytest.raises(ModelMismatch, match="engram rebuild index"):
+            await running.engram.index.sync()
+        async with EngramClient(redis_url) as c:
+            with pytest.raises(EngramError) as info:
+                await c.search("alice", "anything")
+            assert info.value.code is ErrorCode.EMBEDDING_ERROR and "some/other-model" in info.value.message
+    finally:
+        await running.stop()
+        await redis.aclose()
