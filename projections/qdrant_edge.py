@@ -19,13 +19,11 @@ from qdrant_edge import (
     EdgeVectorParams,
     FieldCondition,
     Filter,
-    Fusion,
     MatchAny,
     MatchValue,
     Modifier,
     PayloadSchemaType,
     Point,
-    Prefetch,
     Query,
     QueryRequest,
     RangeFloat,
@@ -40,8 +38,7 @@ from projections.vector_index import (
     SPARSE,
     IndexHit,
     IndexPoint,
-    IndexQuery,
-    dot,
+    NearestQuery,
 )
 
 
@@ -118,49 +115,23 @@ class QdrantEdgeIndex:
         operation = UpdateOperation.set_payload_by_filter(_filter(user_id, {}, note_id), fields)
         await self._run(self.shard.update, operation)
 
-    async def search(self, query: IndexQuery) -> list[IndexHit]:
-        return await self._run(self._search, query)
-
-    def _search(self, query: IndexQuery) -> list[IndexHit]:
-        where = _filter(query.user_id, query.match)
-        prefetches = [Prefetch(limit=query.prefetch, query=Query.Nearest(query.dense, using=DENSE), filter=where)]
-        weights = [query.weights[0]]
-        if query.sparse is not None and query.sparse.indices:
-            sparse = SparseVector(query.sparse.indices, query.sparse.values)
-            prefetches.append(Prefetch(limit=query.prefetch, query=Query.Nearest(sparse, using=SPARSE), filter=where))
-            weights.append(query.weights[1])
+    async def nearest(self, query: NearestQuery) -> list[IndexHit]:
+        if query.using == SPARSE:
+            assert query.sparse is not None
+            if not query.sparse.indices:
+                return []  # only stop words: nothing for BM25 to match
+            vector: Any = SparseVector(query.sparse.indices, query.sparse.values)
+        else:
+            vector = query.dense
         request = QueryRequest(
             limit=query.limit,
-            prefetches=prefetches,
-            query=Fusion.Rrf(k=query.rrf_k, weights=weights),  # type: ignore[arg-type]  # the stub misses nested classes
-            filter=where,
-            with_payload=True,
-            with_vector=[DENSE],
-        )
-        hits = []
-        for p in self.shard.query(request):
-            vector = p.vector.get(DENSE) if isinstance(p.vector, dict) else None
-            similarity = dot(query.dense, vector) if isinstance(vector, list) else 0.0  # type: ignore[arg-type]
-            hits.append(
-                IndexHit(point_id=str(p.id), score=p.score, similarity=similarity, payload=dict(p.payload or {}))
-            )
-        return hits
-
-    async def similar(
-        self, user_id: str, dense: list[float], match: dict[str, str | list[str]], limit: int, threshold: float
-    ) -> list[IndexHit]:
-        request = QueryRequest(
-            limit=limit,
-            query=Query.Nearest(dense, using=DENSE),
-            filter=_filter(user_id, match),
-            score_threshold=threshold,
+            query=Query.Nearest(vector, using=query.using),
+            filter=_filter(query.user_id, query.match),
+            score_threshold=query.threshold,
             with_payload=True,
         )
         points = await self._run(self.shard.query, request)
-        return [
-            IndexHit(point_id=str(p.id), score=p.score, similarity=p.score, payload=dict(p.payload or {}))
-            for p in points
-        ]
+        return [IndexHit(point_id=str(p.id), score=p.score, payload=dict(p.payload or {})) for p in points]
 
     async def count(self, user_id: str | None = None) -> int:
         request = CountRequest(filter=_filter(user_id, {}) if user_id else None, exact=True)

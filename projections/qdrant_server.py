@@ -17,8 +17,7 @@ from projections.vector_index import (
     SPARSE,
     IndexHit,
     IndexPoint,
-    IndexQuery,
-    dot,
+    NearestQuery,
 )
 
 
@@ -92,48 +91,24 @@ class QdrantServerIndex:
     async def set_payload(self, user_id: str, note_id: str, fields: dict[str, Any]) -> None:
         await self._client.set_payload(self.collection, payload=fields, points=_filter(user_id, {}, note_id), wait=True)
 
-    async def search(self, query: IndexQuery) -> list[IndexHit]:
-        where = _filter(query.user_id, query.match)
-        prefetch = [models.Prefetch(query=query.dense, using=DENSE, limit=query.prefetch, filter=where)]
-        weights = [query.weights[0]]
-        if query.sparse is not None and query.sparse.indices:
-            sparse = models.SparseVector(indices=query.sparse.indices, values=query.sparse.values)
-            prefetch.append(models.Prefetch(query=sparse, using=SPARSE, limit=query.prefetch, filter=where))
-            weights.append(query.weights[1])
+    async def nearest(self, query: NearestQuery) -> list[IndexHit]:
+        if query.using == SPARSE:
+            assert query.sparse is not None
+            if not query.sparse.indices:
+                return []
+            vector: Any = models.SparseVector(indices=query.sparse.indices, values=query.sparse.values)
+        else:
+            vector = query.dense
         response = await self._client.query_points(
             self.collection,
-            prefetch=prefetch,
-            query=models.RrfQuery(rrf=models.Rrf(k=query.rrf_k, weights=weights)),
-            query_filter=where,
+            query=vector,
+            using=query.using,
+            query_filter=_filter(query.user_id, query.match),
             limit=query.limit,
-            with_payload=True,
-            with_vectors=[DENSE],
-        )
-        hits = []
-        for p in response.points:
-            vector = p.vector.get(DENSE) if isinstance(p.vector, dict) else None
-            similarity = dot(query.dense, vector) if isinstance(vector, list) else 0.0  # type: ignore[arg-type]
-            hits.append(
-                IndexHit(point_id=str(p.id), score=p.score, similarity=similarity, payload=dict(p.payload or {}))
-            )
-        return hits
-
-    async def similar(
-        self, user_id: str, dense: list[float], match: dict[str, str | list[str]], limit: int, threshold: float
-    ) -> list[IndexHit]:
-        response = await self._client.query_points(
-            self.collection,
-            query=dense,
-            using=DENSE,
-            query_filter=_filter(user_id, match),
-            limit=limit,
-            score_threshold=threshold,
+            score_threshold=query.threshold,
             with_payload=True,
         )
-        return [
-            IndexHit(point_id=str(p.id), score=p.score, similarity=p.score, payload=dict(p.payload or {}))
-            for p in response.points
-        ]
+        return [IndexHit(point_id=str(p.id), score=p.score, payload=dict(p.payload or {})) for p in response.points]
 
     async def count(self, user_id: str | None = None) -> int:
         result = await self._client.count(

@@ -35,25 +35,22 @@ class IndexPoint(msgspec.Struct, frozen=True, kw_only=True):
     payload: dict[str, Any]
 
 
-class IndexQuery(msgspec.Struct, frozen=True, kw_only=True):
-    """A hybrid query for one user. ``match`` maps a payload field to a value or to any of a list
-    of values. ``weights`` are the RRF weights of (dense, bm25)."""
+class NearestQuery(msgspec.Struct, frozen=True, kw_only=True):
+    """Nearest neighbours of one user's points by one vector: ``dense`` (cosine) or ``bm25``
+    (sparse, IDF-weighted). ``match`` maps a payload field to a value or to any of a list."""
 
     user_id: str
-    dense: list[float]
-    sparse: Sparse | None
+    using: str
+    dense: list[float] | None = None
+    sparse: Sparse | None = None
     match: dict[str, str | list[str]]
     limit: int
-    prefetch: int
-    weights: tuple[float, float] = (1.0, 1.0)
-    rrf_k: int = 60
+    threshold: float | None = None
 
 
 class IndexHit(msgspec.Struct, frozen=True, kw_only=True):
     point_id: str
     score: float
-    # Cosine similarity of the query and this chunk's dense vector.
-    similarity: float
     payload: dict[str, Any]
 
 
@@ -69,18 +66,9 @@ class VectorIndex(Protocol):
     async def set_payload(self, user_id: str, note_id: str, fields: dict[str, Any]) -> None:
         """Set payload fields on every point of a note."""
 
-    async def search(self, query: IndexQuery) -> list[IndexHit]:
-        """Fused (RRF) dense + BM25 hits, best first, chunk level."""
-
-    async def similar(
-        self, user_id: str, dense: list[float], match: dict[str, str | list[str]], limit: int, threshold: float
-    ) -> list[IndexHit]:
-        """Dense-only neighbours above a cosine threshold."""
+    async def nearest(self, query: NearestQuery) -> list[IndexHit]:
+        """Chunk-level hits, best first. Fusing dense and BM25 is the search service's job."""
 
     async def count(self, user_id: str | None = None) -> int: ...
 
     async def close(self) -> None: ...
-
-
-def dot(a: list[float], b: list[float]) -> float:
-    return float(sum(x * y for x, y in zip(a, b, strict=True)))

@@ -139,7 +139,7 @@ def build(settings: Settings) -> Engram:
     index = build_index_runtime(redis, settings) if settings.index_enabled else None
     search = None
     if index is not None:
-        search = SearchService(index, history, settings.read_wait_seconds, settings.search_weights, settings.rrf_k)
+        search = SearchService(index, history, settings.read_wait_seconds, settings.search_weights)
         runners += [
             index_runner(redis, store, index, p, settings.consumer_name, settings.lease_ms)
             for p in range(settings.partitions)

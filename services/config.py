@@ -44,9 +44,8 @@ class Settings:
     index_enabled: bool = True
     qdrant_url: str | None = None
     qdrant_api_key: str | None = None
-    # RRF weights of (dense, BM25) and RRF's k.
-    search_weights: tuple[float, float] = (1.0, 1.0)
-    rrf_k: int = 60
+    # Fusion weights of (dense cosine, saturated BM25); see services/search.py.
+    search_weights: tuple[float, float] = (1.0, 0.3)
     consumer_name: str = field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
 
     @classmethod
@@ -69,6 +68,5 @@ class Settings:
             index_enabled=os.environ.get("ENGRAM_INDEX", "on").lower() not in ("off", "0", "false", "no"),
             qdrant_url=os.environ.get("ENGRAM_QDRANT_URL") or None,
             qdrant_api_key=os.environ.get("ENGRAM_QDRANT_API_KEY") or None,
-            search_weights=_weights(os.environ.get("ENGRAM_SEARCH_WEIGHTS", "1.0,1.0")),
-            rrf_k=_int("ENGRAM_RRF_K", 60),
+            search_weights=_weights(os.environ.get("ENGRAM_SEARCH_WEIGHTS", "1.0,0.3")),
         )

@@ -13,7 +13,38 @@ from contracts.queries import SearchHit, SearchNotes, SearchReply
 from projections.history import HistoryReader, position_key
 from projections.index import IndexKeys, live_index_generation, sparse_query
 from projections.index_runtime import IndexRuntime
-from projections.vector_index import MEMORY, IndexQuery
+from projections.vector_index import DENSE, MEMORY, SPARSE, IndexHit, NearestQuery
+
+# BM25 scores are unbounded; s / (s + 6) maps them to [0, 1): one common word (~3 here) counts
+# for about a third, several rare ones for nearly all of it.
+BM25_SATURATION = 6.0
+DEFAULT_WEIGHTS = (1.0, 0.3)
+
+
+def fuse(
+    dense: list[IndexHit], sparse: list[IndexHit], weights: tuple[float, float] = DEFAULT_WEIGHTS
+) -> list[tuple[str, float, float]]:
+    """Weighted score fusion, per note: ``w_dense * cosine + w_bm25 * s / (s + 6)``, each side
+    taking the note's best chunk. Returns (note id, fused score, cosine), best first.
+
+    Score fusion rather than rank fusion (RRF): with RRF any keyword hit gets the full credit of
+    its rank, so one shared common word ("work") outranks a clear paraphrase ("manager" ~
+    "boss"); here a weak keyword match adds a little and a strong one (a rare name) a lot."""
+    cosine: dict[str, float] = {}
+    for hit in dense:
+        note_id = hit.payload["note_id"]
+        cosine[note_id] = max(cosine.get(note_id, -1.0), hit.score)
+    keyword: dict[str, float] = {}
+    for hit in sparse:
+        note_id = hit.payload["note_id"]
+        keyword[note_id] = max(keyword.get(note_id, 0.0), hit.score / (hit.score + BM25_SATURATION))
+    w_dense, w_sparse = weights
+    notes = set(cosine) | set(keyword)
+    # A note found only by keyword has an unknown cosine below every dense hit; count it as 0.
+    fused = [
+        (n, w_dense * max(cosine.get(n, 0.0), 0.0) + w_sparse * keyword.get(n, 0.0), cosine.get(n, 0.0)) for n in notes
+    ]
+    return sorted(fused, key=lambda item: (-item[1], item[0]))
 
 
 class IndexReader:
@@ -43,15 +74,13 @@ class SearchService:
         runtime: IndexRuntime,
         history: HistoryReader,
         read_wait_seconds: float,
-        weights: tuple[float, float] = (1.0, 1.0),
-        rrf_k: int = 60,
+        weights: tuple[float, float] = DEFAULT_WEIGHTS,
     ) -> None:
         self._runtime = runtime
         self._index_reader = IndexReader(runtime)
         self._history = history
         self._wait = read_wait_seconds
         self._weights = weights
-        self._rrf_k = rrf_k
 
     async def search(self, query: SearchNotes) -> SearchReply:
         if query.after is not None:
@@ -80,27 +109,19 @@ class SearchService:
             match["kind"] = query.kind.value
         if query.subject is not None:
             match["subject"] = query.subject
-        hits = await index.search(
-            IndexQuery(
-                user_id=query.user_id,
-                dense=dense,
-                sparse=sparse_query(query.query),
-                match=match,
-                # Several chunks of one long note may rank together; ask for enough to fill top_k notes.
-                limit=query.top_k * 4,
-                prefetch=max(50, query.top_k * 10),
-                weights=self._weights,
-                rrf_k=self._rrf_k,
-            )
+        # Several chunks of one long note may rank together; fetch enough to fill top_k notes.
+        limit = max(50, query.top_k * 10)
+        dense_hits, sparse_hits = await asyncio.gather(
+            index.nearest(NearestQuery(user_id=query.user_id, using=DENSE, dense=dense, match=match, limit=limit)),
+            index.nearest(
+                NearestQuery(
+                    user_id=query.user_id, using=SPARSE, sparse=sparse_query(query.query), match=match, limit=limit
+                )
+            ),
         )
-        best: dict[str, tuple[float, float]] = {}
-        for hit in hits:
-            note_id = hit.payload["note_id"]
-            score, similarity = best.get(note_id, (hit.score, hit.similarity))
-            best[note_id] = (max(score, hit.score), max(similarity, hit.similarity))
-        ranked = sorted(best.items(), key=lambda item: -item[1][0])[: query.top_k]
+        ranked = fuse(dense_hits, sparse_hits, self._weights)[: query.top_k]
         results = []
-        for note_id, (score, similarity) in ranked:
+        for note_id, score, similarity in ranked:
             view = await self._history.get_note(query.user_id, note_id)
             if view is None or view.user_id != query.user_id:
                 continue  # indexed before the read model caught up, or forgotten meanwhile

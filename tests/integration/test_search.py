@@ -83,7 +83,9 @@ async def test_long_notes_are_chunked_and_answered_as_one_note(client: EngramCli
     story = filler + " On the last evening we finally saw the aurora borealis over the frozen lake."
     long_note = await client.save("alice", story, kind="episode", summary="A long winter trip")  # type: ignore[arg-type]
     await client.save("alice", "I like hiking in the summer")
-    hits = (await client.search("alice", "northern lights", top_k=5, after=(await client.save("alice", "x y z")).token)).results
+    hits = (
+        await client.search("alice", "northern lights", top_k=5, after=(await client.save("alice", "x y z")).token)
+    ).results
     assert hits[0].note.id == long_note.note_id
     assert [h.note.id for h in hits].count(long_note.note_id) == 1
 

@@ -14,7 +14,7 @@ from qdrant_edge import Bm25
 
 from projections.qdrant_edge import QdrantEdgeIndex
 from projections.qdrant_server import QdrantServerIndex
-from projections.vector_index import IndexPoint, IndexQuery, Sparse, VectorIndex
+from projections.vector_index import DENSE, SPARSE, IndexHit, IndexPoint, NearestQuery, Sparse, VectorIndex
 
 DIM = 8
 bm25 = Bm25()
@@ -71,56 +71,59 @@ async def index(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     await adapter.close()
 
 
-def query(user: str, seed: int, text: str, **match: str | list[str]) -> IndexQuery:
-    return IndexQuery(
-        user_id=user, dense=unit(seed), sparse=sparse(text, query=True), match=match, limit=10, prefetch=20
-    )
+def dense(user: str, seed: int, **match: str | list[str]) -> NearestQuery:
+    return NearestQuery(user_id=user, using=DENSE, dense=unit(seed), match=match, limit=10)
 
 
-async def test_search_is_scoped_to_the_user_and_ranks_the_best_match_first(index: VectorIndex) -> None:
-    hits = await index.search(query("alice", 1, "Alec boss"))
-    assert hits and hits[0].payload["note_id"] == "AAAAAAAA" and hits[0].payload["chunk"] == 0
-    assert hits[0].similarity == pytest.approx(1.0, abs=1e-4)
+def keyword(user: str, text: str, **match: str | list[str]) -> NearestQuery:
+    return NearestQuery(user_id=user, using=SPARSE, sparse=sparse(text, query=True), match=match, limit=10)
+
+
+def notes(hits: list[IndexHit]) -> list[str]:
+    return [h.payload["note_id"] for h in hits]
+
+
+async def test_nearest_is_scoped_to_the_user_and_ranks_the_best_match_first(index: VectorIndex) -> None:
+    hits = await index.nearest(dense("alice", 1))
+    assert notes(hits)[0] == "AAAAAAAA" and hits[0].payload["chunk"] == 0
+    assert hits[0].score == pytest.approx(1.0, abs=1e-4)
     assert {h.payload["user_id"] for h in hits} == {"alice"}
-    assert [h.payload["note_id"] for h in await index.search(query("bob", 1, "Alec boss"))] == ["DDDDDDDD"]
-    assert await index.search(query("mallory", 1, "Alec boss")) == []
+    assert notes(await index.nearest(dense("bob", 1))) == ["DDDDDDDD"]
+    assert await index.nearest(dense("mallory", 1)) == []
 
 
-async def test_keyword_only_matches_reach_the_top_through_bm25(index: VectorIndex) -> None:
-    hits = await index.search(query("alice", 99, "Friday due dates"))
-    assert hits[0].payload["note_id"] == "BBBBBBBB"
+async def test_bm25_finds_keywords_and_stop_words_alone_find_nothing(index: VectorIndex) -> None:
+    assert notes(await index.nearest(keyword("alice", "Friday due dates"))) == ["BBBBBBBB"]
+    assert notes(await index.nearest(keyword("bob", "TechCorp"))) == ["DDDDDDDD"]
+    assert await index.nearest(keyword("alice", "the of and")) == []
 
 
 async def test_filters_on_payload(index: VectorIndex) -> None:
-    active = await index.search(query("alice", 4, "Seattle", status="active"))
-    assert "CCCCCCCC" not in {h.payload["note_id"] for h in active}
-    both = await index.search(query("alice", 4, "Seattle", status=["active", "superseded"]))
-    assert both[0].payload["note_id"] == "CCCCCCCC"
-    people = await index.search(query("alice", 3, "anything", category="person"))
-    assert {h.payload["note_id"] for h in people} == {"AAAAAAAA"}
+    assert "CCCCCCCC" not in notes(await index.nearest(dense("alice", 4, status="active")))
+    assert notes(await index.nearest(dense("alice", 4, status=["active", "superseded"])))[0] == "CCCCCCCC"
+    assert set(notes(await index.nearest(dense("alice", 3, category="person")))) == {"AAAAAAAA"}
 
 
 async def test_set_payload_and_delete_by_note(index: VectorIndex) -> None:
     await index.set_payload("alice", "AAAAAAAA", {"status": "superseded"})
-    assert "AAAAAAAA" not in {
-        h.payload["note_id"] for h in await index.search(query("alice", 1, "Alec", status="active"))
-    }
-    assert [h.payload["note_id"] for h in await index.search(query("bob", 1, "Alec", status="active"))] == ["DDDDDDDD"]
+    assert "AAAAAAAA" not in notes(await index.nearest(dense("alice", 1, status="active")))
+    assert notes(await index.nearest(dense("bob", 1, status="active"))) == ["DDDDDDDD"]
     await index.delete("alice", "AAAAAAAA", from_chunk=1)
     assert await index.count("alice") == 3  # chunk 1 of AAAAAAAA is gone, chunk 0 stays
-    assert "AAAAAAAA" in {h.payload["note_id"] for h in await index.search(query("alice", 1, "Alec"))}
+    assert "AAAAAAAA" in notes(await index.nearest(dense("alice", 1)))
     await index.delete("alice", "AAAAAAAA")
     assert await index.count("alice") == 2 and await index.count("bob") == 1 and await index.count() == 3
 
 
-async def test_similar_returns_neighbours_above_the_threshold(index: VectorIndex) -> None:
-    near = await index.similar("alice", unit(3), {"status": "active"}, limit=5, threshold=0.99)
-    assert [h.payload["note_id"] for h in near] == ["BBBBBBBB"] and near[0].similarity == pytest.approx(1.0, abs=1e-4)
-    assert await index.similar("bob", unit(3), {}, limit=5, threshold=0.99) == []
+async def test_a_threshold_keeps_only_close_neighbours(index: VectorIndex) -> None:
+    near = await index.nearest(
+        NearestQuery(user_id="alice", using=DENSE, dense=unit(3), match={"status": "active"}, limit=5, threshold=0.99)
+    )
+    assert notes(near) == ["BBBBBBBB"] and near[0].score == pytest.approx(1.0, abs=1e-4)
 
 
 async def test_upsert_of_the_same_point_replaces_it(index: VectorIndex) -> None:
     await index.upsert([point("alice", "BBBBBBBB", 0, 50, "The user prefers Monday due dates", version=2)])
     assert await index.count("alice") == 4
-    hits = await index.search(query("alice", 50, "Monday"))
-    assert hits[0].payload["note_id"] == "BBBBBBBB" and hits[0].payload["version"] == 2
+    hits = await index.nearest(dense("alice", 50))
+    assert notes(hits)[0] == "BBBBBBBB" and hits[0].payload["version"] == 2
