@@ -157,8 +157,9 @@ class HistoryProjection:
         return True
 
 
-async def drop_generation(redis: Redis, partition: int, generation: int) -> int:
-    prefix = HistoryKeys(partition, generation).prefix
+async def drop_generation(redis: Redis, partition: int, generation: int, prefix: str | None = None) -> int:
+    """Delete every key of an old generation (the history's by default, or any ``prefix``)."""
+    prefix = prefix or HistoryKeys(partition, generation).prefix
     dropped = 0
     batch: list[bytes] = []
     async for key in redis.scan_iter(match=f"{_glob_escape(prefix)}*", count=1000):

@@ -53,7 +53,7 @@ class IndexRuntime:
     ) -> None:
         self.redis = redis
         self.embedder = embedder
-        self._open_index = open_index
+        self.open_index = open_index
         self._drop_index = drop_index
         self.generation = -1
         self._index: VectorIndex | None = None
@@ -77,7 +77,7 @@ class IndexRuntime:
             except ModelMismatch as e:
                 self.error = e
                 raise
-            index = self._open_index(generation)
+            index = self.open_index(generation)
             await index.ensure(self.embedder.dimension)
             previous, previous_generation = self._index, self.generation
             self._index, self.generation, self.error = index, generation, None

@@ -27,6 +27,7 @@ from qdrant_edge import (
     Query,
     QueryRequest,
     RangeFloat,
+    ScrollRequest,
     SparseVector,
     UpdateOperation,
 )
@@ -136,6 +137,18 @@ class QdrantEdgeIndex:
     async def count(self, user_id: str | None = None) -> int:
         request = CountRequest(filter=_filter(user_id, {}) if user_id else None, exact=True)
         return int(await self._run(self.shard.count, request))
+
+    async def payloads(self) -> list[dict[str, Any]]:
+        return await self._run(self._payloads)
+
+    def _payloads(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        offset = None
+        while True:
+            records, offset = self.shard.scroll(ScrollRequest(offset=offset, limit=1000, with_payload=True))
+            out.extend(dict(r.payload or {}) for r in records)
+            if offset is None:
+                return out
 
     async def flush(self) -> None:
         if self._shard is not None:

@@ -116,6 +116,15 @@ class QdrantServerIndex:
         )
         return int(result.count)
 
+    async def payloads(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        offset = None
+        while True:
+            records, offset = await self._client.scroll(self.collection, offset=offset, limit=1000, with_payload=True)
+            out.extend(dict(r.payload or {}) for r in records)
+            if offset is None:
+                return out
+
     async def flush(self) -> None:
         """The server persists on its own."""
 

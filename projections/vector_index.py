@@ -71,4 +71,7 @@ class VectorIndex(Protocol):
 
     async def count(self, user_id: str | None = None) -> int: ...
 
+    async def payloads(self) -> list[dict[str, Any]]:
+        """Every point's payload (for rebuild checks and diagnostics; reads the whole index)."""
+
     async def close(self) -> None: ...

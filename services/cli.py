@@ -261,6 +261,13 @@ def cmd_tail(args: argparse.Namespace) -> int:
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
+    if args.projection == "index":
+        result = asyncio.run(_rebuild_index(args))
+        _print(
+            args, result, lambda r: f"rebuilt the index from {r['events']} events; generation {r['generation']} is live"
+        )
+        return 0
+
     async def go() -> dict[str, Any]:
         from redis.asyncio import Redis
         from tqdm import tqdm
@@ -297,6 +304,50 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     result = asyncio.run(go())
     _print(args, result, lambda r: f"rebuilt history from {r['events']} events; live generations {r['generations']}")
     return 0
+
+
+async def _rebuild_index(args: argparse.Namespace) -> dict[str, Any]:
+    """Embed the whole log into a fresh generation (a new shard directory or collection), then
+    switch every partition to it; a running `engram serve` follows within a second."""
+    from redis.asyncio import Redis
+    from tqdm import tqdm
+
+    from projections.index import GENERATIONS_KEY, IndexKeys, IndexProjection, live_index_generation
+    from projections.index_runtime import record_model, switch_generation
+    from services.app import PARTITIONS_KEY, build_index_runtime
+    from services.event_store import RedisEventStore
+
+    settings = Settings.from_env()
+    url = resolve_url(settings)
+    redis = Redis.from_url(url)
+    try:
+        partitions = int(await redis.get(PARTITIONS_KEY) or settings.partitions)
+    except OSError as e:
+        raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {url}: {e}") from None
+    settings = Settings(**{**settings.__dict__, "partitions": partitions, "redis_url": url})
+    store = RedisEventStore(redis, partitions, settings.idempotency_ttl_seconds)
+    previous = await live_index_generation(redis, 0)
+    generation = max(int(await redis.incr(GENERATIONS_KEY)), previous + 1)
+    runtime = build_index_runtime(redis, settings)
+    await record_model(redis, generation, runtime.embedder)
+    index = runtime.open_index(generation)
+    await index.ensure(runtime.embedder.dimension)
+    total = sum([(await store.log_head(p))[1] for p in range(partitions)])
+    read = 0
+    try:
+        with tqdm(total=total, desc="index", unit="event", file=sys.stderr, disable=args.json) as bar:
+            for p in range(partitions):
+                projection = IndexProjection(redis, index, runtime.embedder, p, generation)
+                read += await projection.rebuild(store, progress=bar.update)
+    finally:
+        await index.close()
+    await switch_generation(redis, partitions, generation)
+    for p in range(partitions):
+        from projections.history import drop_generation
+
+        await drop_generation(redis, p, previous, IndexKeys(p, previous).prefix)
+    await redis.aclose()
+    return {"projection": "index", "events": read, "generation": generation, "previous": previous}
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -382,7 +433,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, help="stop after this many events")
 
     p = add("rebuild", cmd_rebuild, "rebuild a projection from the event log, then switch to it")
-    p.add_argument("projection", choices=["history"])
+    p.add_argument("projection", choices=["history", "index"])
 
     p = add("schema", cmd_schema, "write the JSON Schema of every contract")
     p.add_argument("--out", help="file to write (default: stdout)")

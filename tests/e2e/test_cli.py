@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from services.redis_server import free_port
-from tests.support import ROOT, ServeProcess, cli, engram_env
+from tests.support import ROOT, ServeProcess, cli, engram_env, wait_until
 
 
 @pytest.fixture
@@ -135,3 +135,26 @@ def test_serve_starts_a_private_redis_when_none_is_configured_or_answering(tmp_p
     finally:
         assert serve.stop() == 0
     assert not (data / "redis.url").exists()
+
+
+def test_search_and_an_index_rebuild_while_serving(env: dict[str, str], tmp_path: Path) -> None:
+    code, saved, _ = cli(env, "save", "--user", "alice", "--category", "person", "Alec is my boss at TechCorp")
+    cli(env, "save", "--user", "alice", "I like my coffee black")
+    code, found, _ = cli(env, "search", "--user", "alice", "--after", saved["token"], "who is my manager?")
+    assert code == 0 and found["results"][0]["note_id"] == saved["note_id"]
+    assert found["results"][0]["content"] == "Alec is my boss at TechCorp" and found["results"][0]["similarity"] > 0.3
+    code, bad, _ = cli(env, "search", "--user", "alice", "--top-k", "99", "x")
+    assert code == 1 and bad["error"]["code"] == "INVALID_PARAMETER"
+
+    index_dir = Path(env["ENGRAM_DATA_DIR"]) / "index"
+    assert [d.name for d in index_dir.iterdir()] == ["g0"]
+    code, rebuilt, err = cli(env, "rebuild", "index", timeout=180)
+    assert code == 0, err
+    assert rebuilt["events"] == 2 and rebuilt["generation"] >= 1 and rebuilt["previous"] == 0
+    # The serving process follows the switch and drops the old generation.
+    wait_until(lambda: [d.name for d in index_dir.iterdir()] == [f"g{rebuilt['generation']}"], timeout=30)
+    code, again, _ = cli(env, "search", "--user", "alice", "who is my manager?")
+    assert [r["note_id"] for r in again["results"]][0] == saved["note_id"]
+    code, newer, _ = cli(env, "save", "--user", "alice", "My dentist is Dr. Molar")
+    code, fresh, _ = cli(env, "search", "--user", "alice", "--after", newer["token"], "dentist")
+    assert fresh["results"][0]["note_id"] == newer["note_id"]
