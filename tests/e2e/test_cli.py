@@ -154,7 +154,7 @@ def test_search_and_an_index_rebuild_while_serving(env: dict[str, str], tmp_path
     # The serving process follows the switch and drops the old generation.
     wait_until(lambda: [d.name for d in index_dir.iterdir()] == [f"g{rebuilt['generation']}"], timeout=30)
     code, again, _ = cli(env, "search", "--user", "alice", "who is my manager?")
-    assert [r["note_id"] for r in again["results"]][0] == saved["note_id"]
+    assert again["results"][0]["note_id"] == saved["note_id"]
     code, newer, _ = cli(env, "save", "--user", "alice", "My dentist is Dr. Molar")
     code, fresh, _ = cli(env, "search", "--user", "alice", "--after", newer["token"], "dentist")
     assert fresh["results"][0]["note_id"] == newer["note_id"]
