@@ -55,6 +55,11 @@ def command_outcome(partition: int, user_id: str, command_id: str) -> str:
     return f"{tag(partition)}:cmd:{user_id}:{command_id}"
 
 
+def content_key(partition: int, user_id: str, digest: str) -> str:
+    """Which active note of a user holds a content (normalised, hashed): exact-duplicate detection."""
+    return f"{tag(partition)}:content:{user_id}:{digest}"
+
+
 COMMAND_GROUP = "engram-commands"
 QUERY_GROUP = "engram-queries"
 

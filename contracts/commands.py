@@ -56,6 +56,9 @@ class SaveNote(NoteDraft, tag_field="type", tag="save_note", frozen=True, kw_onl
     """Save a new note. The reply names the note id (8 chars) and version 1.
     ``expected_version``, if given, must be 0 (the note does not exist yet)."""
 
+    # Reply with the similar notes and hints (seeds 002-004). It costs an embedding and a wait
+    # for the index to catch up (tens of ms); bulk writers turn it off.
+    advise: bool = True
     # msgspec allows one field-carrying base only, so the Command fields are repeated here.
     schema_version: int = SCHEMA_VERSION
     command_id: CommandId

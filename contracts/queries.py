@@ -6,6 +6,7 @@ A query may carry ``after``, the consistency token a command returned: the respo
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 import msgspec
@@ -78,10 +79,25 @@ AnyQuery = GetNote | GetHistory | ListNotes | ListRecent | SearchNotes
 
 
 class WrittenNote(msgspec.Struct, frozen=True, kw_only=True):
-    """A note a command wrote and the version it is at now."""
+    """A note a command wrote and the version it is at now. ``duplicate``: the text was already
+    held by this (existing, active) note, so no new note was made (seed 004)."""
 
     note_id: str
     version: int
+    duplicate: bool = False
+
+
+class SimilarNote(msgspec.Struct, frozen=True, kw_only=True):
+    """An active note close in meaning to one just saved: it may be outdated by it (seed 003)."""
+
+    note_id: str
+    content: str
+    similarity: float
+    category: str
+    subject: str | None
+    confidence: float
+    source: str
+    created_at: datetime
 
 
 class NoteWritten(Message, tag="note_written", frozen=True, kw_only=True):
@@ -94,6 +110,14 @@ class NoteWritten(Message, tag="note_written", frozen=True, kw_only=True):
     token: str
     replayed: bool = False
     superseded_by: str | None = None
+    # SaveNote only. duplicate: the same text (case and spacing aside) is already this active
+    # note, and no new note was made. similar: active notes close in meaning (cosine at least
+    # ENGRAM_SIMILAR_THRESHOLD). same_subject: active notes about the same subject (seed 002).
+    # action_required: what the caller should consider doing about them.
+    duplicate: bool = False
+    similar: list[SimilarNote] = msgspec.field(default_factory=list)
+    same_subject: list[str] = msgspec.field(default_factory=list)
+    action_required: str | None = None
 
 
 class NotesWritten(Message, tag="notes_written", frozen=True, kw_only=True):

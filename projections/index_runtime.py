@@ -14,6 +14,8 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
+from contracts import channels
+from projections.history import position_key
 from projections.index import IndexKeys, live_index_generation
 from projections.vector_index import VectorIndex
 from services.embedder import Embedder
@@ -98,6 +100,27 @@ class IndexRuntime:
         if self._index is not None:
             await self._index.close()
             self._index = None
+
+
+class IndexReader:
+    def __init__(self, runtime: IndexRuntime) -> None:
+        self.runtime = runtime
+
+    async def checkpoint(self, partition: int) -> tuple[int, int]:
+        redis = self.runtime.redis
+        keys = IndexKeys(partition, await live_index_generation(redis, partition))
+        raw = await redis.get(keys.checkpoint)
+        return position_key(raw) if raw else (0, 0)
+
+    async def wait_for(self, token: str, timeout: float, poll: float = 0.002) -> bool:
+        partition, position = channels.parse_token(token)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while await self.checkpoint(partition) < position:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(poll)
+        return True
 
 
 async def switch_generation(redis: Redis, partitions: int, generation: int) -> None:

@@ -30,6 +30,7 @@ from contracts import channels
 from projections.history import HistoryReader
 from projections.index_runtime import IndexRuntime
 from projections.runner import ProjectionRunner, history_runner, index_runner
+from services.advice import SaveAdvisor
 from services.commands import CommandService
 from services.config import Settings
 from services.event_store import RedisEventStore
@@ -132,7 +133,6 @@ def build(settings: Settings) -> Engram:
     broker = make_broker(settings.redis_url)
     store = RedisEventStore(redis, settings.partitions, settings.idempotency_ttl_seconds)
     history = HistoryReader(redis, settings.partitions)
-    commands = CommandService(store)
     runners = [
         history_runner(redis, store, p, settings.consumer_name, settings.lease_ms) for p in range(settings.partitions)
     ]
@@ -144,6 +144,8 @@ def build(settings: Settings) -> Engram:
             index_runner(redis, store, index, p, settings.consumer_name, settings.lease_ms)
             for p in range(settings.partitions)
         ]
+    advisor = SaveAdvisor(index, history, settings.similar_threshold) if index is not None else None
+    commands = CommandService(store, advisor=advisor)
     queries = QueryService(history, settings.read_wait_seconds, search)
     _subscribe(broker, settings, commands, queries)
     reclaimers = [

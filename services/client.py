@@ -86,9 +86,11 @@ class EngramClient:
         importance: float = 0.5,
         command_id: str | None = None,
         origin: Origin | None = None,
+        advise: bool = True,
         **episode_or_procedure: Any,
     ) -> NoteWritten:
         command = SaveNote(
+            advise=advise,
             command_id=command_id or new_command_id(),
             user_id=user_id,
             content=content,

@@ -14,11 +14,12 @@ from datetime import UTC, datetime
 import msgspec
 
 from contracts import channels
-from contracts.commands import AnyCommand, SaveNotes, SupersedeNote
+from contracts.commands import AnyCommand, SaveNote, SaveNotes, SupersedeNote
 from contracts.errors import EngramError, ErrorCode, ErrorReply
 from contracts.queries import CommandReply, NotesWritten, NoteWritten, WrittenNote
-from services.domain.decider import IdCollision, decide, note_ids_for
-from services.event_store import Appended, Outcome
+from services.advice import SaveAdvisor
+from services.domain.decider import IdCollision, decide, first_of_each_content, note_ids_for
+from services.event_store import Appended, ContentTaken, Outcome
 from services.ports import EventStore
 
 log = logging.getLogger("engram.commands")
@@ -42,54 +43,112 @@ def decode_command(body: bytes) -> AnyCommand:
 
 
 class CommandService:
-    def __init__(self, store: EventStore, clock: Callable[[], datetime] = utc_now) -> None:
+    def __init__(
+        self, store: EventStore, clock: Callable[[], datetime] = utc_now, advisor: SaveAdvisor | None = None
+    ) -> None:
         self._store = store
         self._clock = clock
+        self._advisor = advisor
 
     async def handle(self, body: bytes) -> bytes:
         """Bus entry point: raw JSON in, JSON reply out. Domain refusals become error replies;
         infrastructure failures propagate so the message stays pending and is retried."""
         try:
-            reply: CommandReply = await self.execute(decode_command(body))
+            command = decode_command(body)
+            reply: CommandReply = await self.execute(command)
+            advise = isinstance(command, SaveNote) and command.advise
+            if (
+                self._advisor is not None
+                and advise
+                and isinstance(command, SaveNote)
+                and isinstance(reply, NoteWritten)
+            ):
+                reply = await self._advisor.advise(reply, command.user_id, command.content, command.subject)
         except EngramError as e:
             reply = e.reply()
         return _encoder.encode(reply)
 
     async def execute(self, command: AnyCommand) -> NoteWritten | NotesWritten:
         store = self._store
+        partition = store.partition_of(command.user_id)
         first = await store.outcome(command.user_id, command.command_id)
         if first is not None:
-            return _reply(command, store.partition_of(command.user_id), first, replayed=True)
+            return _reply(command, partition, first, replayed=True)
         salt = 0
+        # Drafts of a batch whose text an existing note already holds: index -> (note id, version).
+        held: dict[int, tuple[str, int]] = {}
         for _ in range(MAX_ATTEMPTS):
             ids = note_ids_for(command, salt)
             loaded = await store.load(command.user_id, ids)
+            states = {i: n.state for i, n in loaded.items()}
             try:
-                appends = decide(command, {i: n.state for i, n in loaded.items()}, ids, self._clock())
+                appends = decide(command, states, ids, self._clock(), skip=frozenset(held))
             except IdCollision:
                 salt += 1
                 continue
             if not any(a.events for a in appends):
+                if isinstance(command, SaveNotes):  # every draft was a duplicate
+                    return await self._all_held(command, held)
                 note = loaded[appends[0].note_id]
-                position = note.position or "0-0"
-                token = channels.format_token(store.partition_of(command.user_id), position)
+                token = channels.format_token(partition, note.position or "0-0")
                 return NoteWritten(note_id=appends[0].note_id, version=note.state.version, token=token)
-            result = await store.append(command.user_id, command.command_id, appends)
+            extra = {"duplicates": [[i, note_id, version] for i, (note_id, version) in sorted(held.items())]}
+            result = await store.append(command.user_id, command.command_id, appends, extra)
             if isinstance(result, Appended):
-                return _reply(command, store.partition_of(command.user_id), result.outcome, replayed=result.replayed)
+                return _reply(command, partition, result.outcome, replayed=result.replayed)
+            if isinstance(result, ContentTaken):
+                holder = (await store.load(command.user_id, [result.holder]))[result.holder]
+                if isinstance(command, SaveNote):
+                    token = channels.format_token(partition, holder.position or "0-0")
+                    return NoteWritten(note_id=result.holder, version=holder.state.version, token=token, duplicate=True)
+                if isinstance(command, SaveNotes):
+                    held[ids.index(result.note_id)] = (result.holder, holder.state.version)
+                    continue
+                raise EngramError(
+                    ErrorCode.INVALID_PARAMETER,
+                    f"Memory {result.holder} already says this; update or supersede that one instead",
+                )
             log.debug("conflict on %s (now v%d), deciding again", result.note_id, result.actual_version)
         raise EngramError(ErrorCode.VERSION_CONFLICT, "the memory kept changing under this command; retry it")
+
+    async def _all_held(self, command: SaveNotes, held: dict[int, tuple[str, int]]) -> NotesWritten:
+        loaded = await self._store.load(command.user_id, [note_id for note_id, _ in held.values()])
+        position = max((n.position or "0-0" for n in loaded.values()), key=channels.parse_entry_id)
+        outcome = Outcome(
+            position=position,
+            notes=[],
+            extra={"duplicates": [[i, note_id, version] for i, (note_id, version) in sorted(held.items())]},
+        )
+        reply = _reply(command, self._store.partition_of(command.user_id), outcome, replayed=False)
+        assert isinstance(reply, NotesWritten)
+        return reply
 
 
 def _reply(command: AnyCommand, partition: int, outcome: Outcome, replayed: bool) -> NoteWritten | NotesWritten:
     token = channels.format_token(partition, outcome.position)
     if isinstance(command, SaveNotes):
-        return NotesWritten(
-            notes=[WrittenNote(note_id=n, version=v) for n, v in outcome.notes], token=token, replayed=replayed
-        )
+        return NotesWritten(notes=_batch_notes(command, outcome), token=token, replayed=replayed)
     note_id, version = outcome.notes[0]
     superseded_by = command.superseded_by if isinstance(command, SupersedeNote) else None
     return NoteWritten(note_id=note_id, version=version, token=token, replayed=replayed, superseded_by=superseded_by)
+
+
+def _batch_notes(command: SaveNotes, outcome: Outcome) -> list[WrittenNote]:
+    """One entry per draft, in order: the note written for it, or the note that already held its
+    text (an existing one, or an earlier draft of the same batch), marked ``duplicate``."""
+    held = {int(i): (str(note_id), int(version)) for i, note_id, version in outcome.extra.get("duplicates", [])}
+    written = iter(outcome.notes)
+    firsts = first_of_each_content(command.notes)
+    notes: list[WrittenNote] = []
+    for i, first in enumerate(firsts):
+        if i in held:
+            notes.append(WrittenNote(note_id=held[i][0], version=held[i][1], duplicate=True))
+        elif first != i:
+            notes.append(msgspec.structs.replace(notes[first], duplicate=True))
+        else:
+            note_id, version = next(written)
+            notes.append(WrittenNote(note_id=note_id, version=version))
+    return notes
 
 
 def error_reply(code: ErrorCode, message: str) -> bytes:

@@ -46,6 +46,8 @@ class Settings:
     qdrant_api_key: str | None = None
     # Fusion weights of (dense cosine, saturated BM25); see services/search.py.
     search_weights: tuple[float, float] = (1.0, 0.3)
+    # Cosine from which an active note is reported as similar to one just saved.
+    similar_threshold: float = 0.5
     consumer_name: str = field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
 
     @classmethod
@@ -69,4 +71,5 @@ class Settings:
             qdrant_url=os.environ.get("ENGRAM_QDRANT_URL") or None,
             qdrant_api_key=os.environ.get("ENGRAM_QDRANT_API_KEY") or None,
             search_weights=_weights(os.environ.get("ENGRAM_SEARCH_WEIGHTS", "1.0,0.3")),
+            similar_threshold=_float("ENGRAM_SIMILAR_THRESHOLD", 0.5),
         )

@@ -5,10 +5,10 @@ holds both to the same contract."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from services.domain.decider import StreamAppend
-from services.event_store import Appended, Conflict, LoadedNote, LogEntry, Outcome
+from services.event_store import Appended, Conflict, ContentTaken, LoadedNote, LogEntry, Outcome
 
 
 class EventStore(Protocol):
@@ -22,9 +22,15 @@ class EventStore(Protocol):
     async def load(self, user_id: str, note_ids: Sequence[str]) -> dict[str, LoadedNote]:
         """Each note's folded state and the log position of its latest event."""
 
-    async def append(self, user_id: str, command_id: str, appends: Sequence[StreamAppend]) -> Appended | Conflict:
-        """Atomically: refuse a seen command id with its first outcome; refuse if any note is not
-        at its expected version; else write every event and return the outcome."""
+    async def append(
+        self, user_id: str, command_id: str, appends: Sequence[StreamAppend], extra: dict[str, Any] | None = None
+    ) -> Appended | Conflict | ContentTaken:
+        """Atomically: return the first outcome of a seen command id; refuse if any note is not at
+        its expected version or claims a content another note holds; else release and claim the
+        content keys, write every event, and store and return the outcome (with ``extra``)."""
+
+    async def content_holder(self, user_id: str, digest: str) -> str | None:
+        """The active note holding a content digest, if any."""
 
     async def read_log(self, partition: int, after: str, count: int, block_ms: int | None = None) -> list[LogEntry]:
         """Events of one partition after a position, in log order."""

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
-from contracts import channels
 from contracts.errors import EngramError, ErrorCode
 from contracts.model import NoteStatus
 from contracts.queries import SearchHit, SearchNotes, SearchReply
-from projections.history import HistoryReader, position_key
-from projections.index import IndexKeys, live_index_generation, sparse_query
-from projections.index_runtime import IndexRuntime
+from projections.history import HistoryReader
+from projections.index import sparse_query
+from projections.index_runtime import IndexReader, IndexRuntime
 from projections.vector_index import DENSE, MEMORY, SPARSE, IndexHit, NearestQuery
 
 # BM25 scores are unbounded; s / (s + 6) maps them to [0, 1): one common word (~3 here) counts
@@ -45,27 +44,6 @@ def fuse(
         (n, w_dense * max(cosine.get(n, 0.0), 0.0) + w_sparse * keyword.get(n, 0.0), cosine.get(n, 0.0)) for n in notes
     ]
     return sorted(fused, key=lambda item: (-item[1], item[0]))
-
-
-class IndexReader:
-    def __init__(self, runtime: IndexRuntime) -> None:
-        self.runtime = runtime
-
-    async def checkpoint(self, partition: int) -> tuple[int, int]:
-        redis = self.runtime.redis
-        keys = IndexKeys(partition, await live_index_generation(redis, partition))
-        raw = await redis.get(keys.checkpoint)
-        return position_key(raw) if raw else (0, 0)
-
-    async def wait_for(self, token: str, timeout: float, poll: float = 0.002) -> bool:
-        partition, position = channels.parse_token(token)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while await self.checkpoint(partition) < position:
-            if loop.time() >= deadline:
-                return False
-            await asyncio.sleep(poll)
-        return True
 
 
 class SearchService:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
 from contracts import channels
 from services.domain.decider import StreamAppend
 from services.domain.note import ABSENT, fold
-from services.event_store import Appended, Conflict, LoadedNote, LogEntry, Outcome, decode_event
+from services.event_store import Appended, Conflict, ContentTaken, LoadedNote, LogEntry, Outcome, decode_event
 
 
 class InMemoryEventStore:
@@ -20,6 +21,7 @@ class InMemoryEventStore:
         self._outcomes: dict[tuple[str, str], Outcome] = {}
         self._logs: dict[int, list[tuple[str, bytes]]] = {p: [] for p in range(partitions)}
         self._clock = 0
+        self._contents: dict[tuple[str, str], str] = {}
         self._appended = asyncio.Condition()
 
     def partition_of(self, user_id: str) -> int:
@@ -36,7 +38,12 @@ class InMemoryEventStore:
             loaded[note_id] = LoadedNote(state=state, position=entries[-1][1] if entries else None)
         return loaded
 
-    async def append(self, user_id: str, command_id: str, appends: Sequence[StreamAppend]) -> Appended | Conflict:
+    async def content_holder(self, user_id: str, digest: str) -> str | None:
+        return self._contents.get((user_id, digest))
+
+    async def append(
+        self, user_id: str, command_id: str, appends: Sequence[StreamAppend], extra: dict[str, Any] | None = None
+    ) -> Appended | Conflict | ContentTaken:
         # No await before the writes: atomic with respect to other coroutines.
         first = self._outcomes.get((user_id, command_id))
         if first is not None:
@@ -45,12 +52,21 @@ class InMemoryEventStore:
             current = len(self._notes.get((user_id, item.note_id), []))
             if current != item.expected_version:
                 return Conflict(note_id=item.note_id, actual_version=current)
+            for digest in item.claims:
+                holder = self._contents.get((user_id, digest))
+                if holder is not None and holder != item.note_id:
+                    return ContentTaken(note_id=item.note_id, holder=holder)
         if not any(item.events for item in appends):
             raise ValueError("an append must carry at least one event")
         log = self._logs[self.partition_of(user_id)]
         position = ""
         notes = []
         for item in appends:
+            for digest in item.releases:
+                if self._contents.get((user_id, digest)) == item.note_id:
+                    del self._contents[(user_id, digest)]
+            for digest in item.claims:
+                self._contents[(user_id, digest)] = item.note_id
             stream = self._notes.setdefault((user_id, item.note_id), [])
             for event in item.events:
                 self._clock += 1
@@ -60,7 +76,9 @@ class InMemoryEventStore:
                 stream.append((raw, position))
             if item.events:
                 notes.append((item.note_id, len(stream)))
-        outcome = Outcome(position=position, notes=notes)
+        outcome = Outcome(
+            position=position, notes=notes, extra=msgspec.json.decode(msgspec.json.encode(extra or {"duplicates": []}))
+        )
         self._outcomes[(user_id, command_id)] = outcome
         return Appended(outcome=outcome, replayed=False)
 

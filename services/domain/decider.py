@@ -6,8 +6,9 @@ new note ids come from ``note_ids_for`` and time is the ``now`` argument.
 
 from __future__ import annotations
 
+import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 import msgspec
@@ -27,6 +28,21 @@ class StreamAppend(msgspec.Struct, frozen=True, kw_only=True):
     note_id: str
     expected_version: int
     events: list[AnyEvent]
+    # Content digests this note takes or gives up: an active note's content is unique per user.
+    claims: list[str] = msgspec.field(default_factory=list)
+    releases: list[str] = msgspec.field(default_factory=list)
+
+
+def content_digest(content: str) -> str:
+    """Case- and whitespace-insensitive identity of a text (seed 004's duplicate detection)."""
+    normal = " ".join(content.casefold().split())
+    return hashlib.blake2b(normal.encode(), digest_size=16).hexdigest()
+
+
+def first_of_each_content(drafts: Sequence[NoteDraft]) -> list[int]:
+    """For each draft, the index of the first draft with the same content."""
+    seen: dict[str, int] = {}
+    return [seen.setdefault(content_digest(d.content), i) for i, d in enumerate(drafts)]
 
 
 class IdCollision(Exception):
@@ -47,8 +63,15 @@ def note_ids_for(command: AnyCommand, attempt: int = 0) -> list[str]:
     raise TypeError(f"unknown command {type(command).__name__}")
 
 
-def decide(command: AnyCommand, states: Mapping[str, NoteState], ids: list[str], now: datetime) -> list[StreamAppend]:
-    """``ids`` is what ``note_ids_for`` returned and ``states`` their current states."""
+def decide(
+    command: AnyCommand,
+    states: Mapping[str, NoteState],
+    ids: list[str],
+    now: datetime,
+    skip: frozenset[int] = frozenset(),
+) -> list[StreamAppend]:
+    """``ids`` is what ``note_ids_for`` returned and ``states`` their current states. ``skip``:
+    drafts of a batch to leave out (their text is already an existing note)."""
     if isinstance(command, SaveNote):
         _expect_new(command.expected_version)
         return [
@@ -56,9 +79,12 @@ def decide(command: AnyCommand, states: Mapping[str, NoteState], ids: list[str],
         ]
     if isinstance(command, SaveNotes):
         _expect_new(command.expected_version)
+        # The same text twice in one batch is one note: the first draft's.
+        firsts = first_of_each_content(command.notes)
         return [
             _save(command.user_id, command.command_id, command.origin, draft, note_id, states[note_id], now)
-            for draft, note_id in zip(command.notes, ids, strict=True)
+            for i, (draft, note_id) in enumerate(zip(command.notes, ids, strict=True))
+            if firsts[i] == i and i not in skip
         ]
     if isinstance(command, UpdateNote):
         return _update(command, states[command.note_id], now)
@@ -102,7 +128,7 @@ def _save(user_id, command_id, origin, draft: NoteDraft, note_id: str, state: No
         trigger=draft.trigger,
         action=draft.action,
     )
-    return StreamAppend(note_id=note_id, expected_version=0, events=[event])
+    return StreamAppend(note_id=note_id, expected_version=0, events=[event], claims=[content_digest(draft.content)])
 
 
 def _update(command: UpdateNote, state: NoteState, now: datetime) -> list[StreamAppend]:
@@ -137,7 +163,10 @@ def _update(command: UpdateNote, state: NoteState, now: datetime) -> list[Stream
         origin=command.origin,
         **changes,
     )
-    return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[event])]
+    content_moves = {}
+    if "content" in changes:
+        content_moves = {"claims": [content_digest(changes["content"])], "releases": [content_digest(state.content)]}
+    return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[event], **content_moves)]
 
 
 def _supersede(command: SupersedeNote, old: NoteState, new: NoteState, now: datetime) -> list[StreamAppend]:
@@ -158,7 +187,12 @@ def _supersede(command: SupersedeNote, old: NoteState, new: NoteState, now: date
         superseded_by=command.superseded_by,
     )
     return [
-        StreamAppend(note_id=command.note_id, expected_version=old.version, events=[event]),
+        StreamAppend(
+            note_id=command.note_id,
+            expected_version=old.version,
+            events=[event],
+            releases=[content_digest(old.content)],
+        ),
         # The replacement must still be active when the supersede commits.
         StreamAppend(note_id=command.superseded_by, expected_version=new.version, events=[]),
     ]

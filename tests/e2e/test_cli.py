@@ -14,12 +14,22 @@ from services.redis_server import free_port
 from tests.support import ROOT, ServeProcess, cli, engram_env, wait_until
 
 
-@pytest.fixture
-def env(redis_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
-    values = engram_env(ENGRAM_REDIS_URL=redis_url, ENGRAM_DATA_DIR=str(tmp_path / "data"))
+def serving(redis_url: str, data: Path, **extra: str) -> Iterator[dict[str, str]]:
+    values = engram_env(ENGRAM_REDIS_URL=redis_url, ENGRAM_DATA_DIR=str(data), **extra)
     serve = ServeProcess(values).start()
     yield values
     assert serve.stop() == 0
+
+
+@pytest.fixture
+def env(redis_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
+    # These tests are about the CLI and the core; the index (and its model load) is off.
+    yield from serving(redis_url, tmp_path / "data", ENGRAM_INDEX="off")
+
+
+@pytest.fixture
+def env_with_index(redis_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
+    yield from serving(redis_url, tmp_path / "data")
 
 
 def test_the_note_lifecycle_through_the_cli(env: dict[str, str]) -> None:
@@ -123,7 +133,9 @@ def test_an_unreachable_bus_is_one_clear_line(tmp_path: Path) -> None:
 
 def test_serve_starts_a_private_redis_when_none_is_configured_or_answering(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    env = engram_env(ENGRAM_DEFAULT_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", ENGRAM_DATA_DIR=str(data))
+    env = engram_env(
+        ENGRAM_DEFAULT_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", ENGRAM_DATA_DIR=str(data), ENGRAM_INDEX="off"
+    )
     serve = ServeProcess(env).start()
     try:
         assert any("started a private redis-server" in line for line in serve.lines)
@@ -137,7 +149,8 @@ def test_serve_starts_a_private_redis_when_none_is_configured_or_answering(tmp_p
     assert not (data / "redis.url").exists()
 
 
-def test_search_and_an_index_rebuild_while_serving(env: dict[str, str], tmp_path: Path) -> None:
+def test_search_and_an_index_rebuild_while_serving(env_with_index: dict[str, str]) -> None:
+    env = env_with_index
     code, saved, _ = cli(env, "save", "--user", "alice", "--category", "person", "Alec is my boss at TechCorp")
     cli(env, "save", "--user", "alice", "I like my coffee black")
     code, found, _ = cli(env, "search", "--user", "alice", "--after", saved["token"], "who is my manager?")

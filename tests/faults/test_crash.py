@@ -45,6 +45,8 @@ async def test_sigkill_serve_mid_load_then_redis_restart_loses_no_acknowledged_c
         ENGRAM_DATA_DIR=str(tmp_path / "data"),
         ENGRAM_CLAIM_IDLE_MS="1000",
         ENGRAM_READ_WAIT_SECONDS="20",
+        # The log, the history and the request path are under test here; the index is not.
+        ENGRAM_INDEX="off",
     )
     serve = ServeProcess(env).start()
     commands = workload()

@@ -94,3 +94,21 @@ async def test_the_log_is_partitioned_by_user_and_read_in_order(store: EventStor
             assert (await store.log_head(p)) == (entries[-1].position, len(entries))
         total += len(entries)
     assert total == len(users)
+
+
+async def test_content_claims_are_exclusive_per_user_and_released(store: EventStore) -> None:
+    from services.domain.decider import content_digest
+    from services.event_store import ContentTaken
+
+    holder = await save(store, "alice", "c1", "Likes black coffee")
+    other = SaveNote(command_id="c2", user_id="alice", content="likes black COFFEE")
+    result = await store.append("alice", "c2", await decided(store, other))
+    assert isinstance(result, ContentTaken) and result.holder == holder
+    assert await store.outcome("alice", "c2") is None and (await store.log_head(store.partition_of("alice")))[1] == 1
+    assert await store.content_holder("alice", content_digest("Likes black coffee")) == holder
+    assert await store.content_holder("bob", content_digest("Likes black coffee")) is None
+    await save(store, "bob", "c3", "Likes black coffee")
+    update = UpdateNote(command_id="c4", user_id="alice", note_id=holder, content="Likes green tea")
+    assert isinstance(await store.append("alice", "c4", await decided(store, update)), Appended)
+    assert await store.content_holder("alice", content_digest("Likes black coffee")) is None
+    assert await store.content_holder("alice", content_digest("likes green tea")) == holder

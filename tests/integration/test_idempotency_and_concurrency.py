@@ -101,3 +101,12 @@ async def test_outcome_of_a_command_id_is_scoped_to_its_user(client: EngramClien
     note = await client.get_note("bob", b.note_id, after=b.token)
     assert note.content == "bob's note"
     assert msgspec.json.encode(note).find(b"alice") == -1
+
+
+async def test_the_same_text_saved_concurrently_under_different_command_ids_is_one_note(
+    client: EngramClient, redis_url: str
+) -> None:
+    replies = await asyncio.gather(*[client.save("alice", "My passport expires in March 2031") for _ in range(10)])
+    assert len({r.note_id for r in replies}) == 1
+    assert sum(not r.duplicate for r in replies) == 1
+    assert len(await log_events(redis_url)) == 1

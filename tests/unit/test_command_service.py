@@ -96,3 +96,57 @@ async def test_handle_maps_refusals_to_error_replies(service: CommandService) ->
         "code": "MEMORY_NOT_FOUND",
         "message": "Memory with ID AAAAAAAA not found",
     }
+
+
+async def test_an_exact_duplicate_of_an_active_note_makes_no_new_note(
+    service: CommandService, store: InMemoryEventStore
+) -> None:
+    first = await service.execute(SaveNote(command_id="c1", user_id="u", content="Likes black coffee"))
+    again = await service.execute(SaveNote(command_id="c2", user_id="u", content="  likes   BLACK coffee "))
+    assert again.note_id == first.note_id and again.duplicate and not first.duplicate  # type: ignore[union-attr]
+    assert (await store.log_head(0))[1] == 1
+    other_user = await service.execute(SaveNote(command_id="c3", user_id="v", content="Likes black coffee"))
+    assert not other_user.duplicate  # type: ignore[union-attr]
+
+
+async def test_a_batch_maps_every_draft_to_a_note_and_replays_the_same(
+    service: CommandService, store: InMemoryEventStore
+) -> None:
+    from contracts.commands import NoteDraft, SaveNotes
+
+    existing = await service.execute(SaveNote(command_id="c0", user_id="u", content="Has a dog named Max"))
+    batch = SaveNotes(
+        command_id="b1",
+        user_id="u",
+        notes=[
+            NoteDraft(content="Likes black coffee"),
+            NoteDraft(content="has a dog named max"),  # an existing note
+            NoteDraft(content="Allergic to peanuts"),
+            NoteDraft(content="LIKES BLACK COFFEE"),  # the first draft again
+        ],
+    )
+    reply = await service.execute(batch)
+    assert [n.duplicate for n in reply.notes] == [False, True, False, True]  # type: ignore[union-attr]
+    assert reply.notes[1].note_id == existing.note_id  # type: ignore[union-attr]
+    assert reply.notes[3].note_id == reply.notes[0].note_id  # type: ignore[union-attr]
+    assert (await store.log_head(0))[1] == 3
+    assert (await service.execute(batch)).notes == reply.notes  # type: ignore[union-attr]
+    only_duplicates = await service.execute(
+        SaveNotes(command_id="b2", user_id="u", notes=[NoteDraft(content="Allergic to peanuts")])
+    )
+    assert only_duplicates.notes[0].duplicate and (await store.log_head(0))[1] == 3  # type: ignore[union-attr]
+
+
+async def test_content_is_released_by_an_update_or_a_supersede(service: CommandService) -> None:
+    from contracts.commands import SupersedeNote
+
+    a = await service.execute(SaveNote(command_id="a", user_id="u", content="Lives in Seattle"))
+    b = await service.execute(SaveNote(command_id="b", user_id="u", content="Lives in Austin"))
+    with pytest.raises(EngramError) as info:
+        await service.execute(UpdateNote(command_id="u1", user_id="u", note_id=a.note_id, content="lives in austin"))  # type: ignore[union-attr]
+    assert info.value.code is ErrorCode.INVALID_PARAMETER and b.note_id in info.value.message  # type: ignore[union-attr]
+    await service.execute(SupersedeNote(command_id="s", user_id="u", note_id=a.note_id, superseded_by=b.note_id))  # type: ignore[union-attr]
+    again = await service.execute(SaveNote(command_id="c", user_id="u", content="Lives in Seattle"))
+    assert not again.duplicate and again.note_id != a.note_id  # type: ignore[union-attr]
+    await service.execute(UpdateNote(command_id="u2", user_id="u", note_id=b.note_id, content="Lives in Denver"))  # type: ignore[union-attr]
+    assert not (await service.execute(SaveNote(command_id="d", user_id="u", content="Lives in Austin"))).duplicate  # type: ignore[union-attr]
