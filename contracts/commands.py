@@ -17,6 +17,7 @@ from contracts.limits import (
     Content,
     LongText,
     NoteId,
+    ShortText,
     Subject,
     UnitInterval,
     UserId,
@@ -99,4 +100,14 @@ class SupersedeNote(Command, tag="supersede_note", frozen=True, kw_only=True):
     superseded_by: NoteId
 
 
-AnyCommand = SaveNote | SaveNotes | UpdateNote | SupersedeNote
+class RecordMessage(Command, tag="record_message", frozen=True, kw_only=True):
+    """Record one turn of a conversation so that a search in the same session can find what was
+    said earlier (seed 001's ``include_conversation``). Messages are not notes: they are never
+    listed, updated or superseded, and are searched only with ``include_conversation``."""
+
+    session_id: ShortText
+    role: Annotated[str, msgspec.Meta(pattern="^(user|assistant|system|tool)$")] = "user"
+    content: Content
+
+
+AnyCommand = SaveNote | SaveNotes | UpdateNote | SupersedeNote | RecordMessage

@@ -57,4 +57,12 @@ class NoteSuperseded(Event, tag="note_superseded", frozen=True, kw_only=True):
     superseded_by: str
 
 
-AnyEvent = NoteSaved | NoteUpdated | NoteSuperseded
+class MessageRecorded(Event, tag="message_recorded", frozen=True, kw_only=True):
+    """A conversation turn was recorded (``note_id`` is the message's id, version 1)."""
+
+    session_id: str
+    role: str
+    content: str
+
+
+AnyEvent = NoteSaved | NoteUpdated | NoteSuperseded | MessageRecorded

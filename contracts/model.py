@@ -66,6 +66,17 @@ class NoteView(msgspec.Struct, frozen=True, kw_only=True):
     action: str | None = None
 
 
+class MessageView(msgspec.Struct, frozen=True, kw_only=True):
+    """A conversation turn recorded for search within its session (seed 001)."""
+
+    id: str
+    user_id: str
+    session_id: str
+    role: str
+    content: str
+    created_at: datetime
+
+
 class VersionView(msgspec.Struct, frozen=True, kw_only=True):
     """One entry of a note's history: the state the note had from this version on."""
 

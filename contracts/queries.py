@@ -22,11 +22,12 @@ from contracts.limits import (
     SEARCH_TOP_K_MAX,
     Category,
     NoteId,
+    ShortText,
     Subject,
     Token,
     UserId,
 )
-from contracts.model import NoteKind, NoteView, VersionView
+from contracts.model import MessageView, NoteKind, NoteView, VersionView
 
 
 class Query(Message, frozen=True, kw_only=True):
@@ -73,6 +74,9 @@ class SearchNotes(Query, tag="search_notes", frozen=True, kw_only=True):
     kind: NoteKind | None = None
     subject: Subject | None = None
     include_superseded: bool = False
+    # Also search what was said earlier in this conversation (RecordMessage); needs session_id.
+    include_conversation: bool = False
+    session_id: ShortText | None = None
 
 
 AnyQuery = GetNote | GetHistory | ListNotes | ListRecent | SearchNotes
@@ -150,13 +154,17 @@ class NotesReply(Message, tag="notes", frozen=True, kw_only=True):
 
 
 class SearchHit(msgspec.Struct, frozen=True, kw_only=True):
-    """One note found by a search. ``score`` is the fused rank score (what orders results);
-    ``similarity`` the cosine similarity of the query and the note's best chunk (0-1 in practice)."""
+    """One note (``source: memory``) or conversation message (``source: conversation``) found
+    by a search. ``score`` is the fused score that orders results (cosine plus a weighted,
+    saturated BM25 score); ``similarity`` the cosine of the query and the best chunk."""
 
-    note: NoteView
+    note_id: str
+    content: str
     score: float
     similarity: float
-    source: str = "memory"
+    source: str
+    note: NoteView | None = None
+    message: MessageView | None = None
 
 
 class SearchReply(Message, tag="search_results", frozen=True, kw_only=True):

@@ -18,8 +18,8 @@ from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from contracts import channels
-from contracts.events import NoteSaved, NoteSuperseded
-from contracts.model import NoteStatus, NoteView, VersionView
+from contracts.events import MessageRecorded, NoteSaved, NoteSuperseded
+from contracts.model import MessageView, NoteStatus, NoteView, VersionView
 from projections.history_model import (
     add_supersedes,
     evolve_view,
@@ -31,6 +31,7 @@ from services.event_store import LogEntry, RedisEventStore
 
 _view_decoder = msgspec.json.Decoder(NoteView)
 _version_decoder = msgspec.json.Decoder(VersionView)
+_message_decoder = msgspec.json.Decoder(MessageView)
 
 
 class GenerationChanged(Exception):
@@ -57,6 +58,9 @@ class HistoryKeys:
 
     def recent(self, user_id: str) -> str:
         return f"{self.prefix}recent:{user_id}"
+
+    def message(self, user_id: str, message_id: str) -> str:
+        return f"{self.prefix}msg:{user_id}:{message_id}"
 
 
 async def live_generation(redis: Redis, partition: int) -> int:
@@ -113,6 +117,8 @@ class HistoryProjection:
                 for key, view in writes.views.items():
                     pipe.set(key, msgspec.json.encode(view))
                     _index(pipe, keys, view)
+                for key, message in writes.messages.items():
+                    pipe.set(key, msgspec.json.encode(message))
                 for key, entries in writes.versions.items():
                     pipe.hset(key, mapping=entries)
                 pipe.set(keys.checkpoint, batch[-1].position)
@@ -192,13 +198,24 @@ class _Writes(msgspec.Struct):
     versions: dict[str, dict[str, bytes]]
     # Listing members a category change left behind, per user.
     stale_members: dict[str, set[bytes]]
+    messages: dict[str, MessageView]
 
 
 def _plan(batch: Sequence[LogEntry], views: dict[str, NoteView | None], keys: HistoryKeys) -> _Writes:
     """The writes a batch makes, computed in memory in log order."""
-    writes = _Writes(views={}, versions={}, stale_members={})
+    writes = _Writes(views={}, versions={}, stale_members={}, messages={})
     for entry in batch:
         event = entry.event
+        if isinstance(event, MessageRecorded):
+            writes.messages[keys.message(event.user_id, event.note_id)] = MessageView(
+                id=event.note_id,
+                user_id=event.user_id,
+                session_id=event.session_id,
+                role=event.role,
+                content=event.content,
+                created_at=event.at,
+            )
+            continue
         key = keys.note(event.user_id, event.note_id)
         current = views.get(key)
         if current is not None and current.version >= event.version:
@@ -269,6 +286,11 @@ class HistoryReader:
         keys = await self._keys(user_id)
         raw = await self._redis.get(keys.note(user_id, note_id))
         return _view_decoder.decode(raw) if raw is not None else None
+
+    async def get_message(self, user_id: str, message_id: str) -> MessageView | None:
+        keys = await self._keys(user_id)
+        raw = await self._redis.get(keys.message(user_id, message_id))
+        return _message_decoder.decode(raw) if raw is not None else None
 
     async def history(self, user_id: str, note_id: str) -> tuple[NoteView, list[VersionView]] | None:
         keys = await self._keys(user_id)

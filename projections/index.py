@@ -27,9 +27,9 @@ from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from contracts import channels
-from contracts.events import NoteSaved, NoteSuperseded, NoteUpdated
+from contracts.events import MessageRecorded, NoteSaved, NoteSuperseded, NoteUpdated
 from projections.history import GenerationChanged, position_key
-from projections.vector_index import MEMORY, IndexPoint, Sparse, VectorIndex
+from projections.vector_index import CONVERSATION, MEMORY, IndexPoint, Sparse, VectorIndex
 from services.embedder import Embedder
 from services.event_store import LogEntry, RedisEventStore
 
@@ -181,6 +181,18 @@ class IndexProjection:
                     kind=event.kind.value,
                     subject=event.subject,
                     created_at=_ts(event.at),
+                )
+                texts[key] = (event.user_id, event.note_id, event.content)
+            elif isinstance(event, MessageRecorded):
+                meta = NoteMeta(
+                    version=event.version,
+                    status="active",
+                    category="conversation",
+                    kind="message",
+                    subject=None,
+                    created_at=_ts(event.at),
+                    record=CONVERSATION,
+                    session_id=event.session_id,
                 )
                 texts[key] = (event.user_id, event.note_id, event.content)
             elif meta is None:

@@ -199,10 +199,19 @@ async def cmd_search(client: Any, args: argparse.Namespace) -> None:
         top_k=args.top_k,
         category=args.category,
         include_superseded=args.include_superseded,
+        include_conversation=args.session is not None,
+        session_id=args.session,
         after=args.after,
     )
     results = [
-        {**msgspec.to_builtins(hit.note), "note_id": hit.note.id, "score": hit.score, "similarity": hit.similarity}
+        {
+            **msgspec.to_builtins(hit.note or hit.message),
+            "note_id": hit.note_id,
+            "content": hit.content,
+            "score": hit.score,
+            "similarity": hit.similarity,
+            "source": hit.source,
+        }
         for hit in reply.results
     ]
     _print(
@@ -423,6 +432,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = add("search", _with_client(cmd_search), "hybrid search of a user's notes", user=True)
     p.add_argument("query")
+    p.add_argument("--session", help="also search this conversation's recorded messages")
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--category")
     p.add_argument("--include-superseded", action="store_true")

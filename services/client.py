@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from contracts import channels
-from contracts.commands import AnyCommand, NoteDraft, SaveNote, SaveNotes, SupersedeNote, UpdateNote
+from contracts.commands import AnyCommand, NoteDraft, RecordMessage, SaveNote, SaveNotes, SupersedeNote, UpdateNote
 from contracts.errors import EngramError, ErrorCode, ErrorReply
 from contracts.model import NoteKind, NoteSource, NoteView, Origin
 from contracts.queries import (
@@ -159,6 +159,26 @@ class EngramClient:
         )
         return await self.execute(command, NoteWritten)
 
+    async def record_message(
+        self,
+        user_id: str,
+        session_id: str,
+        content: str,
+        *,
+        role: str = "user",
+        command_id: str | None = None,
+        origin: Origin | None = None,
+    ) -> NoteWritten:
+        command = RecordMessage(
+            command_id=command_id or new_command_id(),
+            user_id=user_id,
+            session_id=session_id,
+            role=role,
+            content=content,
+            origin=origin,
+        )
+        return await self.execute(command, NoteWritten)
+
     # Queries --------------------------------------------------------------------------------
 
     async def get_note(self, user_id: str, note_id: str, *, after: str | None = None) -> NoteView:
@@ -187,9 +207,13 @@ class EngramClient:
         kind: NoteKind | None = None,
         subject: str | None = None,
         include_superseded: bool = False,
+        include_conversation: bool = False,
+        session_id: str | None = None,
         after: str | None = None,
     ) -> SearchReply:
         request = SearchNotes(
+            include_conversation=include_conversation,
+            session_id=session_id,
             user_id=user_id,
             query=query,
             top_k=top_k,

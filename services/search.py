@@ -12,7 +12,7 @@ from contracts.queries import SearchHit, SearchNotes, SearchReply
 from projections.history import HistoryReader
 from projections.index import sparse_query
 from projections.index_runtime import IndexReader, IndexRuntime
-from projections.vector_index import DENSE, MEMORY, SPARSE, IndexHit, NearestQuery
+from projections.vector_index import CONVERSATION, DENSE, MEMORY, SPARSE, IndexHit, NearestQuery, Sparse, VectorIndex
 
 # BM25 scores are unbounded; s / (s + 6) maps them to [0, 1): one common word (~3 here) counts
 # for about a third, several rare ones for nearly all of it.
@@ -77,6 +77,10 @@ class SearchService:
             raise
         except Exception as e:
             raise EngramError(ErrorCode.EMBEDDING_ERROR, f"cannot search right now: {e}") from None
+        if query.include_conversation and query.session_id is None:
+            raise EngramError(
+                ErrorCode.INVALID_PARAMETER, "include_conversation needs the session_id of the conversation"
+            )
         match: dict[str, str | list[str]] = {
             "record": MEMORY,
             "status": ["active", "superseded"] if query.include_superseded else "active",
@@ -87,23 +91,60 @@ class SearchService:
             match["kind"] = query.kind.value
         if query.subject is not None:
             match["subject"] = query.subject
+        sparse = sparse_query(query.query)
+        candidates = [(MEMORY, note) for note in await self._candidates(index, query, dense, sparse, match)]
+        if query.include_conversation:
+            said: dict[str, str | list[str]] = {"record": CONVERSATION, "session_id": query.session_id or ""}
+            candidates += [(CONVERSATION, hit) for hit in await self._candidates(index, query, dense, sparse, said)]
+        # Both kinds are scored the same way, so one ordering merges them.
+        candidates.sort(key=lambda item: (-item[1][1], item[1][0]))
+        results: list[SearchHit] = []
+        for source, (record_id, score, similarity) in candidates:
+            if len(results) == query.top_k:
+                break
+            hit = await self._hydrate(query, source, record_id, round(score, 6), round(similarity, 6))
+            if hit is not None:
+                results.append(hit)
+        return SearchReply(results=results)
+
+    async def _candidates(
+        self,
+        index: VectorIndex,
+        query: SearchNotes,
+        dense: list[float],
+        sparse: Sparse,
+        match: dict[str, str | list[str]],
+    ) -> list[tuple[str, float, float]]:
         # Several chunks of one long note may rank together; fetch enough to fill top_k notes.
         limit = max(50, query.top_k * 10)
         dense_hits, sparse_hits = await asyncio.gather(
             index.nearest(NearestQuery(user_id=query.user_id, using=DENSE, dense=dense, match=match, limit=limit)),
-            index.nearest(
-                NearestQuery(
-                    user_id=query.user_id, using=SPARSE, sparse=sparse_query(query.query), match=match, limit=limit
-                )
-            ),
+            index.nearest(NearestQuery(user_id=query.user_id, using=SPARSE, sparse=sparse, match=match, limit=limit)),
         )
-        ranked = fuse(dense_hits, sparse_hits, self._weights)[: query.top_k]
-        results = []
-        for note_id, score, similarity in ranked:
-            view = await self._history.get_note(query.user_id, note_id)
-            if view is None or view.user_id != query.user_id:
-                continue  # indexed before the read model caught up, or forgotten meanwhile
-            if view.status is not NoteStatus.ACTIVE and not query.include_superseded:
-                continue  # superseded in the read model already; the index follows a moment later
-            results.append(SearchHit(note=view, score=round(score, 6), similarity=round(similarity, 6)))
-        return SearchReply(results=results)
+        return fuse(dense_hits, sparse_hits, self._weights)
+
+    async def _hydrate(
+        self, query: SearchNotes, source: str, record_id: str, score: float, similarity: float
+    ) -> SearchHit | None:
+        """The text comes from the read model (the index holds none); a hit the read model does
+        not have (yet, or any more) is left out, and so is one superseded meanwhile."""
+        if source == CONVERSATION:
+            message = await self._history.get_message(query.user_id, record_id)
+            if message is None:
+                return None
+            return SearchHit(
+                note_id=record_id,
+                content=message.content,
+                score=score,
+                similarity=similarity,
+                source=source,
+                message=message,
+            )
+        view = await self._history.get_note(query.user_id, record_id)
+        if view is None or view.user_id != query.user_id:
+            return None
+        if view.status is not NoteStatus.ACTIVE and not query.include_superseded:
+            return None
+        return SearchHit(
+            note_id=record_id, content=view.content, score=score, similarity=similarity, source=source, note=view
+        )

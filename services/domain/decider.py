@@ -13,9 +13,17 @@ from datetime import datetime
 
 import msgspec
 
-from contracts.commands import AnyCommand, NoteDraft, SaveNote, SaveNotes, SupersedeNote, UpdateNote
+from contracts.commands import (
+    AnyCommand,
+    NoteDraft,
+    RecordMessage,
+    SaveNote,
+    SaveNotes,
+    SupersedeNote,
+    UpdateNote,
+)
 from contracts.errors import EngramError, ErrorCode
-from contracts.events import AnyEvent, NoteSaved, NoteSuperseded, NoteUpdated
+from contracts.events import AnyEvent, MessageRecorded, NoteSaved, NoteSuperseded, NoteUpdated
 from contracts.model import NoteKind, NoteStatus
 from services.domain.ids import event_id, new_note_id
 from services.domain.note import NoteState
@@ -60,6 +68,8 @@ def note_ids_for(command: AnyCommand, attempt: int = 0) -> list[str]:
         return [command.note_id]
     if isinstance(command, SupersedeNote):
         return [command.note_id, command.superseded_by]
+    if isinstance(command, RecordMessage):
+        return [new_note_id(command.user_id, command.command_id, 0, attempt)]
     raise TypeError(f"unknown command {type(command).__name__}")
 
 
@@ -90,6 +100,8 @@ def decide(
         return _update(command, states[command.note_id], now)
     if isinstance(command, SupersedeNote):
         return _supersede(command, states[command.note_id], states[command.superseded_by], now)
+    if isinstance(command, RecordMessage):
+        return [_record(command, ids[0], states[ids[0]], now)]
     raise TypeError(f"unknown command {type(command).__name__}")
 
 
@@ -129,6 +141,26 @@ def _save(user_id, command_id, origin, draft: NoteDraft, note_id: str, state: No
         action=draft.action,
     )
     return StreamAppend(note_id=note_id, expected_version=0, events=[event], claims=[content_digest(draft.content)])
+
+
+def _record(command: RecordMessage, message_id: str, state: NoteState, now: datetime) -> StreamAppend:
+    if state.exists:
+        raise IdCollision(message_id)
+    _expect_new(command.expected_version)
+    _check_text("content", command.content)
+    event = MessageRecorded(
+        event_id=event_id(command.user_id, message_id, 1),
+        note_id=message_id,
+        user_id=command.user_id,
+        version=1,
+        command_id=command.command_id,
+        at=now,
+        origin=command.origin,
+        session_id=command.session_id,
+        role=command.role,
+        content=command.content,
+    )
+    return StreamAppend(note_id=message_id, expected_version=0, events=[event])
 
 
 def _update(command: UpdateNote, state: NoteState, now: datetime) -> list[StreamAppend]:
@@ -199,7 +231,7 @@ def _supersede(command: SupersedeNote, old: NoteState, new: NoteState, now: date
 
 
 def _require_active(note_id: str, state: NoteState) -> None:
-    if not state.exists or state.status is NoteStatus.FORGOTTEN:
+    if not state.exists or state.is_message or state.status is NoteStatus.FORGOTTEN:
         raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"Memory with ID {note_id} not found")
     if state.status is NoteStatus.SUPERSEDED:
         raise EngramError(

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from contracts.events import AnyEvent, NoteSaved, NoteSuperseded, NoteUpdated
+from contracts.events import AnyEvent, MessageRecorded, NoteSaved, NoteSuperseded, NoteUpdated
 from contracts.model import NoteStatus
 
 
@@ -21,6 +21,8 @@ class NoteState(msgspec.Struct, frozen=True, kw_only=True):
     confidence: float = 1.0
     importance: float = 0.5
     superseded_by: str | None = None
+    # A conversation message lives in the same kind of stream but is not a note.
+    is_message: bool = False
 
     @property
     def exists(self) -> bool:
@@ -55,6 +57,8 @@ def evolve(state: NoteState, event: AnyEvent) -> NoteState:
         return msgspec.structs.replace(
             state, version=event.version, status=NoteStatus.SUPERSEDED, superseded_by=event.superseded_by
         )
+    if isinstance(event, MessageRecorded):
+        return NoteState(version=event.version, content=event.content, is_message=True)
     raise TypeError(f"unknown event {type(event).__name__}")
 
 

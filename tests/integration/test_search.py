@@ -33,7 +33,7 @@ async def remember(client: EngramClient, user: str) -> tuple[dict[str, str], str
 
 
 async def top(client: EngramClient, user: str, query: str, **kwargs) -> list[str]:  # type: ignore[no-untyped-def]
-    return [hit.note.content for hit in (await client.search(user, query, **kwargs)).results]
+    return [hit.content for hit in (await client.search(user, query, **kwargs)).results]
 
 
 async def test_hybrid_search_finds_by_meaning_and_by_rare_keyword(client: EngramClient) -> None:
@@ -64,10 +64,10 @@ async def test_superseded_notes_leave_default_results_at_once_and_show_on_reques
     austin = await client.save("alice", "User moved to Austin last month")
     superseded = await client.supersede("alice", seattle.note_id, austin.note_id)
     default = await client.search("alice", "where does the user live", after=superseded.token)
-    assert [hit.note.id for hit in default.results] == [austin.note_id]
+    assert [hit.note_id for hit in default.results] == [austin.note_id]
     everything = await client.search("alice", "where does the user live", include_superseded=True)
-    assert {hit.note.id for hit in everything.results} == {seattle.note_id, austin.note_id}
-    assert next(h for h in everything.results if h.note.id == seattle.note_id).note.status.value == "superseded"
+    assert {hit.note_id for hit in everything.results} == {seattle.note_id, austin.note_id}
+    assert next(h for h in everything.results if h.note_id == seattle.note_id).note.status.value == "superseded"
 
 
 async def test_updates_are_searched_by_their_new_text(client: EngramClient) -> None:
@@ -87,7 +87,7 @@ async def test_long_notes_are_chunked_and_answered_as_one_note(client: EngramCli
         await client.search("alice", "northern lights", top_k=5, after=(await client.save("alice", "x y z")).token)
     ).results
     assert hits[0].note.id == long_note.note_id
-    assert [h.note.id for h in hits].count(long_note.note_id) == 1
+    assert [h.note_id for h in hits].count(long_note.note_id) == 1
 
 
 async def test_a_saved_note_is_found_with_its_token_under_concurrent_load(client: EngramClient) -> None:
@@ -96,7 +96,7 @@ async def test_a_saved_note_is_found_with_its_token_under_concurrent_load(client
         for i in range(6):
             written = await session.save(f"{user} remembers the secret codeword kumquat{i}{user}")
             hits = (await session.search(f"kumquat{i}{user}", top_k=1)).results
-            assert [h.note.id for h in hits] == [written.note_id]
+            assert [h.note_id for h in hits] == [written.note_id]
 
     await asyncio.gather(*[writer(f"user{u}") for u in range(6)])
 
@@ -129,3 +129,52 @@ async def test_a_changed_model_is_detected_at_start(redis_url: str) -> None:
     finally:
         await running.stop()
         await redis.aclose()
+
+
+async def test_conversation_search_stays_in_its_session_and_merges_with_memory(client: EngramClient) -> None:
+    note = await client.save("alice", "My flight home is usually on Sunday evening")
+    said = await client.record_message("alice", "chat-1", "Remind me: my flight tonight leaves at 9pm from gate B12")
+    await client.record_message("alice", "chat-2", "In another chat, my flight leaves at 6am")
+    await client.record_message("bob", "chat-1", "Bob's flight leaves at noon")
+    last = await client.record_message("alice", "chat-1", "I also need to buy sunscreen", role="assistant")
+
+    merged = await client.search(
+        "alice", "when does my flight leave?", include_conversation=True, session_id="chat-1", after=last.token
+    )
+    by_source = {}
+    for hit in merged.results:
+        by_source.setdefault(hit.source, hit)  # the best of each source
+    assert by_source["conversation"].note_id == said.note_id and by_source["memory"].note_id == note.note_id
+    assert by_source["conversation"].message is not None and by_source["conversation"].message.session_id == "chat-1"
+    contents = {hit.content for hit in merged.results}
+    assert "In another chat, my flight leaves at 6am" not in contents and "Bob's flight leaves at noon" not in contents
+
+    plain = await client.search("alice", "when does my flight leave?")
+    assert {hit.source for hit in plain.results} == {"memory"}
+    assert [n.id for n in (await client.list_notes("alice")).notes] == [note.note_id]
+    with pytest.raises(EngramError) as info:
+        await client.update("alice", said.note_id, content="rewriting a message")
+    assert info.value.code is ErrorCode.MEMORY_NOT_FOUND
+    with pytest.raises(EngramError) as missing:
+        await client.search("alice", "flight", include_conversation=True)
+    assert missing.value.code is ErrorCode.INVALID_PARAMETER
+
+
+async def test_the_qdrant_server_adapter_serves_the_same_search(redis_url: str) -> None:
+    from tests.conftest import service_settings
+
+    # qdrant-client's local mode stands in for a Qdrant server here (ENGRAM_QDRANT_URL).
+    running = await RunningService(service_settings(redis_url, qdrant_url=":memory:")).start()
+    try:
+        async with EngramClient(redis_url) as c:
+            _, token = await remember(c, "alice")
+            await c.save("bob", "Alec is my boss at TechCorp")
+            hits = (await c.search("alice", "who is my manager at work?", after=token)).results
+            assert hits[0].content == "Alec is my boss at TechCorp" and {h.note.user_id for h in hits if h.note} == {
+                "alice"
+            }
+            seattle = await c.save("alice", "User lives in Seattle")
+            austin = await c.save("alice", "User moved to Austin last month")
+            assert [s.note_id for s in austin.similar] == [seattle.note_id]
+    finally:
+        await running.stop()
