@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.bench_core [--seconds 30] [--clients 32]
 
-Starts a private redis-server (AOF everysec, like compose.yaml), `engram serve` and an echo
+Starts a private redis-server (AOF everysec, like compose.yaml), `engram serve` (the core path:
+ENGRAM_INDEX=off, so no embedding; bench_search.py measures the index) and an echo
 server (the floor: a FastStream subscriber that only echoes, reached through the same client
 transport) as separate processes, then measures from this
 process through `EngramClient`, the CLI's own client. Prints a table and one JSON line.
@@ -144,7 +145,7 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp) / "redis").start()
         workers = [
-            ServeProcess(engram_env(ENGRAM_REDIS_URL=server.url, ENGRAM_DATA_DIR=tmp)).start()
+            ServeProcess(engram_env(ENGRAM_REDIS_URL=server.url, ENGRAM_DATA_DIR=tmp, ENGRAM_INDEX="off")).start()
             for _ in range(args.workers)
         ]
         try:

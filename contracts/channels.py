@@ -49,6 +49,11 @@ def note_version(partition: int, user_id: str, note_id: str) -> str:
     return f"{tag(partition)}:ver:{user_id}:{note_id}"
 
 
+def data_key(partition: int, user_id: str, note_id: str) -> str:
+    """The note's data key, wrapped by the master key; deleted when the note is forgotten."""
+    return f"{tag(partition)}:dek:{user_id}:{note_id}"
+
+
 def command_outcome(partition: int, user_id: str, command_id: str) -> str:
     """First outcome of a command, for idempotent retries; scoped by user so one user's command
     id can never reveal another user's outcome."""

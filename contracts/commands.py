@@ -12,6 +12,11 @@ from contracts.base import SCHEMA_VERSION, Message
 from contracts.limits import (
     DEFAULT_CATEGORY,
     MAX_BATCH_NOTES,
+    MAX_FORGET_IDS,
+    MAX_QUERY_CHARS,
+    NOT_BLANK,
+    SEARCH_TOP_K_DEFAULT,
+    SEARCH_TOP_K_MAX,
     Category,
     CommandId,
     Content,
@@ -110,4 +115,36 @@ class RecordMessage(Command, tag="record_message", frozen=True, kw_only=True):
     content: Content
 
 
-AnyCommand = SaveNote | SaveNotes | UpdateNote | SupersedeNote | RecordMessage
+class RequestForget(Command, tag="request_forget", frozen=True, kw_only=True):
+    """Forget in two calls (seed 000). With ``query``: answers candidates (ids, previews,
+    similarity) and deletes nothing. With ``note_ids``: the first request for an id makes it
+    pending and answers with a confirmation to relay; the same id requested again while pending
+    (``ENGRAM_FORGET_TTL_SECONDS``, 300 s by default) deletes it for good. Each id is tracked on
+    its own; an unknown or already deleted id is ``MEMORY_NOT_FOUND`` (with suggestions).
+    ``confirmed`` executes at once: for operators (``engram forget --yes``), never for an LLM."""
+
+    query: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_QUERY_CHARS, pattern=NOT_BLANK)] | None = None
+    note_ids: Annotated[list[NoteId], msgspec.Meta(max_length=MAX_FORGET_IDS)] = msgspec.field(default_factory=list)
+    top_k: Annotated[int, msgspec.Meta(ge=1, le=SEARCH_TOP_K_MAX)] = SEARCH_TOP_K_DEFAULT
+    confirmed: bool = False
+
+
+class RequestForgetUser(Command, tag="request_forget_user", frozen=True, kw_only=True):
+    """Erase all of one user's memory, with the same two calls as ``RequestForget``: the first
+    asks for confirmation, the same request again within the TTL erases every note and message
+    of the user (each data key destroyed) and answers with a receipt. ``confirmed`` executes at
+    once (operators only)."""
+
+    confirmed: bool = False
+
+
+class ExpireForget(Command, tag="expire_forget", frozen=True, kw_only=True):
+    """Sent by the forget saga when a pending deletion's deadline has passed: the pending state
+    lapses (``ForgetExpired``) unless it was confirmed or renewed meanwhile."""
+
+    note_id: NoteId
+
+
+AnyCommand = (
+    SaveNote | SaveNotes | UpdateNote | SupersedeNote | RecordMessage | RequestForget | RequestForgetUser | ExpireForget
+)

@@ -65,4 +65,45 @@ class MessageRecorded(Event, tag="message_recorded", frozen=True, kw_only=True):
     content: str
 
 
-AnyEvent = NoteSaved | NoteUpdated | NoteSuperseded | MessageRecorded
+class ForgetRequested(Event, tag="forget_requested", frozen=True, kw_only=True):
+    """Deletion of the note was requested and awaits confirmation (seed 000): the same request
+    again before ``expires_at`` deletes it. ``request_count``: requests since it became pending."""
+
+    request_count: int
+    expires_at: datetime
+
+
+class ForgetExpired(Event, tag="forget_expired", frozen=True, kw_only=True):
+    """A pending deletion lapsed unconfirmed; the note stays, and a new request asks again."""
+
+    reason: str
+
+
+class NoteForgotten(Event, tag="note_forgotten", frozen=True, kw_only=True):
+    """The note was forgotten: its data key is destroyed, so the content in every earlier event
+    can no longer be read; only this tombstone says it existed. Carries no content."""
+
+    request_count: int
+
+
+class UserForgotten(Event, tag="user_forgotten", frozen=True, kw_only=True):
+    """All of a user's memory was erased (every note and message forgotten, each key destroyed):
+    the receipt. It lives on the user's account stream (``note_id`` is ``ACCOUNT``)."""
+
+    erased: list[str]
+
+
+# The pseudo note id of a user's account stream: where a request to erase the whole user is
+# pending (ForgetRequested / ForgetExpired with this note id) and where its receipt is kept.
+ACCOUNT = "_account"
+
+AnyEvent = (
+    NoteSaved
+    | NoteUpdated
+    | NoteSuperseded
+    | MessageRecorded
+    | ForgetRequested
+    | ForgetExpired
+    | NoteForgotten
+    | UserForgotten
+)

@@ -7,7 +7,7 @@ A query may carry ``after``, the consistency token a command returned: the respo
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -64,7 +64,7 @@ class ListRecent(Query, tag="list_recent", frozen=True, kw_only=True):
 
 
 class SearchNotes(Query, tag="search_notes", frozen=True, kw_only=True):
-    """Hybrid search (dense MiniLM + BM25, fused with weighted RRF) over the user's notes, best
+    """Hybrid search (dense MiniLM + BM25, weighted score fusion) over the user's notes, best
     first, one result per note (long notes are searched by chunk). Superseded notes are left out
     unless ``include_superseded``. With ``after``, waits until the index has the caller's writes."""
 
@@ -175,4 +175,41 @@ class SearchReply(Message, tag="search_results", frozen=True, kw_only=True):
 
 CommandReply = NoteWritten | NotesWritten | ErrorReply
 QueryReply = NoteReply | HistoryReply | NotesReply | SearchReply | ErrorReply
-AnyReply = NoteWritten | NotesWritten | NoteReply | HistoryReply | NotesReply | SearchReply | ErrorReply
+
+
+class ForgetCandidate(msgspec.Struct, frozen=True, kw_only=True):
+    """A note a forget query found: nothing is deleted until it is requested by id, twice."""
+
+    note_id: str
+    preview: str
+    similarity: float
+
+
+class PendingForget(msgspec.Struct, frozen=True, kw_only=True):
+    """A deletion awaiting confirmation: requesting ``note_id`` again before ``expires_at``
+    deletes it. ``request_count`` counts the requests since it became pending."""
+
+    note_id: str
+    preview: str
+    request_count: int
+    expires_at: datetime
+
+
+class ForgetReply(Message, tag="forget", frozen=True, kw_only=True):
+    """The answer to ``RequestForget`` (seed 000). ``status``: ``candidates`` (a query found
+    these notes; nothing was deleted), ``confirmation_required`` (some requested notes are now
+    pending: ``pending``), or ``forgotten`` (every requested note was deleted: ``forgotten``).
+    ``message`` says it in words for the LLM or the human to relay."""
+
+    status: Literal["candidates", "confirmation_required", "forgotten"]
+    message: str
+    candidates: list[ForgetCandidate] = msgspec.field(default_factory=list)
+    pending: list[PendingForget] = msgspec.field(default_factory=list)
+    forgotten: list[str] = msgspec.field(default_factory=list)
+    token: str | None = None
+    replayed: bool = False
+    # RequestForgetUser, once executed: when the user's memory was erased.
+    erased_at: datetime | None = None
+
+
+AnyReply = NoteWritten | NotesWritten | NoteReply | HistoryReply | NotesReply | SearchReply | ForgetReply | ErrorReply

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from contracts import channels
-from contracts.events import MessageRecorded, NoteSaved, NoteSuperseded
+from contracts.events import ACCOUNT, MessageRecorded, NoteForgotten, NoteSaved, NoteSuperseded, UserForgotten
 from contracts.model import MessageView, NoteStatus, NoteView, VersionView
 from projections.history_model import (
     add_supersedes,
@@ -121,6 +121,10 @@ class HistoryProjection:
                     pipe.set(key, msgspec.json.encode(message))
                 for key, entries in writes.versions.items():
                     pipe.hset(key, mapping=entries)
+                for key in writes.dropped:
+                    pipe.delete(key)
+                if writes.erased:
+                    pipe.delete(*writes.erased)
                 pipe.set(keys.checkpoint, batch[-1].position)
                 await pipe.execute()
             except WatchError as e:
@@ -199,6 +203,10 @@ class _Writes(msgspec.Struct):
     # Listing members a category change left behind, per user.
     stale_members: dict[str, set[bytes]]
     messages: dict[str, MessageView]
+    # Version histories of forgotten notes: deleted, content and all.
+    dropped: set[str] = msgspec.field(default_factory=set)
+    # Every key of an erased user's notes and messages, and their listings (RequestForgetUser).
+    erased: set[str] = msgspec.field(default_factory=set)
 
 
 def _plan(batch: Sequence[LogEntry], views: dict[str, NoteView | None], keys: HistoryKeys) -> _Writes:
@@ -206,6 +214,20 @@ def _plan(batch: Sequence[LogEntry], views: dict[str, NoteView | None], keys: Hi
     writes = _Writes(views={}, versions={}, stale_members={}, messages={})
     for entry in batch:
         event = entry.event
+        if isinstance(event, UserForgotten):
+            user = event.user_id
+            for note_id in event.erased:
+                for key in (keys.note(user, note_id), keys.versions(user, note_id), keys.message(user, note_id)):
+                    writes.erased.add(key)
+                    writes.views.pop(key, None)
+                    writes.versions.pop(key, None)
+                    writes.messages.pop(key, None)
+                    views.pop(key, None)
+            writes.erased |= {keys.order(user, True), keys.order(user, False), keys.recent(user)}
+            writes.stale_members.pop(user, None)
+            continue
+        if event.note_id == ACCOUNT:
+            continue  # the user's account stream: pending erasures live in the forget saga
         if isinstance(event, MessageRecorded):
             writes.messages[keys.message(event.user_id, event.note_id)] = MessageView(
                 id=event.note_id,
@@ -229,8 +251,15 @@ def _plan(batch: Sequence[LogEntry], views: dict[str, NoteView | None], keys: Hi
             writes.stale_members.setdefault(event.user_id, set()).add(order_member(current))
         views[key] = view
         writes.views[key] = view
-        writes.versions.setdefault(keys.versions(event.user_id, event.note_id), {})[str(event.version)] = (
-            msgspec.json.encode(version_entry(view, event))
+        versions_key = keys.versions(event.user_id, event.note_id)
+        if isinstance(event, NoteForgotten):
+            writes.versions.pop(versions_key, None)
+            writes.dropped.add(versions_key)
+            if current is not None:
+                writes.stale_members.setdefault(event.user_id, set()).add(order_member(current))
+            continue
+        writes.versions.setdefault(versions_key, {})[str(event.version)] = msgspec.json.encode(
+            version_entry(view, event)
         )
         if isinstance(event, NoteSuperseded):
             other_key = keys.note(event.user_id, event.superseded_by)
@@ -244,6 +273,11 @@ def _plan(batch: Sequence[LogEntry], views: dict[str, NoteView | None], keys: Hi
 
 def _index(pipe, keys: HistoryKeys, view: NoteView) -> None:  # type: ignore[no-untyped-def]
     member = order_member(view)
+    if view.status is NoteStatus.FORGOTTEN:
+        pipe.zrem(keys.order(view.user_id, True), member)
+        pipe.zrem(keys.order(view.user_id, False), member)
+        pipe.zrem(keys.recent(view.user_id), view.id)
+        return
     pipe.zadd(keys.order(view.user_id, True), {member: 0})
     if view.status is NoteStatus.ACTIVE:
         pipe.zadd(keys.order(view.user_id, False), {member: 0})
@@ -286,6 +320,22 @@ class HistoryReader:
         keys = await self._keys(user_id)
         raw = await self._redis.get(keys.note(user_id, note_id))
         return _view_decoder.decode(raw) if raw is not None else None
+
+    async def get_many(
+        self, user_id: str, note_ids: Sequence[str], message_ids: Sequence[str] = ()
+    ) -> tuple[dict[str, NoteView], dict[str, MessageView]]:
+        """Notes and messages by id in one read (the search hydrates its hits with it)."""
+        if not note_ids and not message_ids:
+            return {}, {}
+        keys = await self._keys(user_id)
+        names = [keys.note(user_id, i) for i in note_ids] + [keys.message(user_id, i) for i in message_ids]
+        raws = await self._redis.mget(names)
+        notes = {
+            i: _view_decoder.decode(r) for i, r in zip(note_ids, raws[: len(note_ids)], strict=True) if r is not None
+        }
+        said = raws[len(note_ids) :]
+        messages = {i: _message_decoder.decode(r) for i, r in zip(message_ids, said, strict=True) if r is not None}
+        return notes, messages
 
     async def get_message(self, user_id: str, message_id: str) -> MessageView | None:
         keys = await self._keys(user_id)

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import msgspec
 
-from contracts.events import AnyEvent, NoteSaved, NoteSuperseded, NoteUpdated
+from contracts.events import (
+    AnyEvent,
+    ForgetExpired,
+    ForgetRequested,
+    NoteForgotten,
+    NoteSaved,
+    NoteSuperseded,
+    NoteUpdated,
+)
 from contracts.model import NoteStatus, NoteView, VersionView
 
 
@@ -51,7 +59,29 @@ def evolve_view(view: NoteView | None, event: AnyEvent) -> NoteView:
             status=NoteStatus.SUPERSEDED,
             superseded_by=event.superseded_by,
         )
+    if isinstance(event, ForgetRequested | ForgetExpired):
+        # Pending deletions live in the forget saga's state; the note itself is unchanged.
+        return msgspec.structs.replace(view, version=event.version)
+    if isinstance(event, NoteForgotten):
+        return tombstone(view, event)
     raise TypeError(f"unknown event {type(event).__name__}")
+
+
+def tombstone(view: NoteView, event: NoteForgotten) -> NoteView:
+    """What the history keeps of a forgotten note: its id, times and status; no content."""
+    return msgspec.structs.replace(
+        view,
+        version=event.version,
+        updated_at=event.at,
+        status=NoteStatus.FORGOTTEN,
+        content="",
+        subject=None,
+        summary=None,
+        narrative=None,
+        trigger=None,
+        action=None,
+        superseded_by=None,
+    )
 
 
 def add_supersedes(view: NoteView, old_note_id: str) -> NoteView:
@@ -61,7 +91,14 @@ def add_supersedes(view: NoteView, old_note_id: str) -> NoteView:
     return msgspec.structs.replace(view, supersedes=sorted([*view.supersedes, old_note_id]))
 
 
-CHANGE_NAMES = {NoteSaved: "saved", NoteUpdated: "updated", NoteSuperseded: "superseded"}
+CHANGE_NAMES = {
+    NoteSaved: "saved",
+    NoteUpdated: "updated",
+    NoteSuperseded: "superseded",
+    ForgetRequested: "forget_requested",
+    ForgetExpired: "forget_expired",
+    NoteForgotten: "forgotten",
+}
 
 
 def version_entry(view: NoteView, event: AnyEvent) -> VersionView:

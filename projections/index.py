@@ -27,7 +27,15 @@ from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from contracts import channels
-from contracts.events import MessageRecorded, NoteSaved, NoteSuperseded, NoteUpdated
+from contracts.events import (
+    ACCOUNT,
+    MessageRecorded,
+    NoteForgotten,
+    NoteSaved,
+    NoteSuperseded,
+    NoteUpdated,
+    UserForgotten,
+)
 from projections.history import GenerationChanged, position_key
 from projections.vector_index import CONVERSATION, MEMORY, IndexPoint, Sparse, VectorIndex
 from services.embedder import Embedder
@@ -163,10 +171,13 @@ class IndexProjection:
         """Fold the batch per note, then write each changed note's final state to the index:
         re-embed notes whose text changed, set payload on notes whose fields changed."""
         texts: dict[str, tuple[str, str, str]] = {}  # note key -> (user, note, text)
+        forgotten: set[str] = set()
         touched: dict[str, tuple[str, str]] = {}
         old_chunks: dict[str, int] = {}
         for entry in batch:
             event = entry.event
+            if isinstance(event, UserForgotten) or event.note_id == ACCOUNT:
+                continue  # every note of an erased user had its own NoteForgotten before
             key = self.keys.note(event.user_id, event.note_id)
             meta = metas.get(key)
             if meta is not None and event.version <= meta.version:
@@ -183,6 +194,7 @@ class IndexProjection:
                     created_at=_ts(event.at),
                 )
                 texts[key] = (event.user_id, event.note_id, event.content)
+                forgotten.discard(key)
             elif isinstance(event, MessageRecorded):
                 meta = NoteMeta(
                     version=event.version,
@@ -206,11 +218,21 @@ class IndexProjection:
             elif isinstance(event, NoteSuperseded):
                 meta.version = event.version
                 meta.status = "superseded"
+            elif isinstance(event, NoteForgotten):
+                meta.version = event.version
+                meta.status = "forgotten"
+                meta.subject = None
+                texts.pop(key, None)
+                forgotten.add(key)
+            else:  # a pending deletion requested or lapsed: nothing the index shows changes
+                meta.version = event.version
             metas[key] = meta
             touched[key] = (event.user_id, event.note_id)
 
         pieces: list[tuple[str, int, str]] = []  # (note key, chunk, text)
         for key, (_, _, text) in texts.items():
+            if not text:
+                continue  # read after its note was forgotten: the content is shredded
             for i, piece in enumerate(self._embedder.chunks(text)):
                 pieces.append((key, i, piece))
         vectors = await self._embedder.embed([p[2] for p in pieces]) if pieces else []
@@ -231,7 +253,10 @@ class IndexProjection:
         for key, (user_id, note_id) in touched.items():
             meta = metas[key]
             assert meta is not None
-            if key in texts:
+            if key in forgotten:
+                await self.index.delete(user_id, note_id)
+                meta.chunks = 0
+            elif key in texts:
                 chunks = sum(1 for p in pieces if p[0] == key)
                 if old_chunks[key] > chunks:
                     await self.index.delete(user_id, note_id, from_chunk=chunks)

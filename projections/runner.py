@@ -133,3 +133,23 @@ def index_runner(
         open_live=open_live,
         lease_ms=lease_ms,
     )
+
+
+def forget_saga_runner(
+    redis: Redis, store: RedisEventStore, partition: int, owner: str, lease_ms: int
+) -> ProjectionRunner:
+    from projections.forget_saga import ForgetSagaProjection, SagaKeys
+
+    async def open_live() -> Projection:
+        return ForgetSagaProjection(redis, partition)
+
+    return ProjectionRunner(
+        redis,
+        store,
+        partition,
+        owner,
+        name="forget-saga",
+        lease_key=SagaKeys(partition).lease,
+        open_live=open_live,
+        lease_ms=lease_ms,
+    )

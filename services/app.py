@@ -8,6 +8,9 @@ Subscriptions of the service, all here:
 - query responder: stream ``engram:{p}:queries``, group ``engram-queries``, REJECT_ON_ERROR.
 - history projection: ``engram:{p}:log``, no group: a catch-up subscription from its own
   checkpoint, stored with its state.
+- index projection: ``engram:{p}:log``, catch-up subscription like the history one.
+- forget saga: ``engram:{p}:log``, catch-up subscription (pending deletions and deadlines), and
+  its timer sending ``ExpireForget`` when a deadline passes.
 - reclaimers: both request streams; re-queue after ``claim_idle_ms``, dead-letter after
   ``max_deliveries``.
 """
@@ -18,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from fast_depends.msgspec import MsgSpecSerializer
 from faststream import AckPolicy
@@ -29,11 +33,14 @@ from redis.exceptions import ResponseError
 from contracts import channels
 from projections.history import HistoryReader
 from projections.index_runtime import IndexRuntime
-from projections.runner import ProjectionRunner, history_runner, index_runner
+from projections.runner import ProjectionRunner, forget_saga_runner, history_runner, index_runner
 from services.advice import SaveAdvisor
-from services.commands import CommandService
+from services.commands import CommandService, utc_now
 from services.config import Settings
+from services.crypto import load_master_key
 from services.event_store import RedisEventStore
+from services.forget import ForgetService, Scrubber
+from services.forget_timer import ForgetExpiryTimer
 from services.queries import QueryService
 from services.reclaimer import PendingReclaimer
 from services.search import SearchService
@@ -64,6 +71,7 @@ class Engram:
     runners: list[ProjectionRunner]
     reclaimers: list[PendingReclaimer]
     index: IndexRuntime | None
+    forget_timer: ForgetExpiryTimer
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
@@ -74,6 +82,7 @@ class Engram:
             await self._ensure_groups()
             tasks += [asyncio.create_task(r.run(self.stopping), name=f"{r.name}-{r.partition}") for r in self.runners]
             tasks += [asyncio.create_task(r.run(self.stopping), name=f"reclaim-{r.stream}") for r in self.reclaimers]
+            tasks.append(asyncio.create_task(self.forget_timer.run(self.stopping), name="forget-expiry"))
             if self.index is not None:
                 # The model loads in the background (6-9 s); commands and reads are served meanwhile.
                 tasks.append(asyncio.create_task(self.index.watch(self.stopping), name="index-generations"))
@@ -131,7 +140,9 @@ class Engram:
 def build(settings: Settings) -> Engram:
     redis = Redis.from_url(settings.redis_url)
     broker = make_broker(settings.redis_url)
-    store = RedisEventStore(redis, settings.partitions, settings.idempotency_ttl_seconds)
+    store = RedisEventStore(
+        redis, settings.partitions, settings.idempotency_ttl_seconds, load_master_key(settings.data_dir)
+    )
     history = HistoryReader(redis, settings.partitions)
     runners = [
         history_runner(redis, store, p, settings.consumer_name, settings.lease_ms) for p in range(settings.partitions)
@@ -145,7 +156,20 @@ def build(settings: Settings) -> Engram:
             for p in range(settings.partitions)
         ]
     advisor = SaveAdvisor(index, history, settings.similar_threshold) if index is not None else None
-    commands = CommandService(store, advisor=advisor)
+    forget = ForgetService(
+        store,
+        history,
+        search,
+        Scrubber(redis, settings.partitions),
+        utc_now,
+        timedelta(seconds=settings.forget_ttl_seconds),
+    )
+    commands = CommandService(store, advisor=advisor, forget=forget)
+    runners += [
+        forget_saga_runner(redis, store, p, settings.consumer_name, settings.lease_ms)
+        for p in range(settings.partitions)
+    ]
+    timer = ForgetExpiryTimer(redis, settings.partitions, commands.execute, utc_now)
     queries = QueryService(history, settings.read_wait_seconds, search)
     _subscribe(broker, settings, commands, queries)
     reclaimers = [
@@ -156,7 +180,7 @@ def build(settings: Settings) -> Engram:
             (channels.query_stream(p), channels.QUERY_GROUP),
         )
     ]
-    return Engram(settings, redis, broker, store, commands, queries, history, runners, reclaimers, index)
+    return Engram(settings, redis, broker, store, commands, queries, history, runners, reclaimers, index, timer)
 
 
 def build_index_runtime(redis: Redis, settings: Settings) -> IndexRuntime:

@@ -17,7 +17,7 @@ import msgspec
 
 from contracts import channels
 from contracts.errors import EngramError, ErrorCode
-from contracts.model import NoteSource
+from contracts.model import NoteKind, NoteSource
 from services.config import Settings
 
 log = logging.getLogger("engram")
@@ -163,6 +163,25 @@ async def cmd_supersede(client: Any, args: argparse.Namespace) -> None:
     _print(args, reply, lambda r: f"Memory {r.note_id} marked as superseded by {r.superseded_by}")
 
 
+async def cmd_forget(client: Any, args: argparse.Namespace) -> None:
+    if args.all:
+        if args.query is not None or args.note_ids:
+            raise EngramError(ErrorCode.INVALID_PARAMETER, "--all takes no query and no note ids")
+        reply = await client.forget_user(args.user, confirmed=args.yes)
+        _print(args, reply, _human_forget)
+        return
+    if (args.query is None) == (not args.note_ids):
+        raise EngramError(ErrorCode.INVALID_PARAMETER, "give either --query or note ids")
+    reply = await client.forget(args.user, query=args.query, note_ids=args.note_ids, confirmed=args.yes)
+    _print(args, reply, _human_forget)
+
+
+def _human_forget(reply: Any) -> str:
+    lines = [reply.message]
+    lines += [f"  {c.note_id}  {c.similarity:.2f}  {c.preview}" for c in reply.candidates]
+    return "\n".join(lines)
+
+
 async def cmd_get(client: Any, args: argparse.Namespace) -> None:
     note = await client.get_note(args.user, args.note_id, after=args.after)
     _print(args, note, _human_note)
@@ -198,6 +217,8 @@ async def cmd_search(client: Any, args: argparse.Namespace) -> None:
         args.query,
         top_k=args.top_k,
         category=args.category,
+        kind=NoteKind(args.kind) if args.kind else None,
+        subject=args.subject,
         include_superseded=args.include_superseded,
         include_conversation=args.session is not None,
         session_id=args.session,
@@ -283,6 +304,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
         from projections.history import HistoryKeys, HistoryProjection, live_generation
         from services.app import PARTITIONS_KEY
+        from services.crypto import load_master_key
         from services.event_store import RedisEventStore
 
         settings = Settings.from_env()
@@ -292,7 +314,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
             partitions = int(await redis.get(PARTITIONS_KEY) or settings.partitions)
         except OSError as e:
             raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {url}: {e}") from None
-        store = RedisEventStore(redis, partitions, settings.idempotency_ttl_seconds)
+        store = RedisEventStore(redis, partitions, settings.idempotency_ttl_seconds, load_master_key(settings.data_dir))
         total = 0
         generations = {}
         for p in range(partitions):
@@ -324,6 +346,7 @@ async def _rebuild_index(args: argparse.Namespace) -> dict[str, Any]:
     from projections.index import GENERATIONS_KEY, IndexKeys, IndexProjection, live_index_generation
     from projections.index_runtime import record_model, switch_generation
     from services.app import PARTITIONS_KEY, build_index_runtime
+    from services.crypto import load_master_key
     from services.event_store import RedisEventStore
 
     settings = Settings.from_env()
@@ -334,7 +357,7 @@ async def _rebuild_index(args: argparse.Namespace) -> dict[str, Any]:
     except OSError as e:
         raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {url}: {e}") from None
     settings = Settings(**{**settings.__dict__, "partitions": partitions, "redis_url": url})
-    store = RedisEventStore(redis, partitions, settings.idempotency_ttl_seconds)
+    store = RedisEventStore(redis, partitions, settings.idempotency_ttl_seconds, load_master_key(settings.data_dir))
     previous = await live_index_generation(redis, 0)
     generation = max(int(await redis.incr(GENERATIONS_KEY)), previous + 1)
     runtime = build_index_runtime(redis, settings)
@@ -413,6 +436,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("new_id")
     p.add_argument("--command-id")
 
+    p = add(
+        "forget",
+        _with_client(cmd_forget),
+        "forget notes in two calls: --query finds candidates; ids ask for confirmation, then delete",
+        user=True,
+    )
+    p.add_argument("note_ids", nargs="*", metavar="NOTE_ID")
+    p.add_argument("--query", help="find candidates (deletes nothing)")
+    p.add_argument("--all", action="store_true", help="erase every note and message of the user")
+    p.add_argument("--yes", action="store_true", help="operator: delete at once, without the second call")
+
     for name, fn, help in (
         ("get", cmd_get, "show one note"),
         ("history", cmd_history, "show every version of a note"),
@@ -435,6 +469,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--session", help="also search this conversation's recorded messages")
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--category")
+    p.add_argument("--kind", choices=[k.value for k in NoteKind])
+    p.add_argument("--subject")
     p.add_argument("--include-superseded", action="store_true")
     p.add_argument("--after")
 

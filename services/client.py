@@ -4,6 +4,7 @@ returns reply Structs and raises ``EngramError`` for error replies, time-outs an
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
@@ -13,12 +14,23 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from contracts import channels
-from contracts.commands import AnyCommand, NoteDraft, RecordMessage, SaveNote, SaveNotes, SupersedeNote, UpdateNote
+from contracts.commands import (
+    AnyCommand,
+    NoteDraft,
+    RecordMessage,
+    RequestForget,
+    RequestForgetUser,
+    SaveNote,
+    SaveNotes,
+    SupersedeNote,
+    UpdateNote,
+)
 from contracts.errors import EngramError, ErrorCode, ErrorReply
 from contracts.model import NoteKind, NoteSource, NoteView, Origin
 from contracts.queries import (
     AnyQuery,
     AnyReply,
+    ForgetReply,
     GetHistory,
     GetNote,
     HistoryReply,
@@ -180,6 +192,34 @@ class EngramClient:
         return await self.execute(command, NoteWritten)
 
     # Queries --------------------------------------------------------------------------------
+
+    async def forget(
+        self,
+        user_id: str,
+        *,
+        query: str | None = None,
+        note_ids: Sequence[str] = (),
+        confirmed: bool = False,
+        top_k: int = 5,
+        command_id: str | None = None,
+    ) -> ForgetReply:
+        """Seed 000's two calls: a query answers candidates; ids answer ``confirmation_required``
+        the first time and ``forgotten`` the second (or at once with ``confirmed``)."""
+        command = RequestForget(
+            command_id=command_id or new_command_id(),
+            user_id=user_id,
+            query=query,
+            note_ids=list(note_ids),
+            confirmed=confirmed,
+            top_k=top_k,
+        )
+        return await self.execute(command, ForgetReply)
+
+    async def forget_user(self, user_id: str, *, confirmed: bool = False, command_id: str | None = None) -> ForgetReply:
+        """Erase all of a user's memory: ``confirmation_required`` first, then ``forgotten``
+        with the receipt (``forgotten`` ids, ``erased_at``)."""
+        command = RequestForgetUser(command_id=command_id or new_command_id(), user_id=user_id, confirmed=confirmed)
+        return await self.execute(command, ForgetReply)
 
     async def get_note(self, user_id: str, note_id: str, *, after: str | None = None) -> NoteView:
         reply = await self.ask(GetNote(user_id=user_id, note_id=note_id, after=after), NoteReply)

@@ -10,17 +10,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from contracts import channels
-from contracts.commands import AnyCommand, SaveNote, SaveNotes, SupersedeNote
+from contracts.commands import AnyCommand, RequestForget, RequestForgetUser, SaveNote, SaveNotes, SupersedeNote
 from contracts.errors import EngramError, ErrorCode, ErrorReply
 from contracts.queries import CommandReply, NotesWritten, NoteWritten, WrittenNote
 from services.advice import SaveAdvisor
 from services.domain.decider import IdCollision, decide, first_of_each_content, note_ids_for
 from services.event_store import Appended, ContentTaken, Outcome
 from services.ports import EventStore
+
+if TYPE_CHECKING:
+    from services.forget import ForgetService
 
 log = logging.getLogger("engram.commands")
 
@@ -44,17 +48,28 @@ def decode_command(body: bytes) -> AnyCommand:
 
 class CommandService:
     def __init__(
-        self, store: EventStore, clock: Callable[[], datetime] = utc_now, advisor: SaveAdvisor | None = None
+        self,
+        store: EventStore,
+        clock: Callable[[], datetime] = utc_now,
+        advisor: SaveAdvisor | None = None,
+        forget: ForgetService | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
         self._advisor = advisor
+        self._forget = forget
 
     async def handle(self, body: bytes) -> bytes:
         """Bus entry point: raw JSON in, JSON reply out. Domain refusals become error replies;
         infrastructure failures propagate so the message stays pending and is retried."""
         try:
             command = decode_command(body)
+            if isinstance(command, RequestForget | RequestForgetUser):
+                if self._forget is None:
+                    raise EngramError(ErrorCode.UNAVAILABLE, "forgetting is not served here")
+                if isinstance(command, RequestForget):
+                    return _encoder.encode(await self._forget.request(command))
+                return _encoder.encode(await self._forget.request_user(command))
             reply: CommandReply = await self.execute(command)
             advise = isinstance(command, SaveNote) and command.advise
             if (

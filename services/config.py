@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+# (dense cosine, saturated BM25); bench/bench_quality.py measured the choice, see README.
+DEFAULT_WEIGHTS = (1.0, 0.1)
 
 
 def _int(name: str, default: int) -> int:
@@ -18,6 +20,8 @@ def _float(name: str, default: float) -> float:
 
 
 def _weights(text: str) -> tuple[float, float]:
+    if not text:
+        return DEFAULT_WEIGHTS
     dense, sparse = (float(x) for x in text.split(","))
     return dense, sparse
 
@@ -45,9 +49,11 @@ class Settings:
     qdrant_url: str | None = None
     qdrant_api_key: str | None = None
     # Fusion weights of (dense cosine, saturated BM25); see services/search.py.
-    search_weights: tuple[float, float] = (1.0, 0.3)
+    search_weights: tuple[float, float] = DEFAULT_WEIGHTS
     # Cosine from which an active note is reported as similar to one just saved.
     similar_threshold: float = 0.5
+    # How long a requested deletion waits for its confirmation (seed 000: 5 minutes).
+    forget_ttl_seconds: float = 300.0
     consumer_name: str = field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
 
     @classmethod
@@ -70,6 +76,7 @@ class Settings:
             index_enabled=os.environ.get("ENGRAM_INDEX", "on").lower() not in ("off", "0", "false", "no"),
             qdrant_url=os.environ.get("ENGRAM_QDRANT_URL") or None,
             qdrant_api_key=os.environ.get("ENGRAM_QDRANT_API_KEY") or None,
-            search_weights=_weights(os.environ.get("ENGRAM_SEARCH_WEIGHTS", "1.0,0.3")),
+            search_weights=_weights(os.environ.get("ENGRAM_SEARCH_WEIGHTS", "")),
             similar_threshold=_float("ENGRAM_SIMILAR_THRESHOLD", 0.5),
+            forget_ttl_seconds=_float("ENGRAM_FORGET_TTL_SECONDS", 300.0),
         )

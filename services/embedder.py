@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,14 +36,6 @@ class ChunkPolicy:
     # 256 word pieces is MiniLM's window; two are [CLS] and [SEP].
     max_tokens: int = 254
     overlap: int = 32
-
-
-class _Pending:
-    __slots__ = ("future", "texts")
-
-    def __init__(self, texts: Sequence[str], future: asyncio.Future[list[list[float]]]) -> None:
-        self.texts = list(texts)
-        self.future = future
 
 
 _load_lock = threading.Lock()
@@ -71,12 +64,18 @@ class MiniLMEmbedder:
     model_name = MODEL_NAME
     dimension = 384
 
-    def __init__(self, batch_size: int = 64, chunking: ChunkPolicy = ChunkPolicy()) -> None:
+    def __init__(self, batch_size: int = 64, chunking: ChunkPolicy = ChunkPolicy(), cache_size: int = 4096) -> None:
         self._batch_size = batch_size
+        # A saved note is embedded by the index projection and, for the save's advice, by the
+        # advisor (and often again by the caller's next search): recent texts are kept, and a
+        # text being encoded for one caller is awaited by the others, so each is encoded once.
+        self._cache: OrderedDict[str, list[float]] = OrderedDict()
+        self._cache_size = cache_size
         self._chunking = chunking
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedder")
         self._model: Any = None
-        self._queue: list[_Pending] = []
+        self._queue: list[str] = []
+        self._inflight: dict[str, asyncio.Future[list[float]]] = {}
         self._draining: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -94,31 +93,46 @@ class MiniLMEmbedder:
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
         if not texts:
             return []
-        await self.start()
-        future: asyncio.Future[list[list[float]]] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(texts, future))
-        if self._draining is None or self._draining.done():
-            self._draining = asyncio.create_task(self._drain())
-        return await future
+        known = {t: self._cache[t] for t in texts if t in self._cache}
+        for text in known:
+            self._cache.move_to_end(text)
+        missing = [t for t in dict.fromkeys(texts) if t not in known]
+        if missing:
+            await self.start()
+            loop = asyncio.get_running_loop()
+            waiting: dict[str, asyncio.Future[list[float]]] = {}
+            for text in missing:
+                # A text already being encoded for another caller is not encoded twice.
+                if text not in self._inflight:
+                    self._inflight[text] = loop.create_future()
+                    self._queue.append(text)
+                waiting[text] = self._inflight[text]
+            if self._queue and (self._draining is None or self._draining.done()):
+                self._draining = asyncio.create_task(self._drain())
+            for text, future in waiting.items():
+                # shield: one caller giving up (a timeout) must not cancel the others.
+                known[text] = await asyncio.shield(future)
+        return [known[t] for t in texts]
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
         while self._queue:
-            batch, self._queue = self._queue, []
-            texts = [t for pending in batch for t in pending.texts]
+            texts, self._queue = self._queue, []
             try:
                 vectors = await loop.run_in_executor(self._executor, self._encode, texts)
             except Exception as e:  # every waiter of this batch learns why
-                for pending in batch:
-                    if not pending.future.done():
-                        pending.future.set_exception(e)
+                for text in texts:
+                    future = self._inflight.pop(text)
+                    if not future.done():
+                        future.set_exception(e)
                 continue
-            start = 0
-            for pending in batch:
-                end = start + len(pending.texts)
-                if not pending.future.done():
-                    pending.future.set_result(vectors[start:end])
-                start = end
+            for text, vector in zip(texts, vectors, strict=True):
+                self._cache[text] = vector
+                future = self._inflight.pop(text)
+                if not future.done():
+                    future.set_result(vector)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
 
     def _encode(self, texts: list[str]) -> list[list[float]]:
         array = self._model.encode(

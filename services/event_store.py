@@ -11,7 +11,8 @@ import msgspec
 from redis.asyncio import Redis
 
 from contracts import channels
-from contracts.events import AnyEvent
+from contracts.events import ACCOUNT, AnyEvent
+from services.crypto import MasterKey, NoteCipher, is_sealed, needs_key, shredded
 from services.domain.decider import StreamAppend
 from services.domain.note import ABSENT, NoteState, fold
 
@@ -24,22 +25,24 @@ local user = ARGV[3]
 local extra = ARGV[4]
 local plan = {}
 local a = 5
+-- Per note: KEYS[3i] its stream, KEYS[3i+1] its version, KEYS[3i+2] its wrapped data key.
 -- Check every stream and every content claim before writing anything: all or nothing.
 for i = 1, n do
   local note_id, expected, k = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local nc, nr = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  local current = tonumber(redis.call('GET', KEYS[2 + 2 * i]) or '0')
+  local new_key, shred = ARGV[a + 5], ARGV[a + 6]
+  local current = tonumber(redis.call('GET', KEYS[3 * i + 1]) or '0')
   if current ~= expected then return {'conflict', note_id, tostring(current)} end
   local claims, releases = {}, {}
   for c = 1, nc do
-    local key = KEYS[tonumber(ARGV[a + 4 + c])]
+    local key = KEYS[tonumber(ARGV[a + 6 + c])]
     local holder = redis.call('GET', key)
     if holder and holder ~= note_id then return {'taken', note_id, holder} end
     claims[c] = key
   end
-  for r = 1, nr do releases[r] = KEYS[tonumber(ARGV[a + 4 + nc + r])] end
-  local first = a + 5 + nc + nr
-  plan[i] = {note_id, first, k, current, claims, releases}
+  for r = 1, nr do releases[r] = KEYS[tonumber(ARGV[a + 6 + nc + r])] end
+  local first = a + 7 + nc + nr
+  plan[i] = {note_id, first, k, current, claims, releases, new_key, shred}
   a = first + k
 end
 local position = false
@@ -50,12 +53,14 @@ for i = 1, n do
     if redis.call('GET', key) == note_id then redis.call('DEL', key) end
   end
   for _, key in ipairs(plan[i][5]) do redis.call('SET', key, note_id) end
+  if plan[i][7] ~= '' then redis.call('SET', KEYS[3 * i + 2], plan[i][7]) end
+  if plan[i][8] == '1' then redis.call('DEL', KEYS[3 * i + 2]) end
   if k > 0 then
     for j = 0, k - 1 do
       position = redis.call('XADD', KEYS[2], '*', 'e', ARGV[first + j], 'u', user)
-      redis.call('XADD', KEYS[1 + 2 * i], '*', 'e', ARGV[first + j], 'l', position)
+      redis.call('XADD', KEYS[3 * i], '*', 'e', ARGV[first + j], 'l', position)
     end
-    redis.call('SET', KEYS[2 + 2 * i], current + k)
+    redis.call('SET', KEYS[3 * i + 1], current + k)
     notes[#notes + 1] = {note_id, current + k}
   end
 end
@@ -116,8 +121,19 @@ def decode_event(raw: bytes) -> AnyEvent:
     return _event_decoder.decode(raw)
 
 
+def _open(event: AnyEvent, cipher: NoteCipher | None) -> AnyEvent:
+    if not is_sealed(event):
+        return event
+    return cipher.open_event(event) if cipher is not None else shredded(event)
+
+
 class RedisEventStore:
-    def __init__(self, redis: Redis, partitions: int, idempotency_ttl_seconds: int) -> None:
+    """Content fields are sealed under each note's data key on the way in and opened on the way
+    out (``services.crypto``): callers see plaintext, Redis holds ciphertext. A forgotten note's
+    events read with their content empty."""
+
+    def __init__(self, redis: Redis, partitions: int, idempotency_ttl_seconds: int, master: MasterKey) -> None:
+        self._master = master
         self._redis = redis
         self.partitions = partitions
         self._ttl = idempotency_ttl_seconds
@@ -130,6 +146,13 @@ class RedisEventStore:
         raw = await self._redis.get(channels.content_key(self.partition_of(user_id), user_id, digest))
         return raw.decode() if raw is not None else None
 
+    async def note_ids(self, user_id: str) -> list[str]:
+        """Every note and message id the user has a stream for (the account stream aside)."""
+        prefix = channels.note_version(self.partition_of(user_id), user_id, "")
+        pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in prefix) + "*"
+        ids = [key.decode()[len(prefix) :] async for key in self._redis.scan_iter(match=pattern, count=1000)]
+        return sorted(i for i in ids if i != ACCOUNT)
+
     async def outcome(self, user_id: str, command_id: str) -> Outcome | None:
         p = self.partition_of(user_id)
         raw = await self._redis.get(channels.command_outcome(p, user_id, command_id))
@@ -140,13 +163,16 @@ class RedisEventStore:
         async with self._redis.pipeline(transaction=False) as pipe:
             for note_id in note_ids:
                 pipe.xrange(channels.note_stream(p, user_id, note_id))
+                pipe.get(channels.data_key(p, user_id, note_id))
             results = await pipe.execute()
         loaded = {}
-        for note_id, entries in zip(note_ids, results, strict=True):
+        for i, note_id in enumerate(note_ids):
+            entries, wrapped = results[2 * i], results[2 * i + 1]
             if not entries:
                 loaded[note_id] = LoadedNote(state=ABSENT, position=None)
                 continue
-            state = fold(decode_event(fields[b"e"]) for _, fields in entries)
+            cipher = self._cipher(wrapped, user_id, note_id)
+            state = fold(_open(decode_event(fields[b"e"]), cipher) for _, fields in entries)
             loaded[note_id] = LoadedNote(state=state, position=entries[-1][1][b"l"].decode())
         return loaded
 
@@ -156,15 +182,24 @@ class RedisEventStore:
         p = self.partition_of(user_id)
         keys = [channels.command_outcome(p, user_id, command_id), channels.event_log(p)]
         for item in appends:
-            keys += [channels.note_stream(p, user_id, item.note_id), channels.note_version(p, user_id, item.note_id)]
+            keys += [
+                channels.note_stream(p, user_id, item.note_id),
+                channels.note_version(p, user_id, item.note_id),
+                channels.data_key(p, user_id, item.note_id),
+            ]
+        sealing = await self._ciphers_for(p, user_id, appends)
+        if isinstance(sealing, Conflict):
+            return sealing
         args: list[Any] = [len(appends), self._ttl, user_id, msgspec.json.encode(extra or {"duplicates": []})]
         for item in appends:
+            cipher, new_key = sealing.get(item.note_id, (None, b""))
             args += [item.note_id, item.expected_version, len(item.events), len(item.claims), len(item.releases)]
+            args += [new_key, "1" if item.shred else "0"]
             # Content keys go into KEYS too (a cluster must see every key a script touches).
             for content_key in (*item.claims, *item.releases):
                 keys.append(channels.content_key(p, user_id, content_key))
                 args.append(len(keys))
-            args += [msgspec.json.encode(event) for event in item.events]
+            args += [msgspec.json.encode(cipher.seal_event(e) if cipher else e) for e in item.events]
         result = await self._append(keys=keys, args=args)
         status = result[0].decode()
         if status == "conflict":
@@ -175,13 +210,49 @@ class RedisEventStore:
             raise ValueError("an append must carry at least one event")
         return Appended(outcome=_outcome_decoder.decode(result[1]), replayed=status == "duplicate")
 
+    async def _ciphers_for(
+        self, partition: int, user_id: str, appends: Sequence[StreamAppend]
+    ) -> dict[str, tuple[NoteCipher, bytes]] | Conflict:
+        """A cipher for each note whose events carry content: a new note gets a fresh data key
+        (stored by the append itself, wrapped), an existing one its stored key. A key that is
+        gone means the note was forgotten since it was loaded: a conflict, so it is decided again."""
+        sealing: dict[str, tuple[NoteCipher, bytes]] = {}
+        existing = [a.note_id for a in appends if a.expected_version > 0 and any(needs_key(e) for e in a.events)]
+        for item in appends:
+            if item.expected_version == 0 and any(needs_key(e) for e in item.events):
+                data_key = self._master.new_data_key()
+                sealing[item.note_id] = (NoteCipher(data_key), self._master.wrap(data_key, f"{user_id}/{item.note_id}"))
+        if existing:
+            wrapped = await self._redis.mget([channels.data_key(partition, user_id, n) for n in existing])
+            for note_id, raw in zip(existing, wrapped, strict=True):
+                cipher = self._cipher(raw, user_id, note_id)
+                if cipher is None:
+                    return Conflict(note_id=note_id, actual_version=-1)
+                sealing[note_id] = (cipher, b"")
+        return sealing
+
+    def _cipher(self, wrapped: bytes | None, user_id: str, note_id: str) -> NoteCipher | None:
+        if wrapped is None:
+            return None
+        return NoteCipher(self._master.unwrap(wrapped, f"{user_id}/{note_id}"))
+
     async def read_log(self, partition: int, after: str, count: int, block_ms: int | None = None) -> list[LogEntry]:
-        """Events of one partition after position ``after`` ("0" for the start), in log order."""
+        """Events of one partition after position ``after`` ("0" for the start), in log order,
+        content opened (or empty, for notes forgotten since)."""
         response = await self._redis.xread({channels.event_log(partition): after}, count=count, block=block_ms)
         if not response:
             return []
         ((_, entries),) = response
-        return [LogEntry(position=entry_id.decode(), event=decode_event(fields[b"e"])) for entry_id, fields in entries]
+        events = [(entry_id.decode(), decode_event(fields[b"e"])) for entry_id, fields in entries]
+        notes = list(dict.fromkeys((e.user_id, e.note_id) for _, e in events if is_sealed(e)))
+        ciphers: dict[tuple[str, str], NoteCipher | None] = {}
+        if notes:
+            wrapped = await self._redis.mget([channels.data_key(partition, u, n) for u, n in notes])
+            ciphers = {note: self._cipher(raw, *note) for note, raw in zip(notes, wrapped, strict=True)}
+        return [
+            LogEntry(position=position, event=_open(event, ciphers.get((event.user_id, event.note_id))))
+            for position, event in events
+        ]
 
     async def log_head(self, partition: int) -> tuple[str | None, int]:
         """The last position of a partition's log (None when empty) and the log's length."""

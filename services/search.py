@@ -7,17 +7,17 @@ from __future__ import annotations
 import asyncio
 
 from contracts.errors import EngramError, ErrorCode
-from contracts.model import NoteStatus
+from contracts.model import MessageView, NoteStatus, NoteView
 from contracts.queries import SearchHit, SearchNotes, SearchReply
 from projections.history import HistoryReader
 from projections.index import sparse_query
 from projections.index_runtime import IndexReader, IndexRuntime
 from projections.vector_index import CONVERSATION, DENSE, MEMORY, SPARSE, IndexHit, NearestQuery, Sparse, VectorIndex
+from services.config import DEFAULT_WEIGHTS
 
 # BM25 scores are unbounded; s / (s + 6) maps them to [0, 1): one common word (~3 here) counts
 # for about a third, several rare ones for nearly all of it.
 BM25_SATURATION = 6.0
-DEFAULT_WEIGHTS = (1.0, 0.3)
 
 
 def fuse(
@@ -98,14 +98,7 @@ class SearchService:
             candidates += [(CONVERSATION, hit) for hit in await self._candidates(index, query, dense, sparse, said)]
         # Both kinds are scored the same way, so one ordering merges them.
         candidates.sort(key=lambda item: (-item[1][1], item[1][0]))
-        results: list[SearchHit] = []
-        for source, (record_id, score, similarity) in candidates:
-            if len(results) == query.top_k:
-                break
-            hit = await self._hydrate(query, source, record_id, round(score, 6), round(similarity, 6))
-            if hit is not None:
-                results.append(hit)
-        return SearchReply(results=results)
+        return SearchReply(results=await self._hydrate(query, candidates))
 
     async def _candidates(
         self,
@@ -124,27 +117,55 @@ class SearchService:
         return fuse(dense_hits, sparse_hits, self._weights)
 
     async def _hydrate(
-        self, query: SearchNotes, source: str, record_id: str, score: float, similarity: float
-    ) -> SearchHit | None:
-        """The text comes from the read model (the index holds none); a hit the read model does
-        not have (yet, or any more) is left out, and so is one superseded meanwhile."""
-        if source == CONVERSATION:
-            message = await self._history.get_message(query.user_id, record_id)
-            if message is None:
-                return None
-            return SearchHit(
-                note_id=record_id,
-                content=message.content,
-                score=score,
-                similarity=similarity,
-                source=source,
-                message=message,
+        self, query: SearchNotes, candidates: list[tuple[str, tuple[str, float, float]]]
+    ) -> list[SearchHit]:
+        """The text comes from the read model (the index holds none), read a slice at a time in
+        one round trip; a hit the read model does not have (yet, or any more) is left out, and
+        so is one superseded meanwhile."""
+        results: list[SearchHit] = []
+        step = query.top_k * 2
+        for start in range(0, len(candidates), step):
+            window = candidates[start : start + step]
+            notes, messages = await self._history.get_many(
+                query.user_id,
+                [record_id for source, (record_id, _, _) in window if source == MEMORY],
+                [record_id for source, (record_id, _, _) in window if source == CONVERSATION],
             )
-        view = await self._history.get_note(query.user_id, record_id)
-        if view is None or view.user_id != query.user_id:
-            return None
-        if view.status is not NoteStatus.ACTIVE and not query.include_superseded:
+            for source, (record_id, score, similarity) in window:
+                hit = _hit(query, source, record_id, round(score, 6), round(similarity, 6), notes, messages)
+                if hit is not None:
+                    results.append(hit)
+                    if len(results) == query.top_k:
+                        return results
+        return results
+
+
+def _hit(
+    query: SearchNotes,
+    source: str,
+    record_id: str,
+    score: float,
+    similarity: float,
+    notes: dict[str, NoteView],
+    messages: dict[str, MessageView],
+) -> SearchHit | None:
+    if source == CONVERSATION:
+        message = messages.get(record_id)
+        if message is None:
             return None
         return SearchHit(
-            note_id=record_id, content=view.content, score=score, similarity=similarity, source=source, note=view
+            note_id=record_id,
+            content=message.content,
+            score=score,
+            similarity=similarity,
+            source=source,
+            message=message,
         )
+    view = notes.get(record_id)
+    if view is None or view.user_id != query.user_id:
+        return None
+    if view.status is not NoteStatus.ACTIVE and not query.include_superseded:
+        return None
+    return SearchHit(
+        note_id=record_id, content=view.content, score=score, similarity=similarity, source=source, note=view
+    )

@@ -17,8 +17,12 @@ import redis
 from services.app import Engram, build
 from services.client import EngramClient
 from services.config import Settings
+from tests.support import TEST_MASTER_KEY_B64
 
 TEST_REDIS_URL = os.environ.get("ENGRAM_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
+# In-process services and stores share one master key (subprocesses get their own, generated
+# under their data dir: tests/support.engram_env leaves ENGRAM_* variables out).
+os.environ["ENGRAM_MASTER_KEY"] = TEST_MASTER_KEY_B64
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

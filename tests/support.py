@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import queue
@@ -13,7 +14,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from services.crypto import MasterKey
+
 ROOT = Path(__file__).resolve().parent.parent
+TEST_MASTER_KEY_B64 = base64.b64encode(bytes(range(32))).decode()
+
+
+def master_key_for_tests() -> MasterKey:
+    return MasterKey(base64.b64decode(TEST_MASTER_KEY_B64))
 
 
 def engram_env(**values: str) -> dict[str, str]:

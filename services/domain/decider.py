@@ -9,24 +9,41 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
 import msgspec
 
 from contracts.commands import (
     AnyCommand,
+    ExpireForget,
     NoteDraft,
     RecordMessage,
+    RequestForget,
+    RequestForgetUser,
     SaveNote,
     SaveNotes,
     SupersedeNote,
     UpdateNote,
 )
 from contracts.errors import EngramError, ErrorCode
-from contracts.events import AnyEvent, MessageRecorded, NoteSaved, NoteSuperseded, NoteUpdated
+from contracts.events import (
+    ACCOUNT,
+    AnyEvent,
+    ForgetExpired,
+    ForgetRequested,
+    MessageRecorded,
+    NoteForgotten,
+    NoteSaved,
+    NoteSuperseded,
+    NoteUpdated,
+    UserForgotten,
+)
 from contracts.model import NoteKind, NoteStatus
 from services.domain.ids import event_id, new_note_id
 from services.domain.note import NoteState
+
+DEFAULT_FORGET_TTL = timedelta(seconds=300)
 
 
 class StreamAppend(msgspec.Struct, frozen=True, kw_only=True):
@@ -39,6 +56,8 @@ class StreamAppend(msgspec.Struct, frozen=True, kw_only=True):
     # Content digests this note takes or gives up: an active note's content is unique per user.
     claims: list[str] = msgspec.field(default_factory=list)
     releases: list[str] = msgspec.field(default_factory=list)
+    # Destroy the note's data key with this append (crypto-shredding: the note is forgotten).
+    shred: bool = False
 
 
 def content_digest(content: str) -> str:
@@ -70,6 +89,10 @@ def note_ids_for(command: AnyCommand, attempt: int = 0) -> list[str]:
         return [command.note_id, command.superseded_by]
     if isinstance(command, RecordMessage):
         return [new_note_id(command.user_id, command.command_id, 0, attempt)]
+    if isinstance(command, RequestForget):
+        return list(dict.fromkeys(command.note_ids))
+    if isinstance(command, ExpireForget):
+        return [command.note_id]
     raise TypeError(f"unknown command {type(command).__name__}")
 
 
@@ -79,9 +102,11 @@ def decide(
     ids: list[str],
     now: datetime,
     skip: frozenset[int] = frozenset(),
+    forget_ttl: timedelta = DEFAULT_FORGET_TTL,
 ) -> list[StreamAppend]:
     """``ids`` is what ``note_ids_for`` returned and ``states`` their current states. ``skip``:
-    drafts of a batch to leave out (their text is already an existing note)."""
+    drafts of a batch to leave out (their text is already an existing note). ``forget_ttl``: how
+    long a requested deletion waits for its confirmation."""
     if isinstance(command, SaveNote):
         _expect_new(command.expected_version)
         return [
@@ -102,6 +127,10 @@ def decide(
         return _supersede(command, states[command.note_id], states[command.superseded_by], now)
     if isinstance(command, RecordMessage):
         return [_record(command, ids[0], states[ids[0]], now)]
+    if isinstance(command, RequestForget):
+        return _request_forget(command, ids, states, now, forget_ttl)
+    if isinstance(command, ExpireForget):
+        return _expire_forget(command, states[command.note_id], now)
     raise TypeError(f"unknown command {type(command).__name__}")
 
 
@@ -195,7 +224,7 @@ def _update(command: UpdateNote, state: NoteState, now: datetime) -> list[Stream
         origin=command.origin,
         **changes,
     )
-    content_moves = {}
+    content_moves: dict[str, Any] = {}
     if "content" in changes:
         content_moves = {"claims": [content_digest(changes["content"])], "releases": [content_digest(state.content)]}
     return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[event], **content_moves)]
@@ -228,6 +257,135 @@ def _supersede(command: SupersedeNote, old: NoteState, new: NoteState, now: date
         # The replacement must still be active when the supersede commits.
         StreamAppend(note_id=command.superseded_by, expected_version=new.version, events=[]),
     ]
+
+
+def forgettable(state: NoteState) -> bool:
+    return state.exists and not state.is_message and not state.forgotten
+
+
+def _request_forget(
+    command: RequestForget, ids: list[str], states: Mapping[str, NoteState], now: datetime, ttl: timedelta
+) -> list[StreamAppend]:
+    """Seed 000's two calls, per id: not pending -> pending (ask); pending -> forgotten; pending
+    but past its deadline -> lapsed, then pending again (ask again)."""
+    if command.query is not None or not ids:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, "give note_ids to forget (a query only finds candidates)")
+    missing = [i for i in ids if not forgettable(states[i])]
+    if missing:
+        raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"Memory with ID {', '.join(missing)} not found")
+    appends = []
+    for note_id in ids:
+        state = states[note_id]
+        version = state.version
+        events: list[AnyEvent] = []
+        pending = state.forget_expires_at is not None
+        if pending and state.forget_expires_at is not None and state.forget_expires_at <= now:
+            version += 1
+            events.append(_forget_expired(command, note_id, version, now, "not confirmed in time"))
+            pending = False
+        common: dict[str, Any] = {
+            "event_id": event_id(command.user_id, note_id, version + 1),
+            "note_id": note_id,
+            "user_id": command.user_id,
+            "version": version + 1,
+            "command_id": command.command_id,
+            "at": now,
+            "origin": command.origin,
+        }
+        count = (state.forget_requests if pending else 0) + 1
+        if pending or command.confirmed:
+            events.append(NoteForgotten(request_count=count, **common))
+            appends.append(
+                StreamAppend(
+                    note_id=note_id,
+                    expected_version=state.version,
+                    events=events,
+                    releases=[content_digest(state.content)],
+                    shred=True,
+                )
+            )
+        else:
+            events.append(ForgetRequested(request_count=count, expires_at=now + ttl, **common))
+            appends.append(StreamAppend(note_id=note_id, expected_version=state.version, events=events))
+    return appends
+
+
+def decide_forget_user(
+    command: RequestForgetUser,
+    account: NoteState,
+    notes: Mapping[str, NoteState],
+    now: datetime,
+    ttl: timedelta = DEFAULT_FORGET_TTL,
+) -> list[StreamAppend]:
+    """Erasing a whole user, in the same two calls, pending on the user's account stream. When
+    it executes, every note and message still readable is forgotten (its key shredded) and the
+    account gets the receipt, all in one append."""
+    version = account.version
+    account_events: list[AnyEvent] = []
+    pending = account.forget_expires_at is not None
+    if pending and account.forget_expires_at is not None and account.forget_expires_at <= now:
+        version += 1
+        account_events.append(_forget_expired(command, ACCOUNT, version, now, "not confirmed in time"))
+        pending = False
+    header: dict[str, Any] = {
+        "event_id": event_id(command.user_id, ACCOUNT, version + 1),
+        "note_id": ACCOUNT,
+        "user_id": command.user_id,
+        "version": version + 1,
+        "command_id": command.command_id,
+        "at": now,
+        "origin": command.origin,
+    }
+    if not (pending or command.confirmed):
+        count = (account.forget_requests if pending else 0) + 1
+        account_events.append(ForgetRequested(request_count=count, expires_at=now + ttl, **header))
+        return [StreamAppend(note_id=ACCOUNT, expected_version=account.version, events=account_events)]
+    appends = []
+    erased = []
+    for note_id, state in sorted(notes.items()):
+        if not state.exists or state.forgotten:
+            continue
+        erased.append(note_id)
+        event = NoteForgotten(
+            event_id=event_id(command.user_id, note_id, state.version + 1),
+            note_id=note_id,
+            user_id=command.user_id,
+            version=state.version + 1,
+            command_id=command.command_id,
+            at=now,
+            origin=command.origin,
+            request_count=0,
+        )
+        releases = [] if state.is_message else [content_digest(state.content)]
+        appends.append(
+            StreamAppend(note_id=note_id, expected_version=state.version, events=[event], releases=releases, shred=True)
+        )
+    account_events.append(UserForgotten(erased=erased, **header))
+    appends.append(StreamAppend(note_id=ACCOUNT, expected_version=account.version, events=account_events))
+    return appends
+
+
+def _expire_forget(command: ExpireForget, state: NoteState, now: datetime) -> list[StreamAppend]:
+    """The saga's deadline: lapse the pending state if it is still pending and due (a renewed
+    or executed request leaves nothing to do)."""
+    due = state.forget_expires_at is not None and state.forget_expires_at <= now
+    if not forgettable(state) or not due:
+        return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[])]
+    event = _forget_expired(command, command.note_id, state.version + 1, now, "not confirmed in time")
+    return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[event])]
+
+
+def _forget_expired(command: AnyCommand, note_id: str, version: int, now: datetime, reason: str) -> ForgetExpired:
+    return ForgetExpired(
+        event_id=event_id(command.user_id, note_id, version),
+        note_id=note_id,
+        user_id=command.user_id,
+        version=version,
+        command_id=command.command_id,
+        at=now,
+        origin=command.origin,
+        reason=reason,
+    )
 
 
 def _require_active(note_id: str, state: NoteState) -> None:

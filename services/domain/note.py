@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 
 import msgspec
 
-from contracts.events import AnyEvent, MessageRecorded, NoteSaved, NoteSuperseded, NoteUpdated
+from contracts.events import (
+    AnyEvent,
+    ForgetExpired,
+    ForgetRequested,
+    MessageRecorded,
+    NoteForgotten,
+    NoteSaved,
+    NoteSuperseded,
+    NoteUpdated,
+    UserForgotten,
+)
 from contracts.model import NoteStatus
 
 
@@ -23,6 +34,13 @@ class NoteState(msgspec.Struct, frozen=True, kw_only=True):
     superseded_by: str | None = None
     # A conversation message lives in the same kind of stream but is not a note.
     is_message: bool = False
+    # A deletion awaiting confirmation (seed 000): until when, and how many requests so far.
+    forget_expires_at: datetime | None = None
+    forget_requests: int = 0
+
+    @property
+    def forgotten(self) -> bool:
+        return self.status is NoteStatus.FORGOTTEN
 
     @property
     def exists(self) -> bool:
@@ -59,6 +77,18 @@ def evolve(state: NoteState, event: AnyEvent) -> NoteState:
         )
     if isinstance(event, MessageRecorded):
         return NoteState(version=event.version, content=event.content, is_message=True)
+    if isinstance(event, ForgetRequested):
+        return msgspec.structs.replace(
+            state, version=event.version, forget_expires_at=event.expires_at, forget_requests=event.request_count
+        )
+    if isinstance(event, ForgetExpired):
+        return msgspec.structs.replace(state, version=event.version, forget_expires_at=None, forget_requests=0)
+    if isinstance(event, UserForgotten):
+        # The account stream: the erasure is done, and a new one would start over.
+        return msgspec.structs.replace(state, version=event.version, forget_expires_at=None, forget_requests=0)
+    if isinstance(event, NoteForgotten):
+        # The content was shredded with the key; nothing of it is kept.
+        return NoteState(version=event.version, status=NoteStatus.FORGOTTEN, is_message=state.is_message)
     raise TypeError(f"unknown event {type(event).__name__}")
 
 

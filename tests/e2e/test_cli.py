@@ -156,6 +156,10 @@ def test_search_and_an_index_rebuild_while_serving(env_with_index: dict[str, str
     code, found, _ = cli(env, "search", "--user", "alice", "--after", saved["token"], "who is my manager?")
     assert code == 0 and found["results"][0]["note_id"] == saved["note_id"]
     assert found["results"][0]["content"] == "Alec is my boss at TechCorp" and found["results"][0]["similarity"] > 0.3
+    code, filtered, _ = cli(env, "search", "--user", "alice", "--category", "food", "who is my manager?")
+    assert code == 0 and filtered["results"] == []
+    code, by_kind, _ = cli(env, "search", "--user", "alice", "--kind", "fact", "--top-k", "1", "coffee")
+    assert code == 0 and by_kind["results"][0]["content"] == "I like my coffee black"
     code, bad, _ = cli(env, "search", "--user", "alice", "--top-k", "99", "x")
     assert code == 1 and bad["error"]["code"] == "INVALID_PARAMETER"
 
@@ -171,3 +175,26 @@ def test_search_and_an_index_rebuild_while_serving(env_with_index: dict[str, str
     code, newer, _ = cli(env, "save", "--user", "alice", "My dentist is Dr. Molar")
     code, fresh, _ = cli(env, "search", "--user", "alice", "--after", newer["token"], "dentist")
     assert fresh["results"][0]["note_id"] == newer["note_id"]
+
+
+def test_forget_in_two_calls_with_yes_and_for_a_whole_user(env: dict[str, str]) -> None:
+    _, first, _ = cli(env, "save", "--user", "alice", "User lives in San Francisco")
+    _, second, _ = cli(env, "save", "--user", "alice", "User visited Lisbon")
+    code, asked, _ = cli(env, "forget", "--user", "alice", first["note_id"])
+    assert code == 0 and asked["status"] == "confirmation_required"
+    assert asked["pending"][0]["preview"] == "User lives in San Francisco"
+    code, done, _ = cli(env, "forget", "--user", "alice", first["note_id"])
+    assert code == 0 and done["status"] == "forgotten" and done["forgotten"] == [first["note_id"]]
+    code, missing, _ = cli(env, "forget", "--user", "alice", first["note_id"])
+    assert code == 1 and missing["error"]["code"] == "MEMORY_NOT_FOUND"
+    code, at_once, _ = cli(env, "forget", "--user", "alice", "--yes", second["note_id"])
+    assert at_once["status"] == "forgotten"
+    cli(env, "save", "--user", "alice", "User likes tea")
+    code, ask_all, _ = cli(env, "forget", "--user", "alice", "--all")
+    assert ask_all["status"] == "confirmation_required" and "ALL 1 memories" in ask_all["message"]
+    code, erased, _ = cli(env, "forget", "--user", "alice", "--all")
+    assert erased["status"] == "forgotten" and len(erased["forgotten"]) == 1 and erased["erased_at"]
+    code, listed, _ = cli(env, "list", "--user", "alice", "--after", erased["token"])
+    assert listed["notes"] == []
+    code, bad, _ = cli(env, "forget", "--user", "alice")
+    assert code == 1 and bad["error"]["code"] == "INVALID_PARAMETER"

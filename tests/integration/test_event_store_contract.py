@@ -13,6 +13,7 @@ from services.domain.decider import StreamAppend, decide, note_ids_for
 from services.event_store import Appended, Conflict, RedisEventStore
 from services.ports import EventStore
 from tests.fakes import InMemoryEventStore
+from tests.support import master_key_for_tests
 
 NOW = datetime(2026, 5, 1, tzinfo=UTC)
 
@@ -23,7 +24,7 @@ async def store(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator
         yield InMemoryEventStore(partitions=3)
         return
     redis = aioredis.Redis.from_url(redis_url)
-    yield RedisEventStore(redis, partitions=3, idempotency_ttl_seconds=3600)
+    yield RedisEventStore(redis, partitions=3, idempotency_ttl_seconds=3600, master=master_key_for_tests())
     await redis.aclose()
 
 

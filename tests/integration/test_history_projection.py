@@ -12,6 +12,7 @@ from contracts.errors import EngramError
 from projections.history import HistoryKeys, HistoryProjection, live_generation
 from services.client import EngramClient
 from services.event_store import RedisEventStore
+from tests.support import master_key_for_tests
 
 
 async def mixed_workload(client: EngramClient, users: int = 6, steps: int = 120, seed: int = 7) -> str:
@@ -76,7 +77,7 @@ async def test_rebuild_from_the_log_equals_the_live_projection(client: EngramCli
     token = await mixed_workload(client)
     await client.list_notes("user-0", after=token)  # the live projection has caught up
     redis = aioredis.Redis.from_url(redis_url)
-    store = RedisEventStore(redis, 1, 3600)
+    store = RedisEventStore(redis, 1, 3600, master_key_for_tests())
     live = await live_generation(redis, 0)
     rebuilt = HistoryProjection(redis, 0, generation=99)
     read = await rebuilt.rebuild(store)
@@ -91,7 +92,7 @@ async def test_rebuild_from_the_log_equals_the_live_projection(client: EngramCli
 async def test_redelivered_and_replayed_events_change_nothing(client: EngramClient, redis_url: str) -> None:
     await mixed_workload(client, steps=40)
     redis = aioredis.Redis.from_url(redis_url)
-    store = RedisEventStore(redis, 1, 3600)
+    store = RedisEventStore(redis, 1, 3600, master_key_for_tests())
     projection = HistoryProjection(redis, 0, generation=50)
     await projection.rebuild(store)
     before = await dump(redis, 0, 50)

@@ -13,6 +13,7 @@ from services.client import EngramClient
 from services.event_store import RedisEventStore
 from tests.conftest import RunningService
 from tests.integration.test_history_projection import mixed_workload
+from tests.support import master_key_for_tests
 
 FIELDS = ("user_id", "note_id", "chunk", "version", "status", "category", "subject", "kind")
 
@@ -41,7 +42,7 @@ async def test_index_rebuild_equals_live(
     rebuilt_index = QdrantEdgeIndex(tmp_path / "rebuilt")
     await rebuilt_index.ensure(runtime.embedder.dimension)
     projection = IndexProjection(redis, rebuilt_index, runtime.embedder, 0, generation=9)
-    read = await projection.rebuild(RedisEventStore(redis, 1, 3600))
+    read = await projection.rebuild(RedisEventStore(redis, 1, 3600, master_key_for_tests()))
     assert read > 60
     assert shape(await rebuilt_index.payloads()) == shape(live)
     await rebuilt_index.close()
@@ -58,7 +59,7 @@ async def test_replayed_events_leave_one_point_per_chunk(
     assert runtime is not None
     before = shape(await runtime.index.payloads())
     redis = aioredis.Redis.from_url(redis_url)
-    store = RedisEventStore(redis, 1, 3600)
+    store = RedisEventStore(redis, 1, 3600, master_key_for_tests())
     projection = IndexProjection(redis, runtime.index, runtime.embedder, 0, await live_index_generation(redis, 0))
     everything = await store.read_log(0, "0", 10_000)
     await projection.apply(everything)  # at or before the checkpoint: skipped

@@ -1,0 +1,115 @@
+"""Retrieval quality on the dev set (bench/data/devset.json): recall@5 and MRR@10 of the dense
+ranking, the BM25 ranking and the fused one the service answers with.
+
+    .venv/bin/python -m bench.bench_quality [--filler 200]
+
+Runs the real service in this process (private redis-server, Qdrant Edge in a temporary data
+dir, MiniLM), saves the dev set through the bus (updates as supersedes), buries each user's
+facts among ``--filler`` synthetic notes, then asks every question through ``SearchService``
+with three weightings: dense only (1, 0), BM25 only (0, 1) and the configured fusion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.corpus import notes as filler_notes
+from contracts.commands import NoteDraft
+from contracts.queries import SearchNotes
+from services.app import build
+from services.client import EngramClient
+from services.config import Settings
+from services.redis_server import RedisServer
+from services.search import SearchService
+
+DEVSET = Path(__file__).parent / "data" / "devset.json"
+
+
+async def load(client: EngramClient, devset: dict[str, Any], filler: int) -> tuple[dict[str, dict[str, str]], str]:
+    """Save every user's notes; returns key -> note id per user and the last token."""
+    ids: dict[str, dict[str, str]] = {}
+    token = ""
+    for n, user in enumerate(devset["users"]):
+        uid = user["user"]
+        ids[uid] = {}
+        for start in range(0, filler, 100):
+            drafts = [NoteDraft(content=t) for t in filler_notes(1000 + n * 100_000 + start, min(100, filler - start))]
+            token = (await client.save_many(uid, drafts)).token
+        for note in user["notes"]:
+            written = await client.save(uid, note["content"], category=note["category"], advise=False)
+            ids[uid][note["key"]] = written.note_id
+            token = written.token
+            if "supersedes" in note:
+                token = (await client.supersede(uid, ids[uid][note["supersedes"]], written.note_id)).token
+    return ids, token
+
+
+async def evaluate(search: SearchService, devset: dict[str, Any], ids: dict[str, dict[str, str]], keyword_only: bool):
+    recall5, rr10 = [], []
+    misses = []
+    for user in devset["users"]:
+        uid = user["user"]
+        key_of = {v: k for k, v in ids[uid].items()}
+        for q in user["queries"]:
+            reply = await search.search(SearchNotes(user_id=uid, query=q["q"], top_k=10))
+            # With weights (0, 1) notes found only by the dense side score 0: they are not BM25 hits.
+            hits = [h for h in reply.results if not keyword_only or h.score > 0]
+            ranked = [key_of.get(h.note_id, "filler") for h in hits]
+            relevant = set(q["relevant"])
+            recall5.append(len(relevant & set(ranked[:5])) / len(relevant))
+            rank = next((i + 1 for i, k in enumerate(ranked[:10]) if k in relevant), None)
+            rr10.append(1 / rank if rank else 0.0)
+            if rank != 1:
+                misses.append({"q": q["q"], "want": sorted(relevant), "got": ranked[:3]})
+    return {
+        "recall@5": round(sum(recall5) / len(recall5), 3),
+        "mrr@10": round(sum(rr10) / len(rr10), 3),
+        "queries": len(rr10),
+    }, misses
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--filler", type=int, default=200, help="synthetic notes per user around the facts")
+    parser.add_argument("--show-misses", action="store_true")
+    parser.add_argument("--also", action="append", default=[], metavar="W_DENSE,W_BM25", help="more weightings to try")
+    args = parser.parse_args()
+    devset = json.loads(DEVSET.read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        server = RedisServer(Path(tmp) / "redis").start()
+        settings = Settings(redis_url=server.url, redis_url_configured=True, data_dir=Path(tmp))
+        app = build(settings)
+        ready = asyncio.Event()
+        serving = asyncio.create_task(app.run(ready))
+        try:
+            await asyncio.wait_for(ready.wait(), 60)
+            async with EngramClient(server.url, timeout=120) as client:
+                ids, token = await load(client, devset, args.filler)
+                await client.search(devset["users"][0]["user"], "warm up", after=token)
+            assert app.index is not None
+            results = {}
+            extra = [(f"fused {w}", tuple(float(x) for x in w.split(","))) for w in args.also]
+            plain = [("dense", (1.0, 0.0)), ("bm25", (0.0, 1.0)), ("fused", settings.search_weights)]
+            for name, weights in plain + extra:
+                search = SearchService(app.index, app.history, 30, weights)
+                results[name], misses = await evaluate(search, devset, ids, keyword_only=name == "bm25")
+                if args.show_misses:
+                    for miss in misses:
+                        print(f"  {name} miss: {miss}")
+        finally:
+            app.stopping.set()
+            await serving
+            server.stop()
+    print(f"dev set: {results['fused']['queries']} questions, {args.filler} filler notes per user")
+    for name, figures in results.items():
+        print(f"{name:>14}: recall@5 {figures['recall@5']:.3f}  MRR@10 {figures['mrr@10']:.3f}")
+    print(json.dumps({"filler_per_user": args.filler, "fused_weights": settings.search_weights, **results}))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

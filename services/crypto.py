@@ -1,0 +1,138 @@
+"""Crypto-shredding: note content in events is sealed under a per-note data key (AES-256-GCM,
+from ``cryptography``), and that key is stored wrapped by the master key. Forgetting a note
+deletes its wrapped key in the same atomic append as ``NoteForgotten``: every copy of the
+content (the note stream, the log, a backup, an AOF) is then ciphertext nobody can open.
+
+The master key comes from ``ENGRAM_MASTER_KEY`` (32 bytes, base64), or the file named by
+``ENGRAM_MASTER_KEY_FILE``; the embedded default generates one under the data dir and says so.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import msgspec
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from contracts.events import AnyEvent
+
+log = logging.getLogger("engram.crypto")
+
+SEALED_PREFIX = "enc1:"
+# The event fields that hold what the user said; everything else is metadata.
+SEALED_FIELDS = ("content", "summary", "narrative", "trigger", "action")
+_NONCE = 12
+
+
+class MasterKeyError(RuntimeError):
+    """A master key that cannot be used (wrong length, not base64, or not the one that wrapped
+    the data keys in this Redis)."""
+
+
+class MasterKey:
+    def __init__(self, key: bytes) -> None:
+        if len(key) != 32:
+            raise MasterKeyError(f"the master key must be 32 bytes, not {len(key)}")
+        self._aead = AESGCM(key)
+
+    def new_data_key(self) -> bytes:
+        return AESGCM.generate_key(bit_length=256)
+
+    def wrap(self, data_key: bytes, label: str) -> bytes:
+        nonce = os.urandom(_NONCE)
+        return nonce + self._aead.encrypt(nonce, data_key, label.encode())
+
+    def unwrap(self, wrapped: bytes, label: str) -> bytes:
+        try:
+            return self._aead.decrypt(wrapped[:_NONCE], wrapped[_NONCE:], label.encode())
+        except InvalidTag:
+            raise MasterKeyError(
+                "a data key does not open with this master key: is ENGRAM_MASTER_KEY the right one?"
+            ) from None
+
+
+def load_master_key(data_dir: Path, env: Mapping[str, str] = os.environ) -> MasterKey:
+    if env.get("ENGRAM_MASTER_KEY"):
+        return MasterKey(_decode(env["ENGRAM_MASTER_KEY"], "ENGRAM_MASTER_KEY"))
+    if env.get("ENGRAM_MASTER_KEY_FILE"):
+        path = Path(env["ENGRAM_MASTER_KEY_FILE"])
+        return MasterKey(_decode(path.read_text().strip(), str(path)))
+    path = data_dir / "master.key"
+    if not path.exists():
+        _generate(path)
+    return MasterKey(_decode(path.read_text().strip(), str(path)))
+
+
+def _generate(path: Path) -> None:
+    """Written aside, then linked into place: a link never overwrites, so two processes starting
+    together on one data dir end up with the same key (the first one's)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    draft = path.with_name(f".master.key.{os.getpid()}")
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(base64.b64encode(AESGCM.generate_key(bit_length=256)).decode() + "\n")
+    try:
+        os.link(draft, path)
+        log.warning(
+            "generated a master key at %s: back it up with the data, or set ENGRAM_MASTER_KEY; "
+            "without it no note content can be read",
+            path,
+        )
+    except FileExistsError:
+        pass
+    finally:
+        draft.unlink()
+
+
+def _decode(text: str, where: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise MasterKeyError(f"{where} is not base64") from None
+
+
+class NoteCipher:
+    """Seals and opens the content fields of one note's events."""
+
+    def __init__(self, data_key: bytes) -> None:
+        self._aead = AESGCM(data_key)
+
+    def seal_event(self, event: AnyEvent) -> AnyEvent:
+        changes = {}
+        for field in SEALED_FIELDS:
+            value = getattr(event, field, None)
+            if isinstance(value, str):
+                nonce = os.urandom(_NONCE)
+                sealed = self._aead.encrypt(nonce, value.encode(), f"{event.event_id}/{field}".encode())
+                changes[field] = SEALED_PREFIX + base64.b64encode(nonce + sealed).decode()
+        return msgspec.structs.replace(event, **changes) if changes else event
+
+    def open_event(self, event: AnyEvent) -> AnyEvent:
+        changes = {}
+        for field in SEALED_FIELDS:
+            value = getattr(event, field, None)
+            if isinstance(value, str) and value.startswith(SEALED_PREFIX):
+                raw = base64.b64decode(value[len(SEALED_PREFIX) :])
+                plain = self._aead.decrypt(raw[:_NONCE], raw[_NONCE:], f"{event.event_id}/{field}".encode())
+                changes[field] = plain.decode()
+        return msgspec.structs.replace(event, **changes) if changes else event
+
+
+def is_sealed(event: AnyEvent) -> bool:
+    return any(isinstance(v := getattr(event, f, None), str) and v.startswith(SEALED_PREFIX) for f in SEALED_FIELDS)
+
+
+def shredded(event: AnyEvent) -> AnyEvent:
+    """The event as it reads once its key is gone: every content field empty."""
+    changes = {f: ("" if f == "content" else None) for f in SEALED_FIELDS if getattr(event, f, None) is not None}
+    return msgspec.structs.replace(event, **changes) if changes else event
+
+
+def needs_key(event: AnyEvent) -> bool:
+    return any(isinstance(getattr(event, f, None), str) for f in SEALED_FIELDS)

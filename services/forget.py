@@ -1,0 +1,310 @@
+"""Forgetting (seed 000): the two-call ``RequestForget``, and the scrubbing that makes a forget
+physical beyond the crypto-shredding.
+
+A query finds candidates and deletes nothing. Ids go through the pure decider: the first request
+makes a note pending (``ForgetRequested``, with its deadline), the same id again while pending
+forgets it (``NoteForgotten``, which destroys its data key in the same atomic append), and a
+request after the deadline starts over. The forget saga (``projections/forget_saga.py``) expires
+what nobody confirmed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from contracts import channels
+from contracts.commands import RequestForget, RequestForgetUser
+from contracts.errors import EngramError, ErrorCode
+from contracts.events import ACCOUNT, ForgetRequested, NoteForgotten, UserForgotten
+from contracts.queries import ForgetCandidate, ForgetReply, PendingForget, SearchNotes
+from projections.history import HistoryReader
+from services.domain.decider import decide, decide_forget_user, forgettable, note_ids_for
+from services.event_store import Appended, RedisEventStore
+from services.search import SearchService
+
+log = logging.getLogger("engram.forget")
+
+MAX_ATTEMPTS = 8
+PREVIEW_CHARS = 120
+SCRUB_WAIT_SECONDS = 5.0
+
+
+def preview(text: str) -> str:
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+
+
+class ForgetService:
+    def __init__(
+        self,
+        store: RedisEventStore,
+        history: HistoryReader,
+        search: SearchService | None,
+        scrubber: Scrubber,
+        clock: Callable[[], datetime],
+        ttl: timedelta,
+    ) -> None:
+        self._store = store
+        self._history = history
+        self._search = search
+        self._scrubber = scrubber
+        self._clock = clock
+        self._ttl = ttl
+        self._scrubbing: set[asyncio.Task[None]] = set()
+
+    async def request(self, command: RequestForget) -> ForgetReply:
+        if command.query is not None and command.note_ids:
+            raise EngramError(ErrorCode.INVALID_PARAMETER, "give either a query or note_ids, not both")
+        if command.query is not None:
+            return await self._candidates(command)
+        if not command.note_ids:
+            raise EngramError(ErrorCode.INVALID_PARAMETER, "give a query to find memories, or note_ids to forget")
+        store = self._store
+        partition = store.partition_of(command.user_id)
+        first = await store.outcome(command.user_id, command.command_id)
+        if first is not None:
+            return _replayed(first.extra.get("forget", []), channels.format_token(partition, first.position))
+        ids = note_ids_for(command)
+        for _ in range(MAX_ATTEMPTS):
+            loaded = await store.load(command.user_id, ids)
+            states = {i: n.state for i, n in loaded.items()}
+            missing = [i for i in ids if not forgettable(states[i])]
+            if missing:
+                raise EngramError(ErrorCode.MEMORY_NOT_FOUND, await self._not_found_message(command.user_id, missing))
+            appends = decide(command, states, ids, self._clock(), forget_ttl=self._ttl)
+            summary = []
+            for item in appends:
+                last = item.events[-1]
+                if isinstance(last, NoteForgotten):
+                    summary.append([item.note_id, "forgotten", last.request_count, None])
+                elif isinstance(last, ForgetRequested):
+                    summary.append([item.note_id, "pending", last.request_count, last.expires_at.isoformat()])
+            result = await store.append(command.user_id, command.command_id, appends, {"forget": summary})
+            if isinstance(result, Appended):
+                token = channels.format_token(partition, result.outcome.position)
+                reply = _reply(summary, {i: states[i].content for i in ids}, token)
+                if reply.forgotten:
+                    await self._scrub_after(token)
+                return reply
+        raise EngramError(ErrorCode.VERSION_CONFLICT, "the memory kept changing under this request; retry it")
+
+    async def request_user(self, command: RequestForgetUser) -> ForgetReply:
+        """Erase a whole user: pending on the account stream first, then every note at once."""
+        store = self._store
+        partition = store.partition_of(command.user_id)
+        first = await store.outcome(command.user_id, command.command_id)
+        if first is not None:
+            return _user_reply(
+                command.user_id, first.extra.get("user", {}), channels.format_token(partition, first.position), True
+            )
+        for _ in range(MAX_ATTEMPTS):
+            ids = await store.note_ids(command.user_id)
+            loaded = await store.load(command.user_id, [ACCOUNT, *ids])
+            notes = {i: loaded[i].state for i in ids}
+            appends = decide_forget_user(command, loaded[ACCOUNT].state, notes, self._clock(), self._ttl)
+            last = appends[-1].events[-1]
+            summary: dict[str, Any]
+            if isinstance(last, UserForgotten):
+                summary = {"status": "forgotten", "erased": last.erased, "at": last.at.isoformat()}
+            else:
+                assert isinstance(last, ForgetRequested)
+                live = sum(1 for s in notes.values() if s.exists and not s.forgotten)
+                summary = {
+                    "status": "pending",
+                    "count": last.request_count,
+                    "expires": last.expires_at.isoformat(),
+                    "notes": live,
+                }
+            result = await store.append(command.user_id, command.command_id, appends, {"user": summary})
+            if isinstance(result, Appended):
+                reply = _user_reply(
+                    command.user_id, summary, channels.format_token(partition, result.outcome.position), False
+                )
+                if reply.status == "forgotten":
+                    await self._scrub_after(reply.token or "")
+                return reply
+        raise EngramError(ErrorCode.VERSION_CONFLICT, "the memory kept changing under this request; retry it")
+
+    async def _scrub_after(self, token: str) -> None:
+        task = asyncio.create_task(self._scrub_later(token))
+        self._scrubbing.add(task)
+        task.add_done_callback(self._scrubbing.discard)
+
+    async def _scrub_later(self, token: str) -> None:
+        """After the reply: the read model holds the plaintext until it applies the tombstone,
+        and this very request stays pending (sharing a stream node with the handled ones) until
+        it is acknowledged; a trim or a rewrite before either would keep old bytes."""
+        if not await self._history.wait_for(token, SCRUB_WAIT_SECONDS):
+            log.warning("the history had not applied %s after %s s; scrubbing anyway", token, SCRUB_WAIT_SECONDS)
+        await self._scrubber.wait_until_acknowledged(SCRUB_WAIT_SECONDS)
+        await self._scrubber.scrub()
+
+    async def _candidates(self, command: RequestForget) -> ForgetReply:
+        if self._search is None:
+            raise EngramError(ErrorCode.UNAVAILABLE, "search is off (ENGRAM_INDEX=off): forget by id")
+        assert command.query is not None
+        found = await self._search.search(
+            SearchNotes(user_id=command.user_id, query=command.query, top_k=command.top_k, after=None)
+        )
+        candidates = [
+            ForgetCandidate(note_id=h.note_id, preview=preview(h.content), similarity=h.similarity)
+            for h in found.results
+        ]
+        if not candidates:
+            message = f"No memories match {command.query!r}; nothing was deleted."
+        else:
+            message = (
+                f"Found {len(candidates)} memories; nothing was deleted. Ask the user which to delete, "
+                "then call forget with its memory_id (twice: the first call asks for confirmation)."
+            )
+        return ForgetReply(status="candidates", message=message, candidates=candidates)
+
+    async def _not_found_message(self, user_id: str, missing: list[str]) -> str:
+        """Seed 000: an unknown id is 'Memory not found' with suggestions (ids close in spelling,
+        else the most recent notes), so the caller can correct a mistyped or made-up id."""
+        notes = await self._history.list_notes(user_id, None, True)
+        by_id = {n.id: n for n in notes}
+        close: list[str] = []
+        for note_id in missing:
+            close += [i for i in difflib.get_close_matches(note_id, list(by_id), n=3, cutoff=0.5) if i not in close]
+        if not close:
+            close = [n.id for n in sorted(notes, key=lambda n: n.created_at, reverse=True)[:3]]
+        message = f"Memory with ID {', '.join(missing)} not found"
+        if close:
+            hints = "; ".join(f"{i}: {preview(by_id[i].content)!r}" for i in close)
+            message += f". Did you mean: {hints}? Or forget with a query to find the right id."
+        return message
+
+
+def _reply(summary: list[list], contents: dict[str, str], token: str) -> ForgetReply:  # type: ignore[type-arg]
+    pending = [
+        PendingForget(
+            note_id=note_id,
+            preview=preview(contents.get(note_id, "")),
+            request_count=count,
+            expires_at=datetime.fromisoformat(expires),
+        )
+        for note_id, status, count, expires in summary
+        if status == "pending"
+    ]
+    forgotten = [note_id for note_id, status, _, _ in summary if status == "forgotten"]
+    if pending:
+        asks = "; ".join(f"Delete {p.preview!r} ({p.note_id})?" for p in pending)
+        message = f"Please confirm: {asks} Call forget again with the same memory_id to delete it."
+        if forgotten:
+            message = f"Deleted {', '.join(forgotten)}. " + message
+        status = "confirmation_required"
+    else:
+        message = f"Deleted successfully: {', '.join(forgotten)}. The content cannot be recovered."
+        status = "forgotten"
+    return ForgetReply(status=status, message=message, pending=pending, forgotten=forgotten, token=token)  # type: ignore[arg-type]
+
+
+def _replayed(summary: list[list], token: str) -> ForgetReply:  # type: ignore[type-arg]
+    # The first outcome again; no previews are stored with it (they would outlive a forget).
+    reply = _reply(summary, {}, token)
+    return ForgetReply(
+        status=reply.status,
+        message=reply.message,
+        pending=reply.pending,
+        forgotten=reply.forgotten,
+        token=token,
+        replayed=True,
+    )
+
+
+def _user_reply(user_id: str, summary: dict, token: str, replayed: bool) -> ForgetReply:  # type: ignore[type-arg]
+    if summary.get("status") == "forgotten":
+        erased = list(summary["erased"])
+        return ForgetReply(
+            status="forgotten",
+            message=f"Erased all memory of {user_id}: {len(erased)} notes and messages. This cannot be undone.",
+            forgotten=erased,
+            erased_at=datetime.fromisoformat(summary["at"]),
+            token=token,
+            replayed=replayed,
+        )
+    pending = PendingForget(
+        note_id=ACCOUNT,
+        preview=f"all {summary.get('notes', 0)} memories of {user_id}",
+        request_count=int(summary.get("count", 1)),
+        expires_at=datetime.fromisoformat(summary["expires"]),
+    )
+    return ForgetReply(
+        status="confirmation_required",
+        message=(
+            f"Please confirm: erase ALL {summary.get('notes', 0)} memories (notes and conversation messages) "
+            f"of {user_id}? "
+            "Send the same request again to erase them for good."
+        ),
+        pending=[pending],
+        token=token,
+        replayed=replayed,
+    )
+
+
+class Scrubber:
+    """After a forget, removes copies of plaintext the crypto-shredding cannot reach: handled
+    request entries (a SaveNote's text sits in the command stream until trimmed; a search's in
+    the query stream) and, when Redis keeps an append-only file, its history of old values (a
+    rewrite keeps only the current data). Redis frees a stream's entries by whole nodes (up to
+    100 entries): a handled entry that shares its node with one still pending keeps its bytes
+    until that node goes, which is why this runs once the forget itself is acknowledged."""
+
+    def __init__(self, redis: Redis, partitions: int) -> None:
+        self._redis = redis
+        self._partitions = partitions
+
+    async def wait_until_acknowledged(self, timeout: float) -> None:
+        """Until no command is pending (bounded: under load there always is one)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            counts = [
+                (await self._redis.xpending(channels.command_stream(p), channels.COMMAND_GROUP))["pending"]
+                for p in range(self._partitions)
+            ]
+            if not any(counts):
+                return
+            await asyncio.sleep(0.02)
+
+    async def scrub(self) -> None:
+        try:
+            for p in range(self._partitions):
+                await trim_handled(self._redis, channels.command_stream(p), channels.COMMAND_GROUP)
+                await trim_handled(self._redis, channels.query_stream(p), channels.QUERY_GROUP)
+            aof = await self._redis.config_get("appendonly")
+            if aof.get("appendonly") in ("yes", b"yes"):
+                await self._redis.bgrewriteaof()
+        except ResponseError as e:  # a rewrite already running, CONFIG disabled by ACL: say so
+            log.warning("scrubbing after a forget incomplete: %s", e)
+
+
+async def trim_handled(redis: Redis, stream: str, group: str) -> int:
+    """Delete the entries every consumer of ``group`` has handled: older than the oldest pending
+    one, and not after the last delivered one."""
+    try:
+        groups = await redis.xinfo_groups(stream)
+    except ResponseError:
+        return 0  # no such stream yet
+    info = next((g for g in groups if _text(g["name"]) == group), None)
+    if info is None:
+        return 0
+    last = channels.parse_entry_id(info["last-delivered-id"])
+    bound = (last[0], last[1] + 1)
+    pending = await redis.xpending(stream, group)
+    if pending["pending"]:
+        oldest = channels.parse_entry_id(pending["min"])
+        bound = min(bound, oldest)
+    return int(await redis.xtrim(stream, minid=f"{bound[0]}-{bound[1]}", approximate=False))
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

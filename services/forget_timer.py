@@ -1,0 +1,57 @@
+"""The forget saga's clock: sends ``ExpireForget`` for every pending deletion whose deadline has
+passed. The command is idempotent (its id names the note and the deadline), so several workers
+running this, or a tick repeating one before the saga has seen its ``ForgetExpired``, are harmless."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+
+from redis.asyncio import Redis
+
+from contracts.commands import ExpireForget
+from projections.forget_saga import due
+
+log = logging.getLogger("engram.forget")
+
+
+class ForgetExpiryTimer:
+    def __init__(
+        self,
+        redis: Redis,
+        partitions: int,
+        execute: Callable[[ExpireForget], Awaitable[object]],
+        clock: Callable[[], datetime],
+        interval: float = 0.5,
+    ) -> None:
+        self._redis = redis
+        self._partitions = partitions
+        self._execute = execute
+        self._clock = clock
+        self._interval = interval
+
+    async def tick(self) -> int:
+        sent = 0
+        now_ms = self._clock().timestamp() * 1000
+        for p in range(self._partitions):
+            for user_id, note_id, deadline in await due(self._redis, p, now_ms):
+                command = ExpireForget(
+                    command_id=f"expire-forget-{note_id}-{int(deadline)}", user_id=user_id, note_id=note_id
+                )
+                await self._execute(command)
+                sent += 1
+        return sent
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("forget expiry tick failed; retrying")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._interval)

@@ -1,0 +1,278 @@
+"""Forgetting (seed 000 and issue 4) through the real bus: every edge-case row of the seed,
+expiry (also across a restart), isolation, and that the plaintext is gone from every Redis key
+and every file under the data dir, while rebuilds still agree with the live read models."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from contracts.errors import EngramError, ErrorCode
+from projections.history import HistoryProjection, drop_generation, live_generation
+from services.client import EngramClient
+from services.crypto import load_master_key
+from services.event_store import RedisEventStore
+from tests.conftest import RunningService, service_settings
+
+SF = "User lives in San Francisco near the Golden Gate park"
+SF_VISIT = "User visited San Francisco last year for a conference"
+
+
+async def every_value(redis: aioredis.Redis):  # type: ignore[no-untyped-def]
+    """(key, value) for every value Redis holds: strings, hash fields, stream entries, members."""
+    async for key in redis.scan_iter(count=1000):
+        kind = (await redis.type(key)).decode()
+        blobs: list[bytes] = []
+        if kind == "string":
+            blobs = [await redis.get(key) or b""]
+        elif kind == "hash":
+            blobs = [k + b"=" + v for k, v in (await redis.hgetall(key)).items()]
+        elif kind == "stream":
+            blobs = [v for _, fields in await redis.xrange(key) for v in fields.values()]
+        elif kind in ("zset", "set", "list"):
+            blobs = [m for m, _ in await redis.zrange(key, 0, -1, withscores=True)] if kind == "zset" else []
+        for blob in [key, *blobs]:
+            yield key, blob
+
+
+async def saved(client: EngramClient, user: str, text: str) -> str:
+    return (await client.save(user, text, advise=False)).note_id
+
+
+async def test_a_query_returns_candidates_and_deletes_nothing(client: EngramClient) -> None:
+    lives = await saved(client, "alice", SF)
+    visited = await saved(client, "alice", SF_VISIT)
+    token = (await client.save("alice", "My favourite food is ramen", advise=False)).token
+    await client.search("alice", "x", after=token)
+    reply = await client.forget("alice", query="San Francisco")
+    assert reply.status == "candidates" and not reply.forgotten and not reply.pending
+    assert [c.note_id for c in reply.candidates][:2] == [lives, visited] or {
+        c.note_id for c in reply.candidates[:2]
+    } == {lives, visited}
+    assert all(c.preview and 0 < c.similarity <= 1 for c in reply.candidates)
+    assert (await client.get_note("alice", lives)).status == "active"
+
+
+async def test_two_calls_with_the_same_id_delete_and_the_first_only_asks(client: EngramClient) -> None:
+    note = await saved(client, "alice", SF)
+    first = await client.forget("alice", note_ids=[note])
+    assert first.status == "confirmation_required" and first.forgotten == []
+    assert first.pending[0].note_id == note and first.pending[0].request_count == 1
+    assert SF[:40] in first.pending[0].preview and "Please confirm" in first.message
+    assert (await client.get_note("alice", note, after=first.token)).status == "active"
+    second = await client.forget("alice", note_ids=[note])
+    assert second.status == "forgotten" and second.forgotten == [note]
+    view = await client.get_note("alice", note, after=second.token)
+    assert view.status == "forgotten" and view.content == ""
+    assert note not in [n.id for n in (await client.list_notes("alice", include_superseded=True)).notes]
+    assert (await client.search("alice", "San Francisco", after=second.token)).results == []
+
+
+async def test_a_note_deleted_between_the_calls_is_not_found(client: EngramClient) -> None:
+    note = await saved(client, "alice", SF)
+    await client.forget("alice", note_ids=[note])
+    await client.forget("alice", note_ids=[note], confirmed=True)
+    with pytest.raises(EngramError) as refused:
+        await client.forget("alice", note_ids=[note])
+    assert refused.value.code is ErrorCode.MEMORY_NOT_FOUND
+
+
+async def test_an_unknown_id_is_not_found_with_suggestions(client: EngramClient) -> None:
+    note = await saved(client, "alice", SF)
+    typo = note[:7] + ("x" if note[7] != "x" else "y")
+    with pytest.raises(EngramError) as refused:
+        await client.forget("alice", note_ids=[typo])
+    assert refused.value.code is ErrorCode.MEMORY_NOT_FOUND
+    assert "not found" in refused.value.message and note in refused.value.message
+
+
+async def test_each_id_is_tracked_separately_and_all_must_be_confirmed(client: EngramClient) -> None:
+    a, b = await saved(client, "alice", SF), await saved(client, "alice", SF_VISIT)
+    both = await client.forget("alice", note_ids=[a, b])
+    assert both.status == "confirmation_required" and {p.note_id for p in both.pending} == {a, b}
+    only_a = await client.forget("alice", note_ids=[a])
+    assert only_a.forgotten == [a]
+    assert (await client.get_note("alice", b, after=only_a.token)).status == "active"
+    # A request for another id starts its own pending state; b is still pending and now confirmed.
+    c = await saved(client, "alice", "User's cat is called Pixel")
+    mixed = await client.forget("alice", note_ids=[b, c])
+    assert mixed.status == "confirmation_required" and mixed.forgotten == [b]
+    assert [p.note_id for p in mixed.pending] == [c]
+
+
+async def test_rapid_calls_count_requests_and_still_need_two(client: EngramClient) -> None:
+    note = await saved(client, "alice", SF)
+    replies = await asyncio.gather(*[client.forget("alice", note_ids=[note]) for _ in range(2)])
+    assert sorted(r.status for r in replies) == ["confirmation_required", "forgotten"]
+    done = next(r for r in replies if r.status == "forgotten")
+    assert done.forgotten == [note]
+
+
+async def test_a_retried_request_returns_its_first_outcome(client: EngramClient) -> None:
+    note = await saved(client, "alice", SF)
+    first = await client.forget("alice", note_ids=[note], command_id="forget-1")
+    again = await client.forget("alice", note_ids=[note], command_id="forget-1")
+    assert again.replayed and again.status == "confirmation_required" and again.token == first.token
+    assert (await client.get_note("alice", note, after=again.token)).status == "active"
+
+
+async def test_another_user_can_neither_see_nor_confirm_a_pending_forget(client: EngramClient) -> None:
+    note = await saved(client, "alice", SF)
+    await client.forget("alice", note_ids=[note])
+    with pytest.raises(EngramError) as refused:
+        await client.forget("mallory", note_ids=[note])
+    assert refused.value.code is ErrorCode.MEMORY_NOT_FOUND and SF not in refused.value.message
+    assert (await client.get_note("alice", note)).status == "active"
+
+
+async def test_a_pending_forget_expires_and_the_next_request_asks_again(redis_url: str) -> None:
+    running = await RunningService(service_settings(redis_url, forget_ttl_seconds=0.5)).start()
+    try:
+        async with EngramClient(redis_url) as client:
+            note = await saved(client, "alice", SF)
+            await client.forget("alice", note_ids=[note])
+            redis = aioredis.Redis.from_url(redis_url)
+            try:
+                # The saga's timer lapses it (ForgetExpired in the log).
+                for _ in range(100):
+                    log = await redis.xrange("engram:{0}:log")
+                    if any(b"forget_expired" in fields[b"e"] for _, fields in log):
+                        break
+                    await asyncio.sleep(0.05)
+                else:
+                    raise AssertionError("no ForgetExpired")
+            finally:
+                await redis.aclose()
+            again = await client.forget("alice", note_ids=[note])
+            assert again.status == "confirmation_required" and again.pending[0].request_count == 1
+    finally:
+        await running.stop()
+
+
+async def test_an_expiry_due_while_the_service_was_down_is_applied_at_start(redis_url: str) -> None:
+    settings = service_settings(redis_url, forget_ttl_seconds=0.3)
+    running = await RunningService(settings).start()
+    async with EngramClient(redis_url) as client:
+        note = await saved(client, "alice", SF)
+        asked = await client.forget("alice", note_ids=[note])
+        await client.get_note("alice", note, after=asked.token)
+    await running.stop()
+    redis = aioredis.Redis.from_url(redis_url)
+    try:
+        assert await redis.zcard("engram:{0}:forget:deadlines") == 1, "the deadline is kept in Redis"
+        await asyncio.sleep(0.5)  # the deadline passes while nothing runs
+        running = await RunningService(service_settings(redis_url, forget_ttl_seconds=0.3)).start()
+        try:
+            for _ in range(100):
+                if await redis.zcard("engram:{0}:forget:deadlines") == 0:
+                    break
+                await asyncio.sleep(0.05)
+            log = await redis.xrange("engram:{0}:log")
+            assert any(b"forget_expired" in fields[b"e"] for _, fields in log)
+        finally:
+            await running.stop()
+    finally:
+        await redis.aclose()
+
+
+async def test_after_a_forget_the_plaintext_is_in_no_redis_key_and_no_file(service: RunningService) -> None:
+    secret = "My locker code at the Embarcadero gym is 4417-blue"
+    async with EngramClient(service.settings.redis_url) as client:
+        note = (await client.save("alice", secret)).note_id
+        await client.update("alice", note, content=secret + " (since May)")
+        await client.search("alice", secret)
+        keep = await client.save("alice", "I like my coffee black", advise=False)
+        await client.forget("alice", note_ids=[note])
+        done = await client.forget("alice", note_ids=[note])
+        await client.search("alice", "coffee", after=done.token)
+        assert (await client.get_note("alice", keep.note_id)).content == "I like my coffee black"
+    needles = [secret.encode(), b"4417-blue", b"Embarcadero"]
+    redis = aioredis.Redis.from_url(service.settings.redis_url)
+    try:
+        # The request streams are trimmed once the forget is acknowledged, just after its reply.
+        for _ in range(100):
+            found = [key async for key, blob in every_value(redis) for n in needles if n in blob]
+            if not found:
+                break
+            await asyncio.sleep(0.05)
+        assert found == [], f"plaintext left in {found}"
+        assert b"coffee black" in b"".join(
+            [await redis.get(k) or b"" async for k in redis.scan_iter(match="*hist*note:alice:*")]
+        ), "the scan sees plaintext where it is (the kept note)"
+    finally:
+        await redis.aclose()
+    await service.engram.index.close() if service.engram.index else None
+    for path in Path(service.settings.data_dir).rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert not any(n in data for n in needles), f"plaintext left in {path}"
+
+
+async def test_rebuild_after_forgets_equals_live(service: RunningService) -> None:
+    async with EngramClient(service.settings.redis_url) as client:
+        notes = [await saved(client, "alice", f"fact number {i} about the garden") for i in range(5)]
+        await client.forget("alice", note_ids=notes[:2], confirmed=True)
+        last = await client.forget("alice", note_ids=[notes[2]])
+        await client.get_note("alice", notes[0], after=last.token)
+        live = await client.list_notes("alice", include_superseded=True)
+        gone = await client.get_note("alice", notes[0])
+    redis = aioredis.Redis.from_url(service.settings.redis_url)
+    try:
+        store = RedisEventStore(redis, 1, 3600, load_master_key(service.settings.data_dir))
+        previous = await live_generation(redis, 0)
+        rebuilt = HistoryProjection(redis, 0, previous + 1)
+        await rebuilt.rebuild(store)
+        assert await rebuilt.make_live(previous)
+        await drop_generation(redis, 0, previous)
+    finally:
+        await redis.aclose()
+    async with EngramClient(service.settings.redis_url) as client:
+        assert await client.list_notes("alice", include_superseded=True) == live
+        assert await client.get_note("alice", notes[0]) == gone and gone.status == "forgotten"
+
+
+async def test_forgetting_a_user_asks_then_erases_everything_and_leaves_others_untouched(
+    client: EngramClient,
+) -> None:
+    mine = [await saved(client, "alice", t) for t in (SF, SF_VISIT, "My dentist is Dr. Molar")]
+    await client.supersede("alice", mine[0], mine[1])
+    said = await client.record_message("alice", "s1", "I told you my passport number is X1234567")
+    theirs = await saved(client, "bob", SF)
+    asked = await client.forget_user("alice")
+    assert asked.status == "confirmation_required" and "ALL 4 memories" in asked.message
+    assert len((await client.list_notes("alice", after=asked.token)).notes) == 2, "nothing erased yet"
+    done = await client.forget_user("alice")
+    assert done.status == "forgotten" and sorted(done.forgotten) == sorted([*mine, said.note_id])
+    assert done.erased_at is not None
+    assert (await client.list_notes("alice", include_superseded=True, after=done.token)).notes == []
+    assert (await client.list_recent("alice")).notes == []
+    with pytest.raises(EngramError) as gone:
+        await client.get_note("alice", mine[2])
+    assert gone.value.code is ErrorCode.MEMORY_NOT_FOUND
+    hits = await client.search("alice", "passport", include_conversation=True, session_id="s1", after=done.token)
+    assert hits.results == []
+    assert (await client.get_note("bob", theirs)).content == SF
+    assert [h.note_id for h in (await client.search("bob", "San Francisco", after=done.token)).results] == [theirs]
+    # The user can start over; the erased notes stay erased.
+    fresh = await client.save("alice", SF, advise=False)
+    assert fresh.note_id not in mine and not fresh.duplicate
+
+
+async def test_an_erased_users_plaintext_is_in_no_redis_key(client: EngramClient, redis_url: str) -> None:
+    await saved(client, "alice", "My passport number is X1234567")
+    await client.record_message("alice", "s1", "and my bank PIN is 9921")
+    await client.forget_user("alice", confirmed=True)
+    redis = aioredis.Redis.from_url(redis_url)
+    try:
+        needles = (b"passport number is X1234567", b"bank PIN is 9921")
+        for _ in range(100):
+            leaks = [key async for key, blob in every_value(redis) for n in needles if n in blob]
+            if not leaks:
+                break
+            await asyncio.sleep(0.05)
+        assert leaks == []
+    finally:
+        await redis.aclose()

@@ -1,0 +1,80 @@
+"""The embedder's batching and cache, with the model replaced by a counter (the real model is
+exercised by the integration tests)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.embedder import MiniLMEmbedder
+
+pytestmark = pytest.mark.unit
+
+
+class CountingEmbedder(MiniLMEmbedder):
+    def __init__(self, cache_size: int = 4) -> None:
+        super().__init__(cache_size=cache_size)
+        self._model = object()  # never load the real one
+        self.encoded: list[list[str]] = []
+
+    def _encode(self, texts: list[str]) -> list[list[float]]:
+        self.encoded.append(list(texts))
+        return [[float(len(t)), 1.0] for t in texts]
+
+
+async def test_concurrent_callers_share_one_encode_and_each_text_is_encoded_once() -> None:
+    embedder = CountingEmbedder()
+    try:
+        first, second, third = await asyncio.gather(
+            embedder.embed(["alpha", "beta"]), embedder.embed(["beta", "gamma"]), embedder.embed(["alpha"])
+        )
+        assert first == [[5.0, 1.0], [4.0, 1.0]] and second == [[4.0, 1.0], [5.0, 1.0]] and third == [[5.0, 1.0]]
+        assert sorted(t for batch in embedder.encoded for t in batch) == ["alpha", "beta", "gamma"]
+        assert await embedder.embed(["gamma", "alpha"]) == [[5.0, 1.0], [5.0, 1.0]]
+        assert sum(len(b) for b in embedder.encoded) == 3, "cached texts are not encoded again"
+    finally:
+        embedder.close()
+
+
+async def test_the_cache_is_bounded_and_forgets_the_least_recent() -> None:
+    embedder = CountingEmbedder(cache_size=2)
+    try:
+        await embedder.embed(["a", "b"])
+        await embedder.embed(["a"])  # a is now the most recent
+        await embedder.embed(["c"])  # evicts b
+        await embedder.embed(["a", "b"])
+        assert embedder.encoded == [["a", "b"], ["c"], ["b"]]
+    finally:
+        embedder.close()
+
+
+async def test_one_caller_cancelled_does_not_fail_the_others() -> None:
+    embedder = CountingEmbedder()
+    try:
+        impatient = asyncio.create_task(embedder.embed(["shared"]))
+        patient = asyncio.create_task(embedder.embed(["shared"]))
+        await asyncio.sleep(0)
+        impatient.cancel()
+        assert await patient == [[6.0, 1.0]]
+    finally:
+        embedder.close()
+
+
+async def test_an_encode_failure_reaches_every_waiter_and_is_not_cached() -> None:
+    embedder = CountingEmbedder()
+    failing = True
+
+    def encode(texts: list[str]) -> list[list[float]]:
+        if failing:
+            raise RuntimeError("out of memory")
+        return [[1.0] for _ in texts]
+
+    embedder._encode = encode  # type: ignore[method-assign]
+    try:
+        results = await asyncio.gather(embedder.embed(["x"]), embedder.embed(["x"]), return_exceptions=True)
+        assert all(isinstance(r, RuntimeError) for r in results)
+        failing = False
+        assert await embedder.embed(["x"]) == [[1.0]]
+    finally:
+        embedder.close()
