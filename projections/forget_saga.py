@@ -26,6 +26,11 @@ class SagaKeys:
         self.checkpoint = f"{base}:checkpoint"
         self.deadlines = f"{base}:deadlines"
         self.lease = f"{base}:lease"
+        self._base = base
+
+    def pending(self, user_id: str) -> str:
+        """The user's notes with a pending deletion."""
+        return f"{self._base}:pending:{user_id}"
 
 
 def member(user_id: str, note_id: str) -> str:
@@ -60,15 +65,18 @@ class ForgetSagaProjection:
                     if isinstance(event, ForgetRequested):
                         score = event.expires_at.timestamp() * 1000
                         pipe.zadd(keys.deadlines, {member(event.user_id, event.note_id): score})
+                        pipe.sadd(keys.pending(event.user_id), event.note_id)
                     elif isinstance(event, ForgetExpired | NoteForgotten | UserForgotten):
                         pipe.zrem(keys.deadlines, member(event.user_id, event.note_id))
+                        pipe.srem(keys.pending(event.user_id), event.note_id)
                 pipe.set(keys.checkpoint, batch[-1].position)
                 await pipe.execute()
             except WatchError as e:
                 raise GenerationChanged() from e
 
     async def rebuild(self, store: RedisEventStore, batch_size: int = 500) -> int:
-        await self._redis.delete(self.keys.checkpoint, self.keys.deadlines)
+        stale = [k async for k in self._redis.scan_iter(match=f"{_glob_escape(self.keys.pending(''))}*")]
+        await self._redis.delete(self.keys.checkpoint, self.keys.deadlines, *stale)
         after, read = "0", 0
         while batch := await store.read_log(self.partition, after, batch_size):
             await self.apply(batch)
@@ -85,6 +93,14 @@ async def due(redis: Redis, partition: int, now_ms: float, limit: int = 100) -> 
         user_id, note_id = name.decode().split("\x00", 1)
         out.append((user_id, note_id, float(score)))
     return out
+
+
+async def pending_notes(redis: Redis, partition: int, user_id: str) -> list[str]:
+    return sorted(m.decode() for m in await redis.smembers(SagaKeys(partition).pending(user_id)))
+
+
+def _glob_escape(text: str) -> str:
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
 async def pending_count(redis: Redis, partition: int) -> int:

@@ -157,6 +157,7 @@ def build(settings: Settings) -> Engram:
         ]
     advisor = SaveAdvisor(index, history, settings.similar_threshold) if index is not None else None
     forget = ForgetService(
+        redis,
         store,
         history,
         search,

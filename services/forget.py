@@ -23,8 +23,9 @@ from redis.exceptions import ResponseError
 from contracts import channels
 from contracts.commands import RequestForget, RequestForgetUser
 from contracts.errors import EngramError, ErrorCode
-from contracts.events import ACCOUNT, ForgetRequested, NoteForgotten, UserForgotten
+from contracts.events import ACCOUNT, ForgetExpired, ForgetRequested, NoteForgotten, UserForgotten
 from contracts.queries import ForgetCandidate, ForgetReply, PendingForget, SearchNotes
+from projections.forget_saga import pending_notes
 from projections.history import HistoryReader
 from services.domain.decider import decide, decide_forget_user, forgettable, note_ids_for
 from services.event_store import Appended, RedisEventStore
@@ -44,6 +45,7 @@ def preview(text: str) -> str:
 class ForgetService:
     def __init__(
         self,
+        redis: Redis,
         store: RedisEventStore,
         history: HistoryReader,
         search: SearchService | None,
@@ -51,6 +53,7 @@ class ForgetService:
         clock: Callable[[], datetime],
         ttl: timedelta,
     ) -> None:
+        self._redis = redis
         self._store = store
         self._history = history
         self._search = search
@@ -73,16 +76,27 @@ class ForgetService:
             return _replayed(first.extra.get("forget", []), channels.format_token(partition, first.position))
         ids = note_ids_for(command)
         for _ in range(MAX_ATTEMPTS):
-            loaded = await store.load(command.user_id, ids)
-            states = {i: n.state for i, n in loaded.items()}
+            # Other pending deletions of this user, as the saga knows them (they lapse).
+            others = [i for i in await pending_notes(self._redis, partition, command.user_id) if i not in ids]
+            loaded = await store.load(command.user_id, [*ids, *others])
+            states = {i: loaded[i].state for i in ids}
             missing = [i for i in ids if not forgettable(states[i])]
             if missing:
                 raise EngramError(ErrorCode.MEMORY_NOT_FOUND, await self._not_found_message(command.user_id, missing))
-            appends = decide(command, states, ids, self._clock(), forget_ttl=self._ttl)
+            appends = decide(
+                command,
+                states,
+                ids,
+                self._clock(),
+                forget_ttl=self._ttl,
+                pending_elsewhere={i: loaded[i].state for i in others},
+            )
             summary = []
             for item in appends:
                 last = item.events[-1]
-                if isinstance(last, NoteForgotten):
+                if isinstance(last, ForgetExpired):
+                    summary.append([item.note_id, "lapsed", 0, None])
+                elif isinstance(last, NoteForgotten):
                     summary.append([item.note_id, "forgotten", last.request_count, None])
                 elif isinstance(last, ForgetRequested):
                     summary.append([item.note_id, "pending", last.request_count, last.expires_at.isoformat()])
@@ -195,14 +209,19 @@ def _reply(summary: list[list], contents: dict[str, str], token: str) -> ForgetR
         if status == "pending"
     ]
     forgotten = [note_id for note_id, status, _, _ in summary if status == "forgotten"]
+    lapsed = [note_id for note_id, status, _, _ in summary if status == "lapsed"]
     if pending:
         asks = "; ".join(f"Delete {p.preview!r} ({p.note_id})?" for p in pending)
         message = f"Please confirm: {asks} Call forget again with the same memory_id to delete it."
         if forgotten:
             message = f"Deleted {', '.join(forgotten)}. " + message
+        if lapsed:
+            message += f" The earlier request for {', '.join(lapsed)} is withdrawn."
         status = "confirmation_required"
     else:
         message = f"Deleted successfully: {', '.join(forgotten)}. The content cannot be recovered."
+        if lapsed:
+            message += f" The earlier request for {', '.join(lapsed)} is withdrawn."
         status = "forgotten"
     return ForgetReply(status=status, message=message, pending=pending, forgotten=forgotten, token=token)  # type: ignore[arg-type]
 

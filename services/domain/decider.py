@@ -103,10 +103,12 @@ def decide(
     now: datetime,
     skip: frozenset[int] = frozenset(),
     forget_ttl: timedelta = DEFAULT_FORGET_TTL,
+    pending_elsewhere: Mapping[str, NoteState] | None = None,
 ) -> list[StreamAppend]:
     """``ids`` is what ``note_ids_for`` returned and ``states`` their current states. ``skip``:
     drafts of a batch to leave out (their text is already an existing note). ``forget_ttl``: how
-    long a requested deletion waits for its confirmation."""
+    long a requested deletion waits for its confirmation; ``pending_elsewhere``: the user's other
+    notes with a pending deletion, which a RequestForget naming other ids lapses (seed 000)."""
     if isinstance(command, SaveNote):
         _expect_new(command.expected_version)
         return [
@@ -128,7 +130,7 @@ def decide(
     if isinstance(command, RecordMessage):
         return [_record(command, ids[0], states[ids[0]], now)]
     if isinstance(command, RequestForget):
-        return _request_forget(command, ids, states, now, forget_ttl)
+        return _request_forget(command, ids, states, now, forget_ttl, pending_elsewhere or {})
     if isinstance(command, ExpireForget):
         return _expire_forget(command, states[command.note_id], now)
     raise TypeError(f"unknown command {type(command).__name__}")
@@ -264,10 +266,17 @@ def forgettable(state: NoteState) -> bool:
 
 
 def _request_forget(
-    command: RequestForget, ids: list[str], states: Mapping[str, NoteState], now: datetime, ttl: timedelta
+    command: RequestForget,
+    ids: list[str],
+    states: Mapping[str, NoteState],
+    now: datetime,
+    ttl: timedelta,
+    elsewhere: Mapping[str, NoteState],
 ) -> list[StreamAppend]:
     """Seed 000's two calls, per id: not pending -> pending (ask); pending -> forgotten; pending
-    but past its deadline -> lapsed, then pending again (ask again)."""
+    but past its deadline -> lapsed, then pending again (ask again). A pending deletion of a
+    note this request does not name lapses: "user requests a different ID on the second call:
+    treated as a new first call for the new ID, the old pending expires"."""
     if command.query is not None or not ids:
         raise EngramError(ErrorCode.INVALID_PARAMETER, "give note_ids to forget (a query only finds candidates)")
     missing = [i for i in ids if not forgettable(states[i])]
@@ -307,6 +316,11 @@ def _request_forget(
         else:
             events.append(ForgetRequested(request_count=count, expires_at=now + ttl, **common))
             appends.append(StreamAppend(note_id=note_id, expected_version=state.version, events=events))
+    for note_id, state in sorted(elsewhere.items()):
+        if note_id in ids or state.forget_expires_at is None or not forgettable(state):
+            continue
+        lapsed = _forget_expired(command, note_id, state.version + 1, now, "another memory was requested instead")
+        appends.append(StreamAppend(note_id=note_id, expected_version=state.version, events=[lapsed]))
     return appends
 
 

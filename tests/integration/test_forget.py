@@ -11,6 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from contracts.errors import EngramError, ErrorCode
+from projections.forget_saga import ForgetSagaProjection
 from projections.history import HistoryProjection, drop_generation, live_generation
 from services.client import EngramClient
 from services.crypto import load_master_key
@@ -93,14 +94,24 @@ async def test_each_id_is_tracked_separately_and_all_must_be_confirmed(client: E
     a, b = await saved(client, "alice", SF), await saved(client, "alice", SF_VISIT)
     both = await client.forget("alice", note_ids=[a, b])
     assert both.status == "confirmation_required" and {p.note_id for p in both.pending} == {a, b}
-    only_a = await client.forget("alice", note_ids=[a])
-    assert only_a.forgotten == [a]
-    assert (await client.get_note("alice", b, after=only_a.token)).status == "active"
-    # A request for another id starts its own pending state; b is still pending and now confirmed.
-    c = await saved(client, "alice", "User's cat is called Pixel")
-    mixed = await client.forget("alice", note_ids=[b, c])
-    assert mixed.status == "confirmation_required" and mixed.forgotten == [b]
-    assert [p.note_id for p in mixed.pending] == [c]
+    again = await client.forget("alice", note_ids=[a, b])
+    assert again.status == "forgotten" and sorted(again.forgotten) == sorted([a, b])
+
+
+async def test_a_different_id_on_the_second_call_is_a_new_first_call_and_the_old_pending_lapses(
+    client: EngramClient,
+) -> None:
+    a, b = await saved(client, "alice", SF), await saved(client, "alice", SF_VISIT)
+    first = await client.forget("alice", note_ids=[a])
+    await client.get_note("alice", a, after=first.token)  # the saga has seen it pending
+    other = await client.forget("alice", note_ids=[b])
+    assert other.status == "confirmation_required" and [p.note_id for p in other.pending] == [b]
+    assert f"earlier request for {a} is withdrawn" in other.message
+    await client.get_note("alice", b, after=other.token)
+    back = await client.forget("alice", note_ids=[a])
+    assert back.status == "confirmation_required" and back.pending[0].request_count == 1, "a asks again"
+    assert (await client.get_note("alice", a, after=back.token)).status == "active"
+    assert (await client.get_note("alice", b)).status == "active"
 
 
 async def test_rapid_calls_count_requests_and_still_need_two(client: EngramClient) -> None:
@@ -227,6 +238,14 @@ async def test_rebuild_after_forgets_equals_live(service: RunningService) -> Non
         await rebuilt.rebuild(store)
         assert await rebuilt.make_live(previous)
         await drop_generation(redis, 0, previous)
+        # The saga's state too: the pending deletion of notes[2] and its deadline.
+        saga = ForgetSagaProjection(redis, 0)
+        deadlines = await redis.zrange(saga.keys.deadlines, 0, -1, withscores=True)
+        pending = await redis.smembers(saga.keys.pending("alice"))
+        assert len(deadlines) == 1 and pending == {notes[2].encode()}
+        await saga.rebuild(store)
+        assert await redis.zrange(saga.keys.deadlines, 0, -1, withscores=True) == deadlines
+        assert await redis.smembers(saga.keys.pending("alice")) == pending
     finally:
         await redis.aclose()
     async with EngramClient(service.settings.redis_url) as client:

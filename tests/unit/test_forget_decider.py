@@ -111,3 +111,14 @@ def test_a_forgotten_note_folds_to_a_state_without_content() -> None:
         ]
     )
     assert state.forgotten and state.content == "" and state.version == 3 and state.forget_expires_at is None
+
+
+def test_a_request_for_other_ids_lapses_the_users_other_pending_deletions() -> None:
+    command = forget("BBBBBBBB")
+    ids = note_ids_for(command)
+    states = {"BBBBBBBB": fold([saved("BBBBBBBB", content="other")])}
+    elsewhere = {"AAAAAAAA": fold([saved(), requested()]), "CCCCCCCC": fold([saved("CCCCCCCC", content="x")])}
+    asked, lapsed = decide(command, states, ids, NOW, forget_ttl=TTL, pending_elsewhere=elsewhere)
+    assert isinstance(asked.events[0], ForgetRequested) and asked.note_id == "BBBBBBBB"
+    assert lapsed.note_id == "AAAAAAAA" and isinstance(lapsed.events[0], ForgetExpired)
+    assert lapsed.expected_version == 2, "a note not pending (CCCCCCCC) is left alone"
