@@ -164,6 +164,7 @@ def build(settings: Settings) -> Engram:
         Scrubber(redis, settings.partitions),
         utc_now,
         timedelta(seconds=settings.forget_ttl_seconds),
+        confirmation=settings.forget_confirmation,
     )
     commands = CommandService(store, advisor=advisor, forget=forget)
     runners += [

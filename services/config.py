@@ -54,6 +54,8 @@ class Settings:
     similar_threshold: float = 0.5
     # How long a requested deletion waits for its confirmation (seed 000: 5 minutes).
     forget_ttl_seconds: float = 300.0
+    # Off: a deployment where forget requests by id execute at once (no second call).
+    forget_confirmation: bool = True
     consumer_name: str = field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
 
     @classmethod
@@ -79,4 +81,6 @@ class Settings:
             search_weights=_weights(os.environ.get("ENGRAM_SEARCH_WEIGHTS", "")),
             similar_threshold=_float("ENGRAM_SIMILAR_THRESHOLD", 0.5),
             forget_ttl_seconds=_float("ENGRAM_FORGET_TTL_SECONDS", 300.0),
+            forget_confirmation=os.environ.get("ENGRAM_FORGET_CONFIRMATION", "on").lower()
+            not in ("off", "0", "false", "no"),
         )

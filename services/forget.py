@@ -17,6 +17,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
@@ -52,6 +53,7 @@ class ForgetService:
         scrubber: Scrubber,
         clock: Callable[[], datetime],
         ttl: timedelta,
+        confirmation: bool = True,
     ) -> None:
         self._redis = redis
         self._store = store
@@ -61,8 +63,12 @@ class ForgetService:
         self._clock = clock
         self._ttl = ttl
         self._scrubbing: set[asyncio.Task[None]] = set()
+        self._confirmation = confirmation
 
     async def request(self, command: RequestForget) -> ForgetReply:
+        if not self._confirmation and not command.confirmed:
+            # ENGRAM_FORGET_CONFIRMATION=off: this deployment asked for one-call deletion.
+            command = msgspec.structs.replace(command, confirmed=True)
         if command.query is not None and command.note_ids:
             raise EngramError(ErrorCode.INVALID_PARAMETER, "give either a query or note_ids, not both")
         if command.query is not None:
@@ -110,7 +116,8 @@ class ForgetService:
         raise EngramError(ErrorCode.VERSION_CONFLICT, "the memory kept changing under this request; retry it")
 
     async def request_user(self, command: RequestForgetUser) -> ForgetReply:
-        """Erase a whole user: pending on the account stream first, then every note at once."""
+        """Erase a whole user: pending on the account stream first, then every note at once.
+        (Always two calls, whatever ENGRAM_FORGET_CONFIRMATION says.)"""
         store = self._store
         partition = store.partition_of(command.user_id)
         first = await store.outcome(command.user_id, command.command_id)

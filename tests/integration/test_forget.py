@@ -295,3 +295,16 @@ async def test_an_erased_users_plaintext_is_in_no_redis_key(client: EngramClient
         assert leaks == []
     finally:
         await redis.aclose()
+
+
+async def test_a_deployment_can_turn_the_confirmation_off(redis_url: str) -> None:
+    running = await RunningService(service_settings(redis_url, forget_confirmation=False)).start()
+    try:
+        async with EngramClient(redis_url) as client:
+            note = await saved(client, "alice", SF)
+            done = await client.forget("alice", note_ids=[note])
+            assert done.status == "forgotten" and done.forgotten == [note]
+            asked = await client.forget_user("alice")
+            assert asked.status == "confirmation_required", "erasing a whole user always asks"
+    finally:
+        await running.stop()
