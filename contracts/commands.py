@@ -24,6 +24,7 @@ from contracts.limits import (
     NoteId,
     ShortText,
     Subject,
+    Token,
     UnitInterval,
     UserId,
     Version,
@@ -127,6 +128,8 @@ class RequestForget(Command, tag="request_forget", frozen=True, kw_only=True):
     note_ids: Annotated[list[NoteId], msgspec.Meta(max_length=MAX_FORGET_IDS)] = msgspec.field(default_factory=list)
     top_k: Annotated[int, msgspec.Meta(ge=1, le=SEARCH_TOP_K_MAX)] = SEARCH_TOP_K_DEFAULT
     confirmed: bool = False
+    # With a query: the caller's last write token, so the candidates include what it just saved.
+    after: Token | None = None
 
 
 class RequestForgetUser(Command, tag="request_forget_user", frozen=True, kw_only=True):

@@ -79,7 +79,20 @@ class SearchNotes(Query, tag="search_notes", frozen=True, kw_only=True):
     session_id: ShortText | None = None
 
 
-AnyQuery = GetNote | GetHistory | ListNotes | ListRecent | SearchNotes
+class BuildContext(Query, tag="build_context", frozen=True, kw_only=True):
+    """The user's memory as a block for a system prompt: ``markdown`` (seed 002: grouped by
+    category, ``- [id:xxxxxxxx] [subject] content``) or ``xml`` (seed 004: ``<user_memory>``
+    with the profile and the facts as plain sentences, procedures as rules, and, given a
+    ``query``, the most relevant episodes). The same memory state renders to the same bytes.
+    With ``max_tokens`` (MiniLM word pieces) the most relevant to ``query`` and most important
+    notes are kept; episodes are only ever retrieved by relevance."""
+
+    format: Literal["markdown", "xml"] = "markdown"
+    query: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_QUERY_CHARS, pattern=NOT_BLANK)] | None = None
+    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=200_000)] | None = None
+
+
+AnyQuery = GetNote | GetHistory | ListNotes | ListRecent | SearchNotes | BuildContext
 
 
 class WrittenNote(msgspec.Struct, frozen=True, kw_only=True):
@@ -173,10 +186,6 @@ class SearchReply(Message, tag="search_results", frozen=True, kw_only=True):
     results: list[SearchHit]
 
 
-CommandReply = NoteWritten | NotesWritten | ErrorReply
-QueryReply = NoteReply | HistoryReply | NotesReply | SearchReply | ErrorReply
-
-
 class ForgetCandidate(msgspec.Struct, frozen=True, kw_only=True):
     """A note a forget query found: nothing is deleted until it is requested by id, twice."""
 
@@ -212,4 +221,27 @@ class ForgetReply(Message, tag="forget", frozen=True, kw_only=True):
     erased_at: datetime | None = None
 
 
-AnyReply = NoteWritten | NotesWritten | NoteReply | HistoryReply | NotesReply | SearchReply | ForgetReply | ErrorReply
+class ContextReply(Message, tag="context", frozen=True, kw_only=True):
+    """A memory block: ``text`` to paste into a prompt, its size in ``tokens``, the notes in it,
+    and whether some were left out to fit ``max_tokens``."""
+
+    text: str
+    tokens: int
+    note_ids: list[str]
+    truncated: bool = False
+
+
+AnyReply = (
+    NoteWritten
+    | NotesWritten
+    | NoteReply
+    | HistoryReply
+    | NotesReply
+    | SearchReply
+    | ForgetReply
+    | ContextReply
+    | ErrorReply
+)
+
+CommandReply = NoteWritten | NotesWritten | ForgetReply | ErrorReply
+QueryReply = NoteReply | HistoryReply | NotesReply | SearchReply | ContextReply | ErrorReply

@@ -394,6 +394,80 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+# the agent's surface ------------------------------------------------------------------------------
+
+
+def cmd_tools(args: argparse.Namespace) -> int:
+    from services.tools import PROFILES, profile
+
+    specs = profile(args.profile) if args.profile else [t for p in PROFILES for t in profile(p)]
+    if args.format == "openai":
+        out: Any = [t.openai() for t in specs]
+    elif args.format == "anthropic":
+        out = [t.anthropic() for t in specs]
+    else:
+        out = [
+            {**t.anthropic(), "read_only": t.read_only, "side_effecting": not t.read_only, "timeout_s": t.timeout}
+            for t in specs
+        ]
+    sys.stdout.write(json.dumps({"profile": args.profile, "tools": out}, indent=None if args.json else 2) + "\n")
+    return 0
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from services.mcp_server import serve_http, serve_stdio
+
+    settings = Settings.from_env()
+    url = resolve_url(settings)
+    if args.http is not None:
+        asyncio.run(serve_http(url, args.profile, args.host, args.http, settings.request_timeout_seconds))
+        return 0
+    if not args.user:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, "--user is required for stdio (or serve --http for many users)")
+    asyncio.run(serve_stdio(url, args.profile, args.user, args.session, settings.request_timeout_seconds))
+    return 0
+
+
+async def cmd_context(client: Any, args: argparse.Namespace) -> None:
+    reply = await client.context(
+        args.user, format=args.format, query=args.query, max_tokens=args.max_tokens, after=args.after
+    )
+    if args.json:
+        _print(args, reply)
+    else:
+        sys.stdout.write(reply.text)
+
+
+async def cmd_memory(client: Any, args: argparse.Namespace) -> None:
+    """Seed 002's /memory for humans: the list, and deletion at once (a person typed it)."""
+    if args.action == "list":
+        reply = await client.list_notes(args.user)
+        if args.json:
+            _print(args, {"notes": reply.notes, "total": reply.total})
+            return
+        sys.stdout.write(render_memory_list(reply.notes))
+        return
+    note = await client.get_note(args.user, args.note_id)
+    reply = await client.forget(args.user, note_ids=[args.note_id], confirmed=True)
+    _print(args, reply, lambda r: f"Deleted: '{note.content}'")
+
+
+def render_memory_list(notes: list[Any]) -> str:
+    if not notes:
+        return "📝 No memories yet.\n"
+    lines = ["📝 Your memories:", ""]
+    category = None
+    for note in notes:  # already in (category, created_at, id) order
+        if note.category != category:
+            if category is not None:
+                lines.append("")
+            category = note.category
+            lines.append(f"**{category.title()}**")
+        lines.append(f"• [{note.id}] {note.content}")
+    lines += ["", "Use /memory delete <id> to remove a memory."]
+    return "\n".join(lines) + "\n"
+
+
 # argument parsing -------------------------------------------------------------------------------
 
 
@@ -480,6 +554,36 @@ def _parser() -> argparse.ArgumentParser:
 
     p = add("rebuild", cmd_rebuild, "rebuild a projection from the event log, then switch to it")
     p.add_argument("projection", choices=["history", "index"])
+
+    from services.tools import PROFILES
+
+    p = add("tools", cmd_tools, "the tool definitions of a profile, for an LLM API")
+    p.add_argument("--profile", choices=list(PROFILES))
+    p.add_argument("--format", choices=["openai", "anthropic", "engram"], default="engram")
+
+    p = add("mcp", cmd_mcp, "serve a tool profile over MCP (stdio for one user, or streamable HTTP)")
+    p.add_argument("--profile", choices=list(PROFILES), default="engram")
+    p.add_argument("--user", help="the user (stdio)")
+    p.add_argument("--session", help="the conversation, for include_conversation")
+    p.add_argument("--http", type=int, metavar="PORT", help="streamable HTTP on this port (user per request)")
+    p.add_argument("--host", default="127.0.0.1")
+
+    p = add("context", _with_client(cmd_context), "the user's memory as a prompt block", user=True)
+    p.add_argument("--format", choices=["markdown", "xml"], default="markdown")
+    p.add_argument("--query", help="focus: the most relevant notes and episodes")
+    p.add_argument("--max-tokens", type=int, help="token budget (MiniLM word pieces)")
+    p.add_argument("--after", help="consistency token to wait for")
+
+    memory = sub.add_parser("memory", help="seed 002's /memory: list, or delete ID at once")
+    actions = memory.add_subparsers(dest="action", required=True)
+    for action, help in (("list", "the user's memories, by category"), ("delete", "delete one memory at once")):
+        p = actions.add_parser(action, help=help, description=help)
+        p.set_defaults(run=_with_client(cmd_memory))
+        p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+        p.add_argument("--user", required=True, help="the user whose memory this is")
+        p.add_argument("--timeout", type=float, default=None, help="seconds to wait for a reply")
+        if action == "delete":
+            p.add_argument("note_id")
 
     p = add("schema", cmd_schema, "write the JSON Schema of every contract")
     p.add_argument("--out", help="file to write (default: stdout)")

@@ -30,6 +30,8 @@ from contracts.model import NoteKind, NoteSource, NoteView, Origin
 from contracts.queries import (
     AnyQuery,
     AnyReply,
+    BuildContext,
+    ContextReply,
     ForgetReply,
     GetHistory,
     GetNote,
@@ -202,6 +204,7 @@ class EngramClient:
         confirmed: bool = False,
         top_k: int = 5,
         command_id: str | None = None,
+        after: str | None = None,
     ) -> ForgetReply:
         """Seed 000's two calls: a query answers candidates; ids answer ``confirmation_required``
         the first time and ``forgotten`` the second (or at once with ``confirmed``)."""
@@ -212,6 +215,7 @@ class EngramClient:
             note_ids=list(note_ids),
             confirmed=confirmed,
             top_k=top_k,
+            after=after,
         )
         return await self.execute(command, ForgetReply)
 
@@ -220,6 +224,24 @@ class EngramClient:
         with the receipt (``forgotten`` ids, ``erased_at``)."""
         command = RequestForgetUser(command_id=command_id or new_command_id(), user_id=user_id, confirmed=confirmed)
         return await self.execute(command, ForgetReply)
+
+    async def context(
+        self,
+        user_id: str,
+        *,
+        format: str = "markdown",
+        query: str | None = None,
+        max_tokens: int | None = None,
+        after: str | None = None,
+    ) -> ContextReply:
+        request = BuildContext(
+            user_id=user_id,
+            format=format,  # type: ignore[arg-type]
+            query=query,
+            max_tokens=max_tokens,
+            after=after,
+        )
+        return await self.ask(request, ContextReply)
 
     async def get_note(self, user_id: str, note_id: str, *, after: str | None = None) -> NoteView:
         reply = await self.ask(GetNote(user_id=user_id, note_id=note_id, after=after), NoteReply)

@@ -172,7 +172,7 @@ class ForgetService:
             raise EngramError(ErrorCode.UNAVAILABLE, "search is off (ENGRAM_INDEX=off): forget by id")
         assert command.query is not None
         found = await self._search.search(
-            SearchNotes(user_id=command.user_id, query=command.query, top_k=command.top_k, after=None)
+            SearchNotes(user_id=command.user_id, query=command.query, top_k=command.top_k, after=command.after)
         )
         candidates = [
             ForgetCandidate(note_id=h.note_id, preview=preview(h.content), similarity=h.similarity)

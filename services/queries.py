@@ -8,6 +8,8 @@ import msgspec
 from contracts.errors import EngramError, ErrorCode
 from contracts.queries import (
     AnyQuery,
+    BuildContext,
+    ContextReply,
     GetHistory,
     GetNote,
     HistoryReply,
@@ -20,6 +22,7 @@ from contracts.queries import (
     SearchReply,
 )
 from projections.history import HistoryReader
+from services.context import ContextService
 from services.search import SearchService
 
 _query_decoder = msgspec.json.Decoder(AnyQuery)
@@ -40,10 +43,17 @@ def _not_found(note_id: str) -> EngramError:
 
 
 class QueryService:
-    def __init__(self, history: HistoryReader, read_wait_seconds: float, search: SearchService | None = None) -> None:
+    def __init__(
+        self,
+        history: HistoryReader,
+        read_wait_seconds: float,
+        search: SearchService | None = None,
+        context: ContextService | None = None,
+    ) -> None:
         self._history = history
         self._wait = read_wait_seconds
         self._search = search
+        self._context = context or ContextService(history, search)
 
     async def handle(self, body: bytes) -> bytes:
         try:
@@ -52,7 +62,7 @@ class QueryService:
             reply = e.reply()
         return _encoder.encode(reply)
 
-    async def ask(self, query: AnyQuery) -> NoteReply | HistoryReply | NotesReply | SearchReply:
+    async def ask(self, query: AnyQuery) -> NoteReply | HistoryReply | NotesReply | SearchReply | ContextReply:
         if isinstance(query, SearchNotes):
             if self._search is None:
                 raise EngramError(ErrorCode.UNAVAILABLE, "search is off in this deployment (ENGRAM_INDEX=off)")
@@ -80,4 +90,6 @@ class QueryService:
         if isinstance(query, ListRecent):
             notes, total = await history.list_recent(query.user_id, query.limit)
             return NotesReply(notes=notes, total=total)
+        if isinstance(query, BuildContext):
+            return await self._context.build(query)
         raise TypeError(f"unknown query {type(query).__name__}")

@@ -198,3 +198,47 @@ def test_forget_in_two_calls_with_yes_and_for_a_whole_user(env: dict[str, str]) 
     assert listed["notes"] == []
     code, bad, _ = cli(env, "forget", "--user", "alice")
     assert code == 1 and bad["error"]["code"] == "INVALID_PARAMETER"
+
+
+def test_tools_context_and_the_memory_command(env: dict[str, str]) -> None:
+    code, exported, _ = cli(env, "tools", "--profile", "runtime", "--format", "openai")
+    assert code == 0 and exported["tools"][0]["function"]["name"] == "memory_search"
+    code, anthropic, _ = cli(env, "tools", "--profile", "memento", "--format", "anthropic")
+    assert anthropic["tools"][0]["input_schema"]["required"] == ["content"]
+    _, alec, _ = cli(env, "save", "--user", "al", "--category", "person", "--subject", "Alec", "Alec is my boss")
+    _, friday, _ = cli(env, "save", "--user", "al", "--category", "preference", "User prefers Thursday due dates")
+    plain = subprocess.run(
+        [sys.executable, "-m", "services.cli", "context", "--user", "al", "--after", friday["token"]],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert plain.returncode == 0 and plain.stdout.startswith("## Your Memory\n")
+    assert f"- [id:{alec['note_id']}] [Alec] Alec is my boss\n" in plain.stdout
+    listed = subprocess.run(
+        [sys.executable, "-m", "services.cli", "memory", "list", "--user", "al"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.stdout == (
+        "📝 Your memories:\n\n"
+        "**Person**\n"
+        f"• [{alec['note_id']}] Alec is my boss\n\n"
+        "**Preference**\n"
+        f"• [{friday['note_id']}] User prefers Thursday due dates\n\n"
+        "Use /memory delete <id> to remove a memory.\n"
+    )
+    deleted = subprocess.run(
+        [sys.executable, "-m", "services.cli", "memory", "delete", "--user", "al", friday["note_id"]],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert deleted.stdout == "Deleted: 'User prefers Thursday due dates'\n", deleted.stderr

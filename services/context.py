@@ -1,0 +1,211 @@
+"""Memory blocks for prompts (seeds 002 and 004): the same memory state always renders to the
+same bytes (prompt caching), and a token budget keeps the most relevant and important notes.
+
+Rendering is pure (``render_markdown``, ``render_xml``); ``select`` picks what fits the budget,
+deterministically: notes ranked by relevance to the query (when given), then importance, then
+recency, then id, are taken while they fit; the chosen ones are then rendered in the canonical
+order (category, created_at, id) so adding one note never reshuffles the others. Tokens are
+counted with MiniLM's own WordPiece tokenizer (no download: it ships with the model package).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from xml.sax.saxutils import escape, quoteattr
+
+from contracts.model import NoteKind, NoteView
+from contracts.queries import BuildContext, ContextReply, SearchNotes
+from projections.history import HistoryReader
+from services.search import SearchService
+
+MARKDOWN_HEADER = (
+    "## Your Memory\n\n"
+    "The following is information you've learned about the user from previous conversations.\n"
+    "Use this context naturally. To update a memory, use the update_memory tool with the memory ID.\n"
+)
+PROFILE_CATEGORY = "profile"
+PROFILE_FIELDS = ("name", "timezone")
+
+Counter = Callable[[str], int]
+
+
+def canonical(notes: Sequence[NoteView]) -> list[NoteView]:
+    return sorted(notes, key=lambda n: (n.category, n.created_at, n.id))
+
+
+def markdown_line(note: NoteView) -> str:
+    subject = f"[{note.subject}] " if note.subject else ""
+    if note.kind is NoteKind.PROCEDURE and note.trigger and note.action:
+        return f"- [id:{note.id}] {subject}When {note.trigger}: {note.action}"
+    return f"- [id:{note.id}] {subject}{' '.join(note.content.split())}"
+
+
+def render_markdown(notes: Sequence[NoteView]) -> str:
+    """Seed 002's block: grouped by category, ``- [id:xxxxxxxx] [subject] content``."""
+    if not notes:
+        return ""
+    lines = [MARKDOWN_HEADER]
+    category = None
+    for note in canonical(notes):
+        if note.category != category:
+            if category is not None:
+                lines.append("")
+            category = note.category
+            lines.append(f"### {category.replace('_', ' ').replace('-', ' ').title()}")
+        lines.append(markdown_line(note))
+    return "\n".join(lines) + "\n"
+
+
+def sentence(text: str) -> str:
+    text = " ".join(text.split())
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def profile_of(notes: Sequence[NoteView]) -> dict[str, str]:
+    """Seed 004's profile: notes of category ``profile`` whose subject is a profile field."""
+    found: dict[str, NoteView] = {}
+    for note in notes:
+        field = (note.subject or "").strip().lower()
+        if note.category != PROFILE_CATEGORY or field not in PROFILE_FIELDS:
+            continue
+        if field not in found or (note.updated_at, note.id) > (found[field].updated_at, found[field].id):
+            found[field] = note
+    return {field: " ".join(found[field].content.split()) for field in PROFILE_FIELDS if field in found}
+
+
+def render_xml(
+    profile: Mapping[str, str],
+    facts: Sequence[NoteView],
+    procedures: Sequence[NoteView] = (),
+    episodes: Sequence[NoteView] = (),
+) -> str:
+    """Seed 004's block: ``<user_memory>`` with the profile and the facts joined as plain
+    sentences; procedures as rules; ``<relevant_episodes>`` only when episodes are given."""
+    lines = ["<user_memory>", "  <profile>"]
+    lines += [f"    <{field}>{escape(profile[field])}</{field}>" for field in PROFILE_FIELDS if field in profile]
+    lines.append("  </profile>")
+    joined = " ".join(sentence(n.content) for n in canonical(facts))
+    lines.append(f"  <facts>{escape(joined)}</facts>" if not joined else f"  <facts>\n    {escape(joined)}\n  </facts>")
+    if procedures:
+        lines.append("  <procedures>")
+        for note in canonical(procedures):
+            rule = f"When {note.trigger}: {note.action}" if note.trigger and note.action else note.content
+            lines.append(f"    <procedure id={quoteattr(note.id)}>{escape(sentence(rule))}</procedure>")
+        lines.append("  </procedures>")
+    lines.append("</user_memory>")
+    if episodes:
+        lines += ["", "<relevant_episodes>"]
+        for note in episodes:
+            at = (note.occurred_at or note.created_at).strftime("%Y-%m-%d %H:%M")
+            lines.append(f"  <episode id={quoteattr(note.id)} timestamp={quoteattr(at)}>")
+            lines.append(f"    <summary>{escape(' '.join((note.summary or note.content).split()))}</summary>")
+            lines.append(f"    <narrative>{escape(' '.join((note.narrative or note.content).split()))}</narrative>")
+            lines.append("  </episode>")
+        lines.append("</relevant_episodes>")
+    return "\n".join(lines) + "\n"
+
+
+def select(
+    notes: Sequence[NoteView],
+    cost: Callable[[NoteView], int],
+    budget: int,
+    relevance: Mapping[str, float] | None = None,
+) -> list[NoteView]:
+    """The notes that fit ``budget`` tokens (each costing ``cost(note)``), most relevant and
+    important first; ties by recency, then id, so the choice is deterministic."""
+    relevance = relevance or {}
+    ranked = sorted(
+        notes,
+        key=lambda n: (-relevance.get(n.id, 0.0), -n.importance, -n.created_at.timestamp(), n.id),
+    )
+    chosen, spent = [], 0
+    for note in ranked:
+        price = cost(note)
+        if spent + price <= budget:
+            chosen.append(note)
+            spent += price
+    return chosen
+
+
+_tokenizer_lock = threading.Lock()
+_tokenizer = None
+
+
+def count_tokens(text: str) -> int:
+    """Word pieces of MiniLM's tokenizer (the model package's own files, offline)."""
+    global _tokenizer
+    with _tokenizer_lock:
+        if _tokenizer is None:
+            from transformers import AutoTokenizer
+
+            from services.embedder import model_path
+
+            _tokenizer = AutoTokenizer.from_pretrained(model_path(), local_files_only=True)
+    return len(_tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+
+class ContextService:
+    """Answers ``BuildContext`` from the history read model (and the search, for relevance)."""
+
+    def __init__(self, history: HistoryReader, search: SearchService | None, count: Counter = count_tokens) -> None:
+        self._history = history
+        self._search = search
+        self._count = count
+
+    async def build(self, query: BuildContext) -> ContextReply:
+        notes = await self._history.list_notes(query.user_id, None, False)
+        relevance: dict[str, float] = {}
+        episodes: list[NoteView] = []
+        if query.query is not None and self._search is not None:
+            # The caller's token holds for the index too: what it just saved can be relevant.
+            found = await self._search.search(
+                SearchNotes(user_id=query.user_id, query=query.query, top_k=20, after=query.after)
+            )
+            relevance = {h.note_id: h.score for h in found.results}
+            if query.format == "xml":
+                hits = await self._search.search(
+                    SearchNotes(user_id=query.user_id, query=query.query, top_k=3, kind=NoteKind.EPISODE)
+                )
+                episodes = [h.note for h in hits.results if h.note is not None]
+        if query.format == "markdown":
+            candidates = [n for n in notes if n.kind is not NoteKind.EPISODE]
+
+            def render(chosen: Sequence[NoteView], eps: Sequence[NoteView]) -> str:
+                return render_markdown(chosen)
+
+            def cost(note: NoteView) -> int:
+                return self._count(markdown_line(note)) + 1
+
+        else:
+            profile = profile_of(notes)
+            profile_ids = {
+                n.id for n in notes if n.category == PROFILE_CATEGORY and (n.subject or "").lower() in PROFILE_FIELDS
+            }
+            candidates = [n for n in notes if n.kind is not NoteKind.EPISODE and n.id not in profile_ids]
+
+            def render(chosen: Sequence[NoteView], eps: Sequence[NoteView]) -> str:
+                facts = [n for n in chosen if n.kind is NoteKind.FACT]
+                rules = [n for n in chosen if n.kind is NoteKind.PROCEDURE]
+                return render_xml(profile, facts, rules, eps)
+
+            def cost(note: NoteView) -> int:
+                return self._count(sentence(note.content)) + (8 if note.kind is NoteKind.PROCEDURE else 1)
+
+        chosen = list(candidates)
+        text = render(chosen, episodes)
+        truncated = False
+        if query.max_tokens is not None and self._count(text) > query.max_tokens:
+            truncated = True
+            fixed = self._count(render([], episodes))
+            while episodes and fixed > query.max_tokens:
+                episodes = episodes[:-1]
+                fixed = self._count(render([], episodes))
+            chosen = select(candidates, cost, max(0, query.max_tokens - fixed), relevance)
+            text = render(chosen, episodes)
+            # The per-note estimate can be off by a token or two at the joins: trim until it fits.
+            while chosen and self._count(text) > query.max_tokens:
+                chosen = chosen[:-1]
+                text = render(chosen, episodes)
+        ids = [n.id for n in canonical(chosen)] + [n.id for n in episodes]
+        return ContextReply(text=text, tokens=self._count(text), note_ids=ids, truncated=truncated)

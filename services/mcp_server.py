@@ -1,0 +1,105 @@
+"""The MCP server: one tool profile over the official ``mcp`` SDK's low-level server.
+
+``engram mcp --profile P --user U`` serves one user over stdio (what a desktop agent spawns).
+``engram mcp --profile P --http PORT`` serves several users over streamable HTTP; the user is
+then named per request by the ``X-Engram-User`` header. Tool results are JSON text content (and
+the same JSON as structured content); a tool's own errors are results with ``is_error`` set, in
+seed 003's ``{"error": {...}}`` shape, so the LLM can read and correct them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import mcp_types as types
+from mcp.server.lowlevel import Server
+
+from services.client import EngramClient
+from services.tools import ToolDispatcher, ToolSpec, profile
+
+log = logging.getLogger("engram.mcp")
+
+USER_HEADER = "x-engram-user"
+
+
+def mcp_tool(spec: ToolSpec) -> types.Tool:
+    return types.Tool(
+        name=spec.name,
+        description=spec.description,
+        input_schema=spec.parameters,
+        annotations=types.ToolAnnotations(
+            read_only_hint=spec.read_only, destructive_hint=not spec.read_only and "forget" in spec.name
+        ),
+    )
+
+
+def build_server(client: EngramClient, profile_name: str, user_id: str | None, session_id: str | None = None) -> Server:
+    specs = profile(profile_name)
+    dispatchers: dict[str, ToolDispatcher] = {}
+
+    def dispatcher_for(user: str) -> ToolDispatcher:
+        # One per user, so each keeps its own read-your-writes token.
+        if user not in dispatchers:
+            dispatchers[user] = ToolDispatcher(client, user, profile_name, session_id)
+        return dispatchers[user]
+
+    async def on_list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[mcp_tool(s) for s in specs])
+
+    async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        user = user_id or _header_user(ctx)
+        if user is None:
+            result: dict[str, Any] = {
+                "error": {"code": "INVALID_PARAMETER", "message": f"name the user in the {USER_HEADER} header"}
+            }
+        else:
+            spec = next((s for s in specs if s.name == params.name), None)
+            timeout = spec.timeout if spec is not None else 10.0
+            try:
+                result = await asyncio.wait_for(dispatcher_for(user).call(params.name, params.arguments), timeout)
+            except TimeoutError:
+                result = {"error": {"code": "TIMEOUT", "message": f"{params.name} took longer than {timeout:g} s"}}
+        return types.CallToolResult(
+            content=[types.TextContent(text=json.dumps(result, ensure_ascii=False))],
+            structured_content=result,
+            is_error="error" in result,
+        )
+
+    return Server(
+        "engram",
+        version="0.1.0",
+        instructions=f"Engram long-term memory, profile {profile_name!r}.",
+        on_list_tools=on_list_tools,
+        on_call_tool=on_call_tool,
+    )
+
+
+def _header_user(ctx: Any) -> str | None:
+    request = getattr(ctx, "request", None)
+    headers = getattr(request, "headers", None)
+    if headers is None:
+        return None
+    value = headers.get(USER_HEADER)
+    return str(value) if value else None
+
+
+async def serve_stdio(url: str, profile_name: str, user_id: str, session_id: str | None, timeout: float) -> None:
+    from mcp.server.stdio import stdio_server
+
+    async with EngramClient(url, timeout=timeout) as client:
+        server = build_server(client, profile_name, user_id, session_id)
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+async def serve_http(url: str, profile_name: str, host: str, port: int, timeout: float) -> None:
+    import uvicorn
+
+    async with EngramClient(url, timeout=timeout) as client:
+        server = build_server(client, profile_name, None)
+        app = server.streamable_http_app(host=host)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
+        await uvicorn.Server(config).serve()

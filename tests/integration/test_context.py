@@ -1,0 +1,116 @@
+"""Memory blocks for prompts: seed 002's markdown and seed 004's XML, byte-identical for the
+same memory state, within a token budget (counted with a real tokenizer), most relevant kept."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from contracts.model import NoteKind
+from services.client import EngramClient
+from services.context import count_tokens
+
+pytestmark = pytest.mark.integration
+
+FACTS = [
+    ("person", "Alec", "Alec is the user's boss at TechCorp"),
+    ("person", "Sarah", "Sarah is a colleague on the Design team"),
+    ("preference", None, "User prefers tasks to have due dates on Fridays"),
+    ("preference", None, "User likes concise responses"),
+    ("context", None, "User works on the Platform team"),
+]
+
+
+async def remember(client: EngramClient, user: str = "alice") -> tuple[dict[str, str], str]:
+    ids, token = {}, ""
+    for category, subject, text in FACTS:
+        written = await client.save(user, text, category=category, subject=subject, advise=False)
+        ids[text], token = written.note_id, written.token
+    return ids, token
+
+
+async def test_markdown_is_seed_002s_block_and_byte_identical(client: EngramClient) -> None:
+    ids, token = await remember(client)
+    first = await client.context("alice", after=token)
+    assert first.text == (
+        "## Your Memory\n\n"
+        "The following is information you've learned about the user from previous conversations.\n"
+        "Use this context naturally. To update a memory, use the update_memory tool with the memory ID.\n\n"
+        "### Context\n"
+        f"- [id:{ids['User works on the Platform team']}] User works on the Platform team\n\n"
+        "### Person\n"
+        f"- [id:{ids[FACTS[0][2]]}] [Alec] Alec is the user's boss at TechCorp\n"
+        f"- [id:{ids[FACTS[1][2]]}] [Sarah] Sarah is a colleague on the Design team\n\n"
+        "### Preference\n"
+        f"- [id:{ids[FACTS[2][2]]}] User prefers tasks to have due dates on Fridays\n"
+        f"- [id:{ids[FACTS[3][2]]}] User likes concise responses\n"
+    )
+    again = await client.context("alice")
+    assert again.text.encode() == first.text.encode() and again.tokens == first.tokens == count_tokens(first.text)
+    assert not first.truncated
+
+
+async def test_xml_is_seed_004s_block_with_profile_facts_procedures_and_relevant_episodes(
+    client: EngramClient,
+) -> None:
+    await client.save("alex", "Alex", category="profile", subject="name", advise=False)
+    await client.save("alex", "America/Los_Angeles", category="profile", subject="timezone", advise=False)
+    await client.save("alex", "Likes black coffee", category="food", advise=False)
+    await client.save("alex", "Works as software engineer", category="context", advise=False)
+    await client.save(
+        "alex",
+        "quick update: bullet points only",
+        kind=NoteKind.PROCEDURE,
+        category="procedure",
+        trigger="the user says 'quick update'",
+        action="answer with bullet points only",
+        advise=False,
+    )
+    episode = await client.save(
+        "alex",
+        "Dinner with sister Sarah at Flour+Water",
+        kind=NoteKind.EPISODE,
+        category="episode",
+        summary="Dinner plans with sister Sarah",
+        narrative="Alex asked to be reminded about dinner with his sister Sarah on Saturday at 7pm.",
+        occurred_at=datetime(2026, 1, 20, 19, 0, tzinfo=UTC),
+        advise=False,
+    )
+    block = await client.context("alex", format="xml", after=episode.token)
+    assert block.text == (
+        "<user_memory>\n"
+        "  <profile>\n"
+        "    <name>Alex</name>\n"
+        "    <timezone>America/Los_Angeles</timezone>\n"
+        "  </profile>\n"
+        "  <facts>\n"
+        "    Works as software engineer. Likes black coffee.\n"
+        "  </facts>\n"
+        "  <procedures>\n"
+        f"    <procedure id=\"{block.note_ids[2]}\">When the user says 'quick update': answer with bullet points only."
+        "</procedure>\n"
+        "  </procedures>\n"
+        "</user_memory>\n"
+    ), "episodes are never loaded wholesale"
+    focused = await client.context("alex", format="xml", query="what are my plans with my sister?", after=episode.token)
+    assert "<relevant_episodes>" in focused.text and 'timestamp="2026-01-20 19:00"' in focused.text
+    assert "<summary>Dinner plans with sister Sarah</summary>" in focused.text
+    assert episode.note_id in focused.note_ids
+    empty = await client.context("nobody", format="xml")
+    assert empty.text == "<user_memory>\n  <profile>\n  </profile>\n  <facts></facts>\n</user_memory>\n"
+
+
+async def test_a_budget_keeps_the_most_relevant_and_important_deterministically(client: EngramClient) -> None:
+    ids, _ = await remember(client)
+    extra = await client.save("alice", "User's dog Max needs a walk at 7am", category="context", importance=0.9)
+    full = await client.context("alice", after=extra.token)
+    budget = full.tokens // 2
+    small = await client.context("alice", max_tokens=budget)
+    assert small.truncated and small.tokens <= budget and small.tokens == count_tokens(small.text)
+    assert extra.note_id in small.note_ids, "the most important note is kept"
+    assert (await client.context("alice", max_tokens=budget)).text == small.text
+    focused = await client.context("alice", max_tokens=budget, query="who is my manager?")
+    assert ids["Alec is the user's boss at TechCorp"] in focused.note_ids and focused.tokens <= budget
+    tiny = await client.context("alice", max_tokens=5)
+    assert tiny.tokens <= 5 or tiny.note_ids == []
