@@ -77,6 +77,9 @@ class SearchNotes(Query, tag="search_notes", frozen=True, kw_only=True):
     # Also search what was said earlier in this conversation (RecordMessage); needs session_id.
     include_conversation: bool = False
     session_id: ShortText | None = None
+    # "blended": relevance mixed with recency (of update or last access) and importance, weights
+    # ENGRAM_RANKING_WEIGHTS; "relevance" (the default) is the plain fused score.
+    ranking: Literal["relevance", "blended"] = "relevance"
 
 
 class BuildContext(Query, tag="build_context", frozen=True, kw_only=True):

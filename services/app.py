@@ -31,6 +31,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from contracts import channels
+from projections.access import AccessLog
 from projections.history import HistoryReader
 from projections.index_runtime import IndexRuntime
 from projections.runner import ProjectionRunner, forget_saga_runner, history_runner, index_runner
@@ -43,7 +44,7 @@ from services.forget import ForgetService, Scrubber
 from services.forget_timer import ForgetExpiryTimer
 from services.queries import QueryService
 from services.reclaimer import PendingReclaimer
-from services.search import SearchService
+from services.search import BlendPolicy, SearchService
 
 log = logging.getLogger("engram")
 
@@ -144,13 +145,22 @@ def build(settings: Settings) -> Engram:
         redis, settings.partitions, settings.idempotency_ttl_seconds, load_master_key(settings.data_dir)
     )
     history = HistoryReader(redis, settings.partitions)
+    access = AccessLog(redis, settings.partitions)
     runners = [
         history_runner(redis, store, p, settings.consumer_name, settings.lease_ms) for p in range(settings.partitions)
     ]
     index = build_index_runtime(redis, settings) if settings.index_enabled else None
     search = None
     if index is not None:
-        search = SearchService(index, history, settings.read_wait_seconds, settings.search_weights)
+        relevance, recency, importance = settings.ranking_weights
+        search = SearchService(
+            index,
+            history,
+            settings.read_wait_seconds,
+            settings.search_weights,
+            access=access,
+            blend=BlendPolicy(relevance, recency, importance, settings.recency_half_life_days),
+        )
         runners += [
             index_runner(redis, store, index, p, settings.consumer_name, settings.lease_ms)
             for p in range(settings.partitions)
@@ -165,6 +175,7 @@ def build(settings: Settings) -> Engram:
         utc_now,
         timedelta(seconds=settings.forget_ttl_seconds),
         confirmation=settings.forget_confirmation,
+        access=access,
     )
     commands = CommandService(store, advisor=advisor, forget=forget)
     runners += [
@@ -172,7 +183,7 @@ def build(settings: Settings) -> Engram:
         for p in range(settings.partitions)
     ]
     timer = ForgetExpiryTimer(redis, settings.partitions, commands.execute, utc_now)
-    queries = QueryService(history, settings.read_wait_seconds, search)
+    queries = QueryService(history, settings.read_wait_seconds, search, access=access)
     _subscribe(broker, settings, commands, queries)
     reclaimers = [
         PendingReclaimer(redis, stream, group, settings.claim_idle_ms, settings.max_deliveries, settings.consumer_name)

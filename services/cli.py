@@ -223,6 +223,7 @@ async def cmd_search(client: Any, args: argparse.Namespace) -> None:
         include_conversation=args.session is not None,
         session_id=args.session,
         after=args.after,
+        ranking=args.ranking,
     )
     results = [
         {
@@ -544,6 +545,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--category")
     p.add_argument("--kind", choices=[k.value for k in NoteKind])
+    p.add_argument("--ranking", choices=["relevance", "blended"], default="relevance")
     p.add_argument("--subject")
     p.add_argument("--include-superseded", action="store_true")
     p.add_argument("--after")

@@ -272,8 +272,10 @@ class EngramClient:
         include_conversation: bool = False,
         session_id: str | None = None,
         after: str | None = None,
+        ranking: str = "relevance",
     ) -> SearchReply:
         request = SearchNotes(
+            ranking=ranking,  # type: ignore[arg-type]
             include_conversation=include_conversation,
             session_id=session_id,
             user_id=user_id,

@@ -26,6 +26,11 @@ def _weights(text: str) -> tuple[float, float]:
     return dense, sparse
 
 
+def _triple(text: str) -> tuple[float, float, float]:
+    relevance, recency, importance = (float(x) for x in text.split(","))
+    return relevance, recency, importance
+
+
 @dataclass(frozen=True)
 class Settings:
     redis_url: str = DEFAULT_REDIS_URL
@@ -54,6 +59,9 @@ class Settings:
     similar_threshold: float = 0.5
     # How long a requested deletion waits for its confirmation (seed 000: 5 minutes).
     forget_ttl_seconds: float = 300.0
+    # ranking="blended": weights of (relevance, recency, importance) and recency's half-life.
+    ranking_weights: tuple[float, float, float] = (0.7, 0.15, 0.15)
+    recency_half_life_days: float = 30.0
     # Off: a deployment where forget requests by id execute at once (no second call).
     forget_confirmation: bool = True
     consumer_name: str = field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
@@ -81,6 +89,8 @@ class Settings:
             search_weights=_weights(os.environ.get("ENGRAM_SEARCH_WEIGHTS", "")),
             similar_threshold=_float("ENGRAM_SIMILAR_THRESHOLD", 0.5),
             forget_ttl_seconds=_float("ENGRAM_FORGET_TTL_SECONDS", 300.0),
+            ranking_weights=_triple(os.environ.get("ENGRAM_RANKING_WEIGHTS", "0.7,0.15,0.15")),
+            recency_half_life_days=_float("ENGRAM_RECENCY_HALF_LIFE_DAYS", 30.0),
             forget_confirmation=os.environ.get("ENGRAM_FORGET_CONFIRMATION", "on").lower()
             not in ("off", "0", "false", "no"),
         )

@@ -26,6 +26,7 @@ from contracts.commands import RequestForget, RequestForgetUser
 from contracts.errors import EngramError, ErrorCode
 from contracts.events import ACCOUNT, ForgetExpired, ForgetRequested, NoteForgotten, UserForgotten
 from contracts.queries import ForgetCandidate, ForgetReply, PendingForget, SearchNotes
+from projections.access import AccessLog
 from projections.forget_saga import pending_notes
 from projections.history import HistoryReader
 from services.domain.decider import decide, decide_forget_user, forgettable, note_ids_for
@@ -54,7 +55,9 @@ class ForgetService:
         clock: Callable[[], datetime],
         ttl: timedelta,
         confirmation: bool = True,
+        access: AccessLog | None = None,
     ) -> None:
+        self._access = access
         self._redis = redis
         self._store = store
         self._history = history
@@ -110,6 +113,8 @@ class ForgetService:
             if isinstance(result, Appended):
                 token = channels.format_token(partition, result.outcome.position)
                 reply = _reply(summary, {i: states[i].content for i in ids}, token)
+                if reply.forgotten and self._access is not None:
+                    await self._access.forget(command.user_id, reply.forgotten)
                 if reply.forgotten:
                     await self._scrub_after(token)
                 return reply
@@ -149,6 +154,8 @@ class ForgetService:
                     command.user_id, summary, channels.format_token(partition, result.outcome.position), False
                 )
                 if reply.status == "forgotten":
+                    if self._access is not None:
+                        await self._access.forget(command.user_id)
                     await self._scrub_after(reply.token or "")
                 return reply
         raise EngramError(ErrorCode.VERSION_CONFLICT, "the memory kept changing under this request; retry it")

@@ -3,9 +3,12 @@ history read model, reply. Another user's note answers MEMORY_NOT_FOUND, exactly
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import msgspec
 
 from contracts.errors import EngramError, ErrorCode
+from contracts.model import NoteStatus
 from contracts.queries import (
     AnyQuery,
     BuildContext,
@@ -21,6 +24,7 @@ from contracts.queries import (
     SearchNotes,
     SearchReply,
 )
+from projections.access import AccessLog
 from projections.history import HistoryReader
 from services.context import ContextService
 from services.search import SearchService
@@ -49,7 +53,9 @@ class QueryService:
         read_wait_seconds: float,
         search: SearchService | None = None,
         context: ContextService | None = None,
+        access: AccessLog | None = None,
     ) -> None:
+        self._access = access
         self._history = history
         self._wait = read_wait_seconds
         self._search = search
@@ -77,6 +83,9 @@ class QueryService:
             view = await history.get_note(query.user_id, query.note_id)
             if view is None:
                 raise _not_found(query.note_id)
+            if self._access is not None and view.status is not NoteStatus.FORGOTTEN:
+                (view,) = await self._access.annotate(query.user_id, [view])
+                await self._access.touch(query.user_id, [view.id], datetime.now(UTC))
             return NoteReply(note=view)
         if isinstance(query, GetHistory):
             found = await history.history(query.user_id, query.note_id)

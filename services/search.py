@@ -5,10 +5,16 @@ no text). Another user's notes are never candidates: every index query is filter
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import msgspec
 
 from contracts.errors import EngramError, ErrorCode
 from contracts.model import MessageView, NoteStatus, NoteView
 from contracts.queries import SearchHit, SearchNotes, SearchReply
+from projections.access import AccessLog
 from projections.history import HistoryReader
 from projections.index import sparse_query
 from projections.index_runtime import IndexReader, IndexRuntime
@@ -46,6 +52,24 @@ def fuse(
     return sorted(fused, key=lambda item: (-item[1], item[0]))
 
 
+@dataclass(frozen=True)
+class BlendPolicy:
+    """``ranking="blended"``: ``relevance * fused + recency * 0.5 ** (age / half_life) +
+    importance * note.importance``, where age runs from the note's last update or last access,
+    whichever is later (seed 004's decay: what is used stays fresh)."""
+
+    relevance: float = 0.7
+    recency: float = 0.15
+    importance: float = 0.15
+    half_life_days: float = 30.0
+
+    def score(self, fused: float, note: NoteView, now: datetime) -> float:
+        last = max(note.updated_at, note.last_accessed_at or note.updated_at)
+        age_days = max(0.0, (now - last).total_seconds() / 86400)
+        fresh = 0.5 ** (age_days / self.half_life_days)
+        return self.relevance * fused + self.recency * fresh + self.importance * note.importance
+
+
 class SearchService:
     def __init__(
         self,
@@ -53,12 +77,19 @@ class SearchService:
         history: HistoryReader,
         read_wait_seconds: float,
         weights: tuple[float, float] = DEFAULT_WEIGHTS,
+        access: AccessLog | None = None,
+        blend: BlendPolicy = BlendPolicy(),
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._runtime = runtime
         self._index_reader = IndexReader(runtime)
         self._history = history
         self._wait = read_wait_seconds
         self._weights = weights
+        self._access = access
+        self._blend = blend
+        self._clock = clock
+        self._touching: set[asyncio.Task[None]] = set()
 
     async def search(self, query: SearchNotes) -> SearchReply:
         if query.after is not None:
@@ -98,7 +129,31 @@ class SearchService:
             candidates += [(CONVERSATION, hit) for hit in await self._candidates(index, query, dense, sparse, said)]
         # Both kinds are scored the same way, so one ordering merges them.
         candidates.sort(key=lambda item: (-item[1][1], item[1][0]))
-        return SearchReply(results=await self._hydrate(query, candidates))
+        wanted = query.top_k if query.ranking == "relevance" else query.top_k * 4
+        results = await self._hydrate(query, candidates, wanted)
+        if self._access is not None:
+            results = await self._annotate(query.user_id, results)
+        if query.ranking == "blended":
+            now = self._clock()
+            blended = [
+                msgspec.structs.replace(h, score=round(self._blend.score(h.score, h.note, now), 6)) if h.note else h
+                for h in results
+            ]
+            results = sorted(blended, key=lambda h: (-h.score, h.note_id))[: query.top_k]
+        if self._access is not None and results:
+            # Counted after the reply is built, off its path: a read is not worth a round trip.
+            task = asyncio.create_task(
+                self._access.touch(query.user_id, [h.note_id for h in results if h.note], self._clock())
+            )
+            self._touching.add(task)
+            task.add_done_callback(self._touching.discard)
+        return SearchReply(results=results)
+
+    async def _annotate(self, user_id: str, hits: list[SearchHit]) -> list[SearchHit]:
+        assert self._access is not None
+        notes = [h.note for h in hits if h.note is not None]
+        annotated = {n.id: n for n in await self._access.annotate(user_id, notes)}
+        return [msgspec.structs.replace(h, note=annotated[h.note_id]) if h.note else h for h in hits]
 
     async def _candidates(
         self,
@@ -117,13 +172,13 @@ class SearchService:
         return fuse(dense_hits, sparse_hits, self._weights)
 
     async def _hydrate(
-        self, query: SearchNotes, candidates: list[tuple[str, tuple[str, float, float]]]
+        self, query: SearchNotes, candidates: list[tuple[str, tuple[str, float, float]]], wanted: int
     ) -> list[SearchHit]:
         """The text comes from the read model (the index holds none), read a slice at a time in
         one round trip; a hit the read model does not have (yet, or any more) is left out, and
         so is one superseded meanwhile."""
         results: list[SearchHit] = []
-        step = query.top_k * 2
+        step = wanted * 2
         for start in range(0, len(candidates), step):
             window = candidates[start : start + step]
             notes, messages = await self._history.get_many(
@@ -135,7 +190,7 @@ class SearchService:
                 hit = _hit(query, source, record_id, round(score, 6), round(similarity, 6), notes, messages)
                 if hit is not None:
                     results.append(hit)
-                    if len(results) == query.top_k:
+                    if len(results) == wanted:
                         return results
         return results
 

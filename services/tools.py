@@ -89,6 +89,12 @@ PROFILES: dict[str, list[ToolSpec]] = {
                     "top_k": _TOP_K,
                     "category": _CATEGORY,
                     "include_superseded": {"type": "boolean", "default": False},
+                    "ranking": {
+                        "type": "string",
+                        "enum": ["relevance", "blended"],
+                        "default": "relevance",
+                        "description": "blended: also favour recently used and important notes",
+                    },
                 },
                 ["query"],
             ),
@@ -404,6 +410,7 @@ class ToolDispatcher:
             category=a.get("category"),
             include_superseded=a.get("include_superseded", False),
             after=self._last_token,
+            ranking=a.get("ranking", "relevance"),
         )
         return {"results": [_builtins(h) for h in reply.results]}
 

@@ -4,6 +4,7 @@ own client session, against a running `engram serve`."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from tests.support import ROOT, ServeProcess, engram_env
+from tests.support import ROOT, ServeProcess, cli, engram_env, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -21,6 +22,9 @@ pytestmark = pytest.mark.e2e
 def env(redis_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
     values = engram_env(ENGRAM_REDIS_URL=redis_url, ENGRAM_DATA_DIR=str(tmp_path / "data"))
     serve = ServeProcess(values).start()
+    # The model loads in the background at start (6-9 s here); tool timeouts are 10-15 s, so
+    # the tests begin once the index answers, as an agent would after a warm start.
+    wait_until(lambda: cli(values, "search", "--user", "warm-up", "anything")[0] == 0, timeout=90, interval=0.5)
     yield values
     assert serve.stop() == 0
 
@@ -64,3 +68,48 @@ async def test_the_forget_profile_over_mcp_needs_two_calls(env: dict[str, str]) 
             (await session.call_tool("forget", {"memory_id": saved["note_id"]})).content[0].text  # type: ignore[union-attr]
         )
         assert second["status"] == "forgotten" and second["deleted"] == [saved["note_id"]]
+
+
+async def test_streamable_http_serves_several_users_each_in_their_own_memory(env: dict[str, str]) -> None:
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    from services.redis_server import free_port
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "mcp", "--profile", "memento", "--http", str(port)],
+        env=env,
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/mcp"
+        wait_until(lambda: _answers(port), timeout=30)
+        ids = {}
+        for user in ("carol", "dave"):
+            http = create_mcp_http_client(headers={"X-Engram-User": user})
+            async with (
+                http,
+                streamable_http_client(url, http_client=http) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+                stored = await session.call_tool("store_memory", {"content": f"{user} keeps bees"})
+                body = json.loads(stored.content[0].text)  # type: ignore[union-attr]
+                assert "created" in body, body
+                ids[user] = body["created"]["id"]
+                recent = await session.call_tool("list_recent_memories", {})
+                memories = json.loads(recent.content[0].text)["memories"]  # type: ignore[union-attr]
+                assert [m["id"] for m in memories] == [ids[user]], "each user sees only their own memory"
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+
+
+def _answers(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0

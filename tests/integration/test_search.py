@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 
 from contracts.errors import EngramError, ErrorCode
 from services.client import EngramClient, EngramSession
-from tests.conftest import RunningService
+from tests.conftest import TEST_REDIS_URL, RunningService
 
 FACTS = [
     ("person", "Alec is my boss at TechCorp"),
@@ -178,3 +178,26 @@ async def test_the_qdrant_server_adapter_serves_the_same_search(redis_url: str) 
             assert [s.note_id for s in austin.similar] == [seattle.note_id]
     finally:
         await running.stop()
+
+
+async def test_reads_are_counted_beside_the_log_and_blended_ranking_is_opt_in(client: EngramClient) -> None:
+    old = await client.save("alice", "I keep my passport in the blue drawer", importance=0.1, advise=False)
+    new = await client.save("alice", "The spare house key is in the blue vase", importance=1.0, advise=False)
+    plain = await client.search("alice", "where do I keep my passport?", after=new.token)
+    assert [h.note_id for h in plain.results][:1] == [old.note_id]
+    blended = await client.search("alice", "where is it in the blue one?", ranking="blended")
+    assert blended.results[0].note_id == new.note_id, "importance lifts a note when asked to blend"
+    log = await _log_length(client)
+    for _ in range(3):
+        await client.search("alice", "passport")
+    note = await client.get_note("alice", old.note_id)
+    assert note.access_count >= 3 and note.last_accessed_at is not None
+    assert await _log_length(client) == log, "reads append nothing to the event log"
+
+
+async def _log_length(client: EngramClient) -> int:
+    redis = aioredis.Redis.from_url(TEST_REDIS_URL)
+    try:
+        return int(await redis.xlen("engram:{0}:log"))
+    finally:
+        await redis.aclose()

@@ -98,3 +98,26 @@ def test_json_schema_covers_every_contract() -> None:
     assert save_note["properties"]["type"] == {"enum": ["save_note"]}
     assert save_note["properties"]["content"]["maxLength"] == MAX_CONTENT_CHARS
     assert "content" in save_note["required"]
+
+
+def test_blended_ranking_mixes_relevance_recency_and_importance() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from contracts.model import NoteKind, NoteSource, NoteStatus, NoteView
+    from services.search import BlendPolicy
+
+    now = datetime(2026, 6, 1, tzinfo=UTC)
+
+    def view(updated: datetime, importance: float, accessed: datetime | None = None) -> NoteView:
+        return NoteView(
+            id="AAAAAAAA", user_id="u", kind=NoteKind.FACT, content="x", category="general", subject=None,
+            confidence=1.0, source=NoteSource.EXPLICIT, importance=importance, created_at=updated,
+            updated_at=updated, last_accessed_at=accessed, version=1, status=NoteStatus.ACTIVE,
+            supersedes=[], superseded_by=None,
+        )  # fmt: skip
+
+    policy = BlendPolicy(relevance=0.5, recency=0.25, importance=0.25, half_life_days=10)
+    assert policy.score(1.0, view(now, 1.0), now) == pytest.approx(1.0)
+    assert policy.score(1.0, view(now - timedelta(days=10), 0.0), now) == pytest.approx(0.5 + 0.125)
+    used = view(now - timedelta(days=100), 0.0, accessed=now)
+    assert policy.score(0.0, used, now) == pytest.approx(0.25), "a recent read keeps an old note fresh"
