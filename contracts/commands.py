@@ -42,8 +42,8 @@ class Command(Message, frozen=True, kw_only=True):
 
 
 class NoteDraft(msgspec.Struct, frozen=True, kw_only=True):
-    """The content of a new note. Episodes may carry summary, narrative and occurred_at;
-    procedures carry trigger and action."""
+    """The content of a new note. Episodes may carry summary, narrative, occurred_at and links
+    (the ids of facts they gave rise to, seed 004); procedures carry trigger and action."""
 
     content: Content
     kind: NoteKind = NoteKind.FACT
@@ -57,6 +57,7 @@ class NoteDraft(msgspec.Struct, frozen=True, kw_only=True):
     occurred_at: datetime | None = None
     trigger: LongText | None = None
     action: LongText | None = None
+    links: Annotated[list[NoteId], msgspec.Meta(max_length=MAX_FORGET_IDS)] = msgspec.field(default_factory=list)
 
 
 class SaveNote(NoteDraft, tag_field="type", tag="save_note", frozen=True, kw_only=True):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import msgspec
+
 from contracts.base import Message
 from contracts.model import NoteKind, NoteSource, Origin
 
@@ -39,6 +41,7 @@ class NoteSaved(Event, tag="note_saved", frozen=True, kw_only=True):
     occurred_at: datetime | None = None
     trigger: str | None = None
     action: str | None = None
+    links: list[str] = msgspec.field(default_factory=list)
 
 
 class NoteUpdated(Event, tag="note_updated", frozen=True, kw_only=True):

@@ -64,6 +64,8 @@ class NoteView(msgspec.Struct, frozen=True, kw_only=True):
     occurred_at: datetime | None = None
     trigger: str | None = None
     action: str | None = None
+    # An episode's facts (ids of the notes it gave rise to).
+    links: list[str] = msgspec.field(default_factory=list)
     # How often a search or a read returned it (kept beside the read model, not in the log).
     access_count: int = 0
 

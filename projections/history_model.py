@@ -41,6 +41,7 @@ def evolve_view(view: NoteView | None, event: AnyEvent) -> NoteView:
             occurred_at=event.occurred_at,
             trigger=event.trigger,
             action=event.action,
+            links=list(event.links),
         )
     if view is None:
         raise ValueError(f"{type(event).__name__} for unknown note {event.note_id}")

@@ -119,6 +119,7 @@ PROFILES: dict[str, list[ToolSpec]] = {
                     "occurred_at": {"type": "string", "format": "date-time"},
                     "trigger": _STR,
                     "action": _STR,
+                    "links": {"type": "array", "items": _ID, "description": "an episode's facts (their ids)"},
                 },
                 ["content"],
             ),
@@ -415,7 +416,7 @@ class ToolDispatcher:
         return {"results": [_builtins(h) for h in reply.results]}
 
     async def _engram_save(self, a: dict[str, Any]) -> dict[str, Any]:
-        extra: dict[str, Any] = {k: a[k] for k in ("summary", "narrative", "trigger", "action") if k in a}
+        extra: dict[str, Any] = {k: a[k] for k in ("summary", "narrative", "trigger", "action", "links") if k in a}
         if "occurred_at" in a:
             extra["occurred_at"] = datetime.fromisoformat(a["occurred_at"])
         written = await self.client.save(

@@ -148,6 +148,8 @@ def _save(user_id, command_id, origin, draft: NoteDraft, note_id: str, state: No
         raise EngramError(
             ErrorCode.INVALID_PARAMETER, "'summary', 'narrative' and 'occurred_at' belong to episodes (kind='episode')"
         )
+    if draft.kind is not NoteKind.EPISODE and draft.links:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, "'links' belong to episodes (kind='episode')")
     if draft.kind is not NoteKind.PROCEDURE and (draft.trigger or draft.action):
         raise EngramError(ErrorCode.INVALID_PARAMETER, "'trigger' and 'action' belong to procedures (kind='procedure')")
     event = NoteSaved(
@@ -170,6 +172,7 @@ def _save(user_id, command_id, origin, draft: NoteDraft, note_id: str, state: No
         occurred_at=draft.occurred_at,
         trigger=draft.trigger,
         action=draft.action,
+        links=list(draft.links),
     )
     return StreamAppend(note_id=note_id, expected_version=0, events=[event], claims=[content_digest(draft.content)])
 

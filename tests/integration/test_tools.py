@@ -201,8 +201,13 @@ async def test_engram_profile_every_tool(client: EngramClient) -> None:
             "summary": "Dinner plans with sister Sarah",
             "narrative": "Alex asked to be reminded about dinner with Sarah on Saturday at 7pm.",
             "occurred_at": "2026-01-20T19:00:00+00:00",
+            "links": [newer["note_id"]],
         },
     )
+    stored = await client.get_note("alice", episode["note_id"], after=episode["token"])
+    assert stored.links == [newer["note_id"]] and stored.summary == "Dinner plans with sister Sarah"
+    linked_fact = await t.call("save", {"content": "a fact with links", "links": [note]})
+    assert linked_fact["error"]["code"] == "INVALID_PARAMETER"
     assert (await t.call("forget", {"memory_id": episode["note_id"]}))["status"] == "confirmation_required"
 
 
