@@ -395,6 +395,35 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_health(args: argparse.Namespace) -> int:
+    from redis.asyncio import Redis
+
+    from services.health import health
+
+    async def go() -> dict[str, Any]:
+        redis = Redis.from_url(resolve_url(Settings.from_env()), socket_connect_timeout=2)
+        try:
+            return await health(redis)
+        finally:
+            await redis.aclose()
+
+    report = asyncio.run(go())
+    sys.stdout.write(json.dumps(report, indent=None if args.json else 2) + "\n")
+    return 0 if report["status"] == "ok" else 1
+
+
+def cmd_docs(args: argparse.Namespace) -> int:
+    from contracts.asyncapi import asyncapi
+
+    text = json.dumps(asyncapi(), indent=2, sort_keys=True)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+        _print(args, {"written": args.out}, lambda o: f"wrote {o['written']}")
+    else:
+        print(text)
+    return 0
+
+
 # the agent's surface ------------------------------------------------------------------------------
 
 
@@ -586,6 +615,11 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--timeout", type=float, default=None, help="seconds to wait for a reply")
         if action == "delete":
             p.add_argument("note_id")
+
+    add("health", cmd_health, "bus reachable? projection and request-group lag, pending deletions")
+
+    p = add("docs", cmd_docs, "write the AsyncAPI 3.0 document of every channel and message")
+    p.add_argument("--out", help="file to write (default: stdout)")
 
     p = add("schema", cmd_schema, "write the JSON Schema of every contract")
     p.add_argument("--out", help="file to write (default: stdout)")

@@ -171,3 +171,34 @@ async def test_a_token_the_read_model_cannot_reach_times_out_with_a_typed_error(
             assert info.value.code is ErrorCode.TIMEOUT
     finally:
         await running.stop()
+
+
+async def test_health_reports_lag_groups_and_pending_deletions(client: EngramClient, redis_url: str) -> None:
+    import redis.asyncio as aioredis
+
+    from services.health import health
+
+    written = await client.save("alice", "health check note")
+    await client.get_note("alice", written.note_id, after=written.token)
+    await client.forget("alice", note_ids=[written.note_id])
+    redis = aioredis.Redis.from_url(redis_url)
+    try:
+        for _ in range(100):
+            report = await health(redis)
+            part = report["partitions"][0]
+            if part["forget_saga"]["pending_deletions"] == 1 and part["history"]["lag_entries"] == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert report["status"] == "ok"
+        assert part["history"]["lag_entries"] == 0 and part["log_length"] == 2
+        assert part["commands"]["group"] and part["commands"]["dead_letters"] == 0
+        assert part["forget_saga"]["pending_deletions"] == 1 and part["forget_saga"]["overdue"] == 0
+        # A projection that stops shows as lag: rewind the history checkpoint.
+        live = await redis.get("engram:{0}:hist:live")
+        await redis.set(f"engram:{{0}}:hist:{int(live or 0)}:checkpoint", "0-0")
+        assert (await health(redis))["partitions"][0]["history"]["lag_entries"] >= 1
+    finally:
+        await redis.aclose()
+    down = aioredis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
+    assert (await health(down))["status"] == "down"
+    await down.aclose()

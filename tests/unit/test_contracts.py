@@ -121,3 +121,25 @@ def test_blended_ranking_mixes_relevance_recency_and_importance() -> None:
     assert policy.score(1.0, view(now - timedelta(days=10), 0.0), now) == pytest.approx(0.5 + 0.125)
     used = view(now - timedelta(days=100), 0.0, accessed=now)
     assert policy.score(0.0, used, now) == pytest.approx(0.25), "a recent read keeps an old note fresh"
+
+
+def test_the_asyncapi_document_names_every_channel_and_message() -> None:
+    from typing import get_args
+
+    from contracts.asyncapi import asyncapi
+    from contracts.commands import AnyCommand
+    from contracts.events import AnyEvent
+    from contracts.queries import AnyQuery, AnyReply
+
+    doc = asyncapi()
+    assert doc["asyncapi"] == "3.0.0"
+    messages = doc["components"]["messages"]
+    for union in (AnyCommand, AnyEvent, AnyQuery, AnyReply):
+        for cls in get_args(union):
+            message = messages[cls.__name__]
+            assert message["name"] == cls.__struct_config__.tag and message["summary"], cls
+            assert message["payload"]["$ref"].split("/")[-1] in doc["components"]["schemas"]
+    for channel in doc["channels"].values():
+        for ref in channel["messages"].values():
+            assert ref["$ref"].split("/")[-1] in messages
+    assert {c["address"] for c in doc["channels"].values()} >= {"engram:{p}:commands", "engram:{p}:log"}

@@ -1,0 +1,85 @@
+"""The bus decoders under arbitrary input (hypothesis): every body either decodes to a contract
+or becomes a typed INVALID_PARAMETER error reply; nothing raises past the handler."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from services.commands import CommandService
+from services.queries import QueryService
+from tests.fakes import InMemoryEventStore
+
+pytestmark = pytest.mark.unit
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=12), children, max_size=6),
+    max_leaves=20,
+)
+TAGS = [
+    "get_note",
+    "list_notes",
+    "search_notes",
+    "build_context",
+    "save_note",
+    "save_notes",
+    "update_note",
+    "supersede_note",
+    "record_message",
+    "request_forget",
+    "nope",
+]
+bodies = st.one_of(
+    st.binary(max_size=300),
+    json_values.map(lambda v: json.dumps(v).encode()),
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(TAGS), "command_id": st.text(max_size=20), "user_id": st.text(max_size=20)},
+        optional={"content": st.text(max_size=60), "note_id": st.text(max_size=10), "notes": json_values},
+    ).map(lambda v: json.dumps(v).encode()),
+)
+
+
+class EmptyHistory:
+    """A read model with no notes at all."""
+
+    async def wait_for(self, token: str, timeout: float) -> bool:
+        return True
+
+    async def get_note(self, user_id: str, note_id: str) -> None:
+        return None
+
+    async def history(self, user_id: str, note_id: str) -> None:
+        return None
+
+    async def list_notes(self, user_id: str, category: str | None, include_superseded: bool) -> list[object]:
+        return []
+
+    async def list_recent(self, user_id: str, limit: int) -> tuple[list[object], int]:
+        return [], 0
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=bodies)
+async def test_any_command_body_gets_a_reply_not_an_exception(body: bytes) -> None:
+    service = CommandService(InMemoryEventStore())
+    raw = await service.handle(body)
+    reply = msgspec.json.decode(raw)
+    assert isinstance(reply, dict)
+    if reply.get("type") == "error":
+        assert reply["code"] in {"INVALID_PARAMETER", "MEMORY_NOT_FOUND", "UNAVAILABLE"} and reply["message"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=bodies)
+async def test_any_query_body_gets_a_reply_not_an_exception(body: bytes) -> None:
+    service = QueryService(EmptyHistory(), 0.01)  # type: ignore[arg-type]
+    reply = msgspec.json.decode(await service.handle(body))
+    assert isinstance(reply, dict) and reply.get("type") in {"error", "notes", "context"}
+    if reply["type"] == "error":
+        assert reply["code"] in {"INVALID_PARAMETER", "MEMORY_NOT_FOUND", "UNAVAILABLE"} and reply["message"]
