@@ -412,6 +412,52 @@ def cmd_health(args: argparse.Namespace) -> int:
     return 0 if report["status"] == "ok" else 1
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from redis.asyncio import Redis
+
+    from services.portable import export_log
+
+    async def go() -> dict[str, int]:
+        redis = Redis.from_url(resolve_url(Settings.from_env()))
+        try:
+            partitions = int(await redis.get("engram:partitions") or 1)
+            with open(args.out, "w") as out:
+                return await export_log(redis, partitions, out)
+        finally:
+            await redis.aclose()
+
+    counts = asyncio.run(go())
+    _print(args, {"written": args.out, **counts}, lambda o: f"exported {o['events']} events to {o['written']}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from redis.asyncio import Redis
+
+    from services.crypto import load_master_key
+    from services.event_store import RedisEventStore
+    from services.portable import import_log
+
+    settings = Settings.from_env()
+
+    async def go() -> dict[str, int]:
+        redis = Redis.from_url(resolve_url(settings))
+        try:
+            with open(args.source) as source:
+                partitions = json.loads(source.readline())["partitions"]
+                source.seek(0)
+                store = RedisEventStore(redis, partitions, 0, load_master_key(settings.data_dir))
+                return await import_log(redis, store, source)
+        except ValueError as e:
+            raise EngramError(ErrorCode.INVALID_PARAMETER, str(e)) from None
+        finally:
+            await redis.aclose()
+
+    counts = asyncio.run(go())
+    _print(args, counts, lambda o: f"imported {o['events']} events; projections rebuild when engram serve starts")
+    return 0
+
+
 def cmd_docs(args: argparse.Namespace) -> int:
     from contracts.asyncapi import asyncapi
 
@@ -617,6 +663,11 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("note_id")
 
     add("health", cmd_health, "bus reachable? projection and request-group lag, pending deletions")
+
+    p = add("export", cmd_export, "write the raw event log (sealed) and data keys as JSON lines")
+    p.add_argument("--out", required=True)
+    p = add("import", cmd_import, "replay an export into an empty store (same master key)")
+    p.add_argument("source")
 
     p = add("docs", cmd_docs, "write the AsyncAPI 3.0 document of every channel and message")
     p.add_argument("--out", help="file to write (default: stdout)")

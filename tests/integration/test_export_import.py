@@ -1,0 +1,65 @@
+"""`engram export` / `engram import`: the raw log replays into an empty store, the projections
+rebuild from it to the same state, forgotten notes stay forgotten and duplicates are still caught."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from services.client import EngramClient
+from services.crypto import load_master_key
+from services.event_store import RedisEventStore
+from services.portable import export_log, import_log
+from services.redis_server import RedisServer
+from tests.conftest import RunningService, service_settings
+
+
+async def test_an_export_replays_into_an_empty_store(service: RunningService, tmp_path: Path) -> None:
+    async with EngramClient(service.settings.redis_url) as client:
+        kept = await client.save("alice", "Alec is my boss", category="person", advise=False)
+        await client.update("alice", kept.note_id, content="Alec was my boss")
+        newer = await client.save("alice", "Priya is my boss now", category="person", advise=False)
+        await client.supersede("alice", kept.note_id, newer.note_id)
+        gone = await client.save("alice", "My locker code is 4417", advise=False)
+        last = await client.forget("alice", note_ids=[gone.note_id], confirmed=True)
+        await client.get_note("alice", newer.note_id, after=last.token)
+        before = await client.list_notes("alice", include_superseded=True)
+        history = await client.history("alice", kept.note_id)
+    source = aioredis.Redis.from_url(service.settings.redis_url)
+    buffer = io.StringIO()
+    try:
+        counts = await export_log(source, 1, buffer)
+    finally:
+        await source.aclose()
+    assert counts["events"] == 6 and counts["data_keys"] == 2, "the forgotten note has no key to export"
+    assert "4417" not in buffer.getvalue() and "Alec" not in buffer.getvalue(), "content stays sealed"
+
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        target = aioredis.Redis.from_url(server.url)
+        try:
+            store = RedisEventStore(target, 1, 0, load_master_key(tmp_path))
+            buffer.seek(0)
+            imported = await import_log(target, store, buffer)
+            assert imported == {"events": 6, "data_keys": 2, "content_claims": 1}
+            buffer.seek(0)
+            with pytest.raises(ValueError, match="not empty"):
+                await import_log(target, store, buffer)
+        finally:
+            await target.aclose()
+        running = await RunningService(service_settings(server.url, index_enabled=False)).start()
+        try:
+            async with EngramClient(server.url) as client:
+                await client.get_note("alice", newer.note_id, after=last.token)
+                assert await client.list_notes("alice", include_superseded=True) == before
+                assert await client.history("alice", kept.note_id) == history
+                assert (await client.get_note("alice", gone.note_id)).status == "forgotten"
+                again = await client.save("alice", "priya is my  boss now", advise=False)
+                assert again.duplicate and again.note_id == newer.note_id
+        finally:
+            await running.stop()
+    finally:
+        server.stop()
