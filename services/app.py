@@ -27,6 +27,8 @@ from fast_depends.msgspec import MsgSpecSerializer
 from faststream import AckPolicy
 from faststream.redis import RedisBroker, StreamSub
 from faststream.redis.annotations import RedisStreamMessage
+from faststream.redis.prometheus import RedisPrometheusMiddleware
+from prometheus_client import CollectorRegistry, start_http_server
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
@@ -42,6 +44,7 @@ from services.crypto import load_master_key
 from services.event_store import RedisEventStore
 from services.forget import ForgetService, Scrubber
 from services.forget_timer import ForgetExpiryTimer
+from services.metrics import EngramGauges
 from services.queries import QueryService
 from services.reclaimer import PendingReclaimer
 from services.search import BlendPolicy, SearchService
@@ -55,9 +58,10 @@ class ConfigurationError(RuntimeError):
     """The configuration contradicts the data already in Redis; the service does not start."""
 
 
-def make_broker(url: str) -> RedisBroker:
+def make_broker(url: str, registry: CollectorRegistry | None = None) -> RedisBroker:
     # logger=None: FastStream's per-message INFO lines cost more than the handler itself.
-    return RedisBroker(url, serializer=MsgSpecSerializer(), logger=None)  # type: ignore[arg-type]
+    middlewares = [RedisPrometheusMiddleware(registry=registry, app_name="engram")] if registry is not None else []
+    return RedisBroker(url, serializer=MsgSpecSerializer(), logger=None, middlewares=middlewares)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -73,17 +77,26 @@ class Engram:
     reclaimers: list[PendingReclaimer]
     index: IndexRuntime | None
     forget_timer: ForgetExpiryTimer
+    registry: CollectorRegistry | None = None
+    gauges: EngramGauges | None = None
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Run every worker until ``stopping`` is set."""
         tasks: list[asyncio.Task[None]] = []
+        metrics_server = None
         try:
             await self._check_partitions()
             await self._ensure_groups()
             tasks += [asyncio.create_task(r.run(self.stopping), name=f"{r.name}-{r.partition}") for r in self.runners]
             tasks += [asyncio.create_task(r.run(self.stopping), name=f"reclaim-{r.stream}") for r in self.reclaimers]
             tasks.append(asyncio.create_task(self.forget_timer.run(self.stopping), name="forget-expiry"))
+            if self.registry is not None and self.gauges is not None:
+                server, _ = start_http_server(
+                    self.settings.metrics_port, self.settings.metrics_host, registry=self.registry
+                )
+                metrics_server = server
+                tasks.append(asyncio.create_task(self.gauges.run(self.stopping), name="metrics"))
             if self.index is not None:
                 # The model loads in the background (6-9 s); commands and reads are served meanwhile.
                 tasks.append(asyncio.create_task(self.index.watch(self.stopping), name="index-generations"))
@@ -110,6 +123,9 @@ class Engram:
                     await runner.release()
             if self.index is not None:
                 await self.index.close()
+            if metrics_server is not None:
+                metrics_server.shutdown()
+                metrics_server.server_close()
             await self.redis.aclose()
 
     async def _ensure_groups(self) -> None:
@@ -140,7 +156,8 @@ class Engram:
 
 def build(settings: Settings) -> Engram:
     redis = Redis.from_url(settings.redis_url)
-    broker = make_broker(settings.redis_url)
+    registry = CollectorRegistry() if settings.metrics_port else None
+    broker = make_broker(settings.redis_url, registry)
     store = RedisEventStore(
         redis, settings.partitions, settings.idempotency_ttl_seconds, load_master_key(settings.data_dir)
     )
@@ -193,7 +210,10 @@ def build(settings: Settings) -> Engram:
             (channels.query_stream(p), channels.QUERY_GROUP),
         )
     ]
-    return Engram(settings, redis, broker, store, commands, queries, history, runners, reclaimers, index, timer)
+    gauges = EngramGauges(registry, redis, settings.partitions) if registry is not None else None
+    return Engram(
+        settings, redis, broker, store, commands, queries, history, runners, reclaimers, index, timer, registry, gauges
+    )
 
 
 def build_index_runtime(redis: Redis, settings: Settings) -> IndexRuntime:

@@ -59,6 +59,9 @@ class Settings:
     similar_threshold: float = 0.5
     # How long a requested deletion waits for its confirmation (seed 000: 5 minutes).
     forget_ttl_seconds: float = 300.0
+    # Prometheus metrics on this port; 0: off.
+    metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
     # ranking="blended": weights of (relevance, recency, importance) and recency's half-life.
     ranking_weights: tuple[float, float, float] = (0.7, 0.15, 0.15)
     recency_half_life_days: float = 30.0
@@ -91,6 +94,8 @@ class Settings:
             forget_ttl_seconds=_float("ENGRAM_FORGET_TTL_SECONDS", 300.0),
             ranking_weights=_triple(os.environ.get("ENGRAM_RANKING_WEIGHTS", "0.7,0.15,0.15")),
             recency_half_life_days=_float("ENGRAM_RECENCY_HALF_LIFE_DAYS", 30.0),
+            metrics_port=_int("ENGRAM_METRICS_PORT", 0),
+            metrics_host=os.environ.get("ENGRAM_METRICS_HOST", "127.0.0.1"),
             forget_confirmation=os.environ.get("ENGRAM_FORGET_CONFIRMATION", "on").lower()
             not in ("off", "0", "false", "no"),
         )

@@ -12,6 +12,7 @@ from contracts import channels
 from contracts.errors import EngramError, ErrorCode
 from contracts.model import NoteStatus
 from services.client import EngramClient, EngramSession
+from tests.conftest import RunningService, service_settings
 
 
 async def test_save_get_update_history_list_recent(client: EngramClient) -> None:
@@ -202,3 +203,30 @@ async def test_health_reports_lag_groups_and_pending_deletions(client: EngramCli
     down = aioredis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
     assert (await health(down))["status"] == "down"
     await down.aclose()
+
+
+async def test_prometheus_metrics_cover_the_bus_and_the_projections(redis_url: str) -> None:
+    import urllib.request
+
+    from services.redis_server import free_port
+
+    port = free_port()
+    running = await RunningService(service_settings(redis_url, metrics_port=port, index_enabled=False)).start()
+    try:
+        async with EngramClient(redis_url) as client:
+            written = await client.save("alice", "measured note")
+            await client.get_note("alice", written.note_id, after=written.token)
+            await client.forget("alice", note_ids=[written.note_id])
+        await running.engram.gauges.refresh()  # type: ignore[union-attr]
+
+        def scrape() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                return response.read().decode()
+
+        text = await asyncio.to_thread(scrape)
+    finally:
+        await running.stop()
+    assert 'faststream_received_messages_total{app_name="engram"' in text, text[:2000]
+    assert 'engram_projection_lag_entries{partition="0",projection="history"}' in text
+    assert 'engram_forget_pending_deletions{partition="0"}' in text
+    assert "engram_bus_up 1.0" in text
