@@ -7,7 +7,9 @@ is then refused by the decider with ``VERSION_CONFLICT``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -28,7 +30,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("engram.commands")
 
-MAX_ATTEMPTS = 8
+# Writers racing on one note each win a round; a contender retries with a small random pause so
+# that many at once (a burst of updates to one note) spread out instead of colliding again.
+MAX_ATTEMPTS = 32
 _command_decoder = msgspec.json.Decoder(AnyCommand)
 _encoder = msgspec.json.Encoder()
 
@@ -92,7 +96,7 @@ class CommandService:
         salt = 0
         # Drafts of a batch whose text an existing note already holds: index -> (note id, version).
         held: dict[int, tuple[str, int]] = {}
-        for _ in range(MAX_ATTEMPTS):
+        for attempt in range(MAX_ATTEMPTS):
             ids = note_ids_for(command, salt)
             loaded = await store.load(command.user_id, ids)
             states = {i: n.state for i, n in loaded.items()}
@@ -124,6 +128,7 @@ class CommandService:
                     f"Memory {result.holder} already says this; update or supersede that one instead",
                 )
             log.debug("conflict on %s (now v%d), deciding again", result.note_id, result.actual_version)
+            await asyncio.sleep(random.uniform(0, 0.001 * min(attempt + 1, 10)))
         raise EngramError(ErrorCode.VERSION_CONFLICT, "the memory kept changing under this command; retry it")
 
     async def _all_held(self, command: SaveNotes, held: dict[int, tuple[str, int]]) -> NotesWritten:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import logging
+import random
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -35,7 +36,7 @@ from services.search import SearchService
 
 log = logging.getLogger("engram.forget")
 
-MAX_ATTEMPTS = 8
+MAX_ATTEMPTS = 32
 PREVIEW_CHARS = 120
 SCRUB_WAIT_SECONDS = 5.0
 
@@ -118,6 +119,7 @@ class ForgetService:
                 if reply.forgotten:
                     await self._scrub_after(token)
                 return reply
+            await asyncio.sleep(random.uniform(0, 0.005))  # lost a race: spread the retries
         raise EngramError(ErrorCode.VERSION_CONFLICT, "the memory kept changing under this request; retry it")
 
     async def request_user(self, command: RequestForgetUser) -> ForgetReply:
@@ -158,6 +160,7 @@ class ForgetService:
                         await self._access.forget(command.user_id)
                     await self._scrub_after(reply.token or "")
                 return reply
+            await asyncio.sleep(random.uniform(0, 0.005))  # lost a race: spread the retries
         raise EngramError(ErrorCode.VERSION_CONFLICT, "the memory kept changing under this request; retry it")
 
     async def _scrub_after(self, token: str) -> None:
