@@ -22,11 +22,13 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from fast_depends.msgspec import MsgSpecSerializer
 from faststream import AckPolicy
 from faststream.redis import RedisBroker, StreamSub
 from faststream.redis.annotations import RedisStreamMessage
+from faststream.redis.opentelemetry import RedisTelemetryMiddleware
 from faststream.redis.prometheus import RedisPrometheusMiddleware
 from prometheus_client import CollectorRegistry, start_http_server
 from redis.asyncio import Redis
@@ -58,9 +60,15 @@ class ConfigurationError(RuntimeError):
     """The configuration contradicts the data already in Redis; the service does not start."""
 
 
-def make_broker(url: str, registry: CollectorRegistry | None = None) -> RedisBroker:
+def make_broker(url: str, registry: CollectorRegistry | None = None, tracing: bool = False) -> RedisBroker:
     # logger=None: FastStream's per-message INFO lines cost more than the handler itself.
-    middlewares = [RedisPrometheusMiddleware(registry=registry, app_name="engram")] if registry is not None else []
+    middlewares: list[Any] = []
+    if registry is not None:
+        middlewares.append(RedisPrometheusMiddleware(registry=registry, app_name="engram"))
+    if tracing:
+        # Spans go to the process's tracer provider (set up by the deployment: OTEL_* variables,
+        # opentelemetry-instrument, or code); trace context arrives in the request's headers.
+        middlewares.append(RedisTelemetryMiddleware())
     return RedisBroker(url, serializer=MsgSpecSerializer(), logger=None, middlewares=middlewares)  # type: ignore[arg-type]
 
 
@@ -157,7 +165,7 @@ class Engram:
 def build(settings: Settings) -> Engram:
     redis = Redis.from_url(settings.redis_url)
     registry = CollectorRegistry() if settings.metrics_port else None
-    broker = make_broker(settings.redis_url, registry)
+    broker = make_broker(settings.redis_url, registry, settings.tracing)
     store = RedisEventStore(
         redis, settings.partitions, settings.idempotency_ttl_seconds, load_master_key(settings.data_dir)
     )

@@ -16,6 +16,7 @@ import uuid
 
 from faststream.redis.message import DATA_KEY
 from faststream.redis.parser.binary import BinaryMessageFormatV1
+from opentelemetry.propagate import inject
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
@@ -53,8 +54,11 @@ class BusRequester:
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._waiting[correlation_id] = future
         try:
+            headers: dict[str, str] = {}
+            # W3C trace context: the service's consume span continues the caller's trace.
+            inject(headers)
             message = await BinaryMessageFormatV1.encode(
-                message=body, reply_to=self.reply_channel, headers={}, correlation_id=correlation_id
+                message=body, reply_to=self.reply_channel, headers=headers, correlation_id=correlation_id
             )
             await self._redis.xadd(stream, {DATA_KEY: message}, maxlen=self._maxlen, approximate=True)
             return await asyncio.wait_for(future, timeout)

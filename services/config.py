@@ -62,6 +62,8 @@ class Settings:
     # Prometheus metrics on this port; 0: off.
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
+    # OpenTelemetry spans for every request handled (FastStream's middleware).
+    tracing: bool = False
     # ranking="blended": weights of (relevance, recency, importance) and recency's half-life.
     ranking_weights: tuple[float, float, float] = (0.7, 0.15, 0.15)
     recency_half_life_days: float = 30.0
@@ -96,6 +98,7 @@ class Settings:
             recency_half_life_days=_float("ENGRAM_RECENCY_HALF_LIFE_DAYS", 30.0),
             metrics_port=_int("ENGRAM_METRICS_PORT", 0),
             metrics_host=os.environ.get("ENGRAM_METRICS_HOST", "127.0.0.1"),
+            tracing=os.environ.get("ENGRAM_TRACING", "off").lower() in ("on", "1", "true", "yes"),
             forget_confirmation=os.environ.get("ENGRAM_FORGET_CONFIRMATION", "on").lower()
             not in ("off", "0", "false", "no"),
         )

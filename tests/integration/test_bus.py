@@ -230,3 +230,26 @@ async def test_prometheus_metrics_cover_the_bus_and_the_projections(redis_url: s
     assert 'engram_projection_lag_entries{partition="0",projection="history"}' in text
     assert 'engram_forget_pending_deletions{partition="0"}' in text
     assert "engram_bus_up 1.0" in text
+
+
+async def test_a_command_is_traced_through_the_bus(redis_url: str) -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)  # once per process; this is the only test that sets it
+    running = await RunningService(service_settings(redis_url, tracing=True, index_enabled=False)).start()
+    try:
+        async with EngramClient(redis_url) as client:
+            with provider.get_tracer("agent").start_as_current_span("agent turn") as turn:
+                await client.save("alice", "traced note", advise=False)
+    finally:
+        await running.stop()
+    caller = turn.get_span_context().trace_id
+    handled = [s for s in exporter.get_finished_spans() if s.context.trace_id == caller and s.name != "agent turn"]
+    assert handled, [s.name for s in exporter.get_finished_spans()]
+    assert any("commands" in s.name for s in handled), [s.name for s in handled]
