@@ -386,7 +386,11 @@ async def _rebuild_index(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_schema(args: argparse.Namespace) -> int:
     from contracts.schema import json_schema
 
-    text = json.dumps(json_schema(), indent=2, sort_keys=True)
+    return _write_document(args, json_schema())
+
+
+def _write_document(args: argparse.Namespace, document: dict[str, Any]) -> int:
+    text = json.dumps(document, indent=2, sort_keys=True)
     if args.out:
         Path(args.out).write_text(text + "\n")
         _print(args, {"written": args.out}, lambda o: f"wrote {o['written']}")
@@ -461,13 +465,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 def cmd_docs(args: argparse.Namespace) -> int:
     from contracts.asyncapi import asyncapi
 
-    text = json.dumps(asyncapi(), indent=2, sort_keys=True)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-        _print(args, {"written": args.out}, lambda o: f"wrote {o['written']}")
-    else:
-        print(text)
-    return 0
+    return _write_document(args, asyncapi())
 
 
 # the agent's surface ------------------------------------------------------------------------------

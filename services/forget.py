@@ -32,6 +32,7 @@ from projections.forget_saga import pending_notes
 from projections.history import HistoryReader
 from services.domain.decider import decide, decide_forget_user, forgettable, note_ids_for
 from services.event_store import Appended, RedisEventStore
+from services.reclaimer import group_info
 from services.search import SearchService
 
 log = logging.getLogger("engram.forget")
@@ -326,11 +327,7 @@ class Scrubber:
 async def trim_handled(redis: Redis, stream: str, group: str) -> int:
     """Delete the entries every consumer of ``group`` has handled: older than the oldest pending
     one, and not after the last delivered one."""
-    try:
-        groups = await redis.xinfo_groups(stream)
-    except ResponseError:
-        return 0  # no such stream yet
-    info = next((g for g in groups if _text(g["name"]) == group), None)
+    info = await group_info(redis, stream, group)
     if info is None:
         return 0
     last = channels.parse_entry_id(info["last-delivered-id"])
@@ -340,7 +337,3 @@ async def trim_handled(redis: Redis, stream: str, group: str) -> int:
         oldest = channels.parse_entry_id(pending["min"])
         bound = min(bound, oldest)
     return int(await redis.xtrim(stream, minid=f"{bound[0]}-{bound[1]}", approximate=False))
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value

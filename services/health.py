@@ -9,13 +9,14 @@ import time
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from contracts import channels
 from projections.forget_saga import SagaKeys
 from projections.history import HistoryKeys, live_generation, position_key
 from projections.index import IndexKeys, live_index_generation
 from projections.index_runtime import model_key
+from services.reclaimer import group_info
 
 LAG_ENTRIES_LIMIT = 1000  # more than this behind the log: degraded
 OVERDUE_SECONDS = 30  # a deletion deadline passed this long ago and still pending: degraded
@@ -67,11 +68,7 @@ async def health(redis: Redis, partitions: int | None = None) -> dict[str, Any]:
             ("commands", channels.command_stream(p), channels.COMMAND_GROUP),
             ("queries", channels.query_stream(p), channels.QUERY_GROUP),
         ):
-            try:
-                groups = await redis.xinfo_groups(stream)
-            except ResponseError:
-                groups = []
-            info = next((g for g in groups if _text(g["name"]) == group), None)
+            info = await group_info(redis, stream, group)
             dead = await redis.xlen(channels.dead_letter_stream(stream))
             part[name] = {
                 "group": info is not None,
@@ -85,7 +82,3 @@ async def health(redis: Redis, partitions: int | None = None) -> dict[str, Any]:
         report["partitions"].append(part)
     report["status"] = "degraded" if degraded else "ok"
     return report
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value

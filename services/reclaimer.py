@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from contracts import channels
 
@@ -98,3 +100,16 @@ class PendingReclaimer:
                 log.exception("reclaiming %s failed; retrying", self.stream)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval)
+
+
+async def group_info(redis: Redis, stream: str, group: str) -> dict[str, Any] | None:
+    """XINFO GROUPS' entry for ``group`` on ``stream`` (None if either does not exist)."""
+    try:
+        groups = await redis.xinfo_groups(stream)
+    except ResponseError:
+        return None  # no such stream yet
+    for info in groups:
+        name = info["name"]
+        if (name.decode() if isinstance(name, bytes) else name) == group:
+            return dict(info)
+    return None

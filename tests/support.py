@@ -97,6 +97,18 @@ def cli(env: dict[str, str], *args: str, timeout: float = 60) -> tuple[int, Any,
     return done.returncode, (json.loads(out) if out else None), done.stderr
 
 
+def cli_text(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run `engram ARGS` for its human output (no --json)."""
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -288,22 +288,8 @@ def _request_forget(
     appends = []
     for note_id in ids:
         state = states[note_id]
-        version = state.version
-        events: list[AnyEvent] = []
-        pending = state.forget_expires_at is not None
-        if pending and state.forget_expires_at is not None and state.forget_expires_at <= now:
-            version += 1
-            events.append(_forget_expired(command, note_id, version, now, "not confirmed in time"))
-            pending = False
-        common: dict[str, Any] = {
-            "event_id": event_id(command.user_id, note_id, version + 1),
-            "note_id": note_id,
-            "user_id": command.user_id,
-            "version": version + 1,
-            "command_id": command.command_id,
-            "at": now,
-            "origin": command.origin,
-        }
+        version, events, pending = _lapse_if_due(command, note_id, state, now)
+        common = _header(command, note_id, version + 1, now)
         count = (state.forget_requests if pending else 0) + 1
         if pending or command.confirmed:
             events.append(NoteForgotten(request_count=count, **common))
@@ -337,22 +323,8 @@ def decide_forget_user(
     """Erasing a whole user, in the same two calls, pending on the user's account stream. When
     it executes, every note and message still readable is forgotten (its key shredded) and the
     account gets the receipt, all in one append."""
-    version = account.version
-    account_events: list[AnyEvent] = []
-    pending = account.forget_expires_at is not None
-    if pending and account.forget_expires_at is not None and account.forget_expires_at <= now:
-        version += 1
-        account_events.append(_forget_expired(command, ACCOUNT, version, now, "not confirmed in time"))
-        pending = False
-    header: dict[str, Any] = {
-        "event_id": event_id(command.user_id, ACCOUNT, version + 1),
-        "note_id": ACCOUNT,
-        "user_id": command.user_id,
-        "version": version + 1,
-        "command_id": command.command_id,
-        "at": now,
-        "origin": command.origin,
-    }
+    version, account_events, pending = _lapse_if_due(command, ACCOUNT, account, now)
+    header = _header(command, ACCOUNT, version + 1, now)
     if not (pending or command.confirmed):
         count = (account.forget_requests if pending else 0) + 1
         account_events.append(ForgetRequested(request_count=count, expires_at=now + ttl, **header))
@@ -363,16 +335,7 @@ def decide_forget_user(
         if not state.exists or state.forgotten:
             continue
         erased.append(note_id)
-        event = NoteForgotten(
-            event_id=event_id(command.user_id, note_id, state.version + 1),
-            note_id=note_id,
-            user_id=command.user_id,
-            version=state.version + 1,
-            command_id=command.command_id,
-            at=now,
-            origin=command.origin,
-            request_count=0,
-        )
+        event = NoteForgotten(request_count=0, **_header(command, note_id, state.version + 1, now))
         releases = [] if state.is_message else [content_digest(state.content)]
         appends.append(
             StreamAppend(note_id=note_id, expected_version=state.version, events=[event], releases=releases, shred=True)
@@ -392,17 +355,37 @@ def _expire_forget(command: ExpireForget, state: NoteState, now: datetime) -> li
     return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[event])]
 
 
-def _forget_expired(command: AnyCommand, note_id: str, version: int, now: datetime, reason: str) -> ForgetExpired:
-    return ForgetExpired(
-        event_id=event_id(command.user_id, note_id, version),
-        note_id=note_id,
-        user_id=command.user_id,
-        version=version,
-        command_id=command.command_id,
-        at=now,
-        origin=command.origin,
-        reason=reason,
+def _header(command: AnyCommand, note_id: str, version: int, now: datetime) -> dict[str, Any]:
+    """The fields every event carries, for an event at ``version`` of ``note_id``."""
+    return {
+        "event_id": event_id(command.user_id, note_id, version),
+        "note_id": note_id,
+        "user_id": command.user_id,
+        "version": version,
+        "command_id": command.command_id,
+        "at": now,
+        "origin": command.origin,
+    }
+
+
+def _lapse_if_due(
+    command: AnyCommand, note_id: str, state: NoteState, now: datetime
+) -> tuple[int, list[AnyEvent], bool]:
+    """A pending deletion past its deadline lapses first (``ForgetExpired``). Returns the
+    version after that, the events so far, and whether a deletion is still pending."""
+    if state.forget_expires_at is None:
+        return state.version, [], False
+    if state.forget_expires_at > now:
+        return state.version, [], True
+    return (
+        state.version + 1,
+        [_forget_expired(command, note_id, state.version + 1, now, "not confirmed in time")],
+        False,
     )
+
+
+def _forget_expired(command: AnyCommand, note_id: str, version: int, now: datetime, reason: str) -> ForgetExpired:
+    return ForgetExpired(reason=reason, **_header(command, note_id, version, now))
 
 
 def _require_active(note_id: str, state: NoteState) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from services.redis_server import free_port
-from tests.support import ROOT, ServeProcess, cli, engram_env, wait_until
+from tests.support import ROOT, ServeProcess, cli, cli_text, engram_env, wait_until
 
 
 def serving(redis_url: str, data: Path, **extra: str) -> Iterator[dict[str, str]]:
@@ -207,24 +207,10 @@ def test_tools_context_and_the_memory_command(env: dict[str, str]) -> None:
     assert anthropic["tools"][0]["input_schema"]["required"] == ["content"]
     _, alec, _ = cli(env, "save", "--user", "al", "--category", "person", "--subject", "Alec", "Alec is my boss")
     _, friday, _ = cli(env, "save", "--user", "al", "--category", "preference", "User prefers Thursday due dates")
-    plain = subprocess.run(
-        [sys.executable, "-m", "services.cli", "context", "--user", "al", "--after", friday["token"]],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    plain = cli_text(env, "context", "--user", "al", "--after", friday["token"])
     assert plain.returncode == 0 and plain.stdout.startswith("## Your Memory\n")
     assert f"- [id:{alec['note_id']}] [Alec] Alec is my boss\n" in plain.stdout
-    listed = subprocess.run(
-        [sys.executable, "-m", "services.cli", "memory", "list", "--user", "al"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    listed = cli_text(env, "memory", "list", "--user", "al")
     assert listed.stdout == (
         "📝 Your memories:\n\n"
         "**Person**\n"
@@ -233,12 +219,5 @@ def test_tools_context_and_the_memory_command(env: dict[str, str]) -> None:
         f"• [{friday['note_id']}] User prefers Thursday due dates\n\n"
         "Use /memory delete <id> to remove a memory.\n"
     )
-    deleted = subprocess.run(
-        [sys.executable, "-m", "services.cli", "memory", "delete", "--user", "al", friday["note_id"]],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    deleted = cli_text(env, "memory", "delete", "--user", "al", friday["note_id"])
     assert deleted.stdout == "Deleted: 'User prefers Thursday due dates'\n", deleted.stderr
