@@ -13,6 +13,11 @@ Subscriptions of the service, all here:
   its timer sending ``ExpireForget`` when a deadline passes.
 - reclaimers: both request streams; re-queue after ``claim_idle_ms``, dead-letter after
   ``max_deliveries``.
+
+``engram serve --role`` picks which of these one process runs (commands, queries, history, index,
+saga; default all). Processes share the request groups (each its own consumer name), projections
+take turns through a lease, and a dead worker's pending requests are re-queued by any live
+reclaimer, so several processes scale out and fail over without coordination.
 """
 
 from __future__ import annotations
@@ -54,6 +59,11 @@ from services.search import BlendPolicy, SearchService
 log = logging.getLogger("engram")
 
 PARTITIONS_KEY = "engram:partitions"
+# The request streams, by the role that consumes them, with their consumer group.
+REQUEST_STREAMS = (
+    ("commands", channels.command_stream, channels.COMMAND_GROUP),
+    ("queries", channels.query_stream, channels.QUERY_GROUP),
+)
 
 
 class ConfigurationError(RuntimeError):
@@ -84,7 +94,9 @@ class Engram:
     runners: list[ProjectionRunner]
     reclaimers: list[PendingReclaimer]
     index: IndexRuntime | None
-    forget_timer: ForgetExpiryTimer
+    forget_timer: ForgetExpiryTimer | None
+    # Settles the scrub owed after forgets (services/forget.py); runs where commands are handled.
+    scrubber: Scrubber | None
     registry: CollectorRegistry | None = None
     gauges: EngramGauges | None = None
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
@@ -98,7 +110,10 @@ class Engram:
             await self._ensure_groups()
             tasks += [asyncio.create_task(r.run(self.stopping), name=f"{r.name}-{r.partition}") for r in self.runners]
             tasks += [asyncio.create_task(r.run(self.stopping), name=f"reclaim-{r.stream}") for r in self.reclaimers]
-            tasks.append(asyncio.create_task(self.forget_timer.run(self.stopping), name="forget-expiry"))
+            if self.scrubber is not None:
+                tasks.append(asyncio.create_task(self.scrubber.run(self.stopping), name="scrub-after-forget"))
+            if self.forget_timer is not None:
+                tasks.append(asyncio.create_task(self.forget_timer.run(self.stopping), name="forget-expiry"))
             if self.registry is not None and self.gauges is not None:
                 server, _ = start_http_server(
                     self.settings.metrics_port, self.settings.metrics_host, registry=self.registry
@@ -110,10 +125,11 @@ class Engram:
                 tasks.append(asyncio.create_task(self.index.watch(self.stopping), name="index-generations"))
             await self.broker.start()
             log.info(
-                "engram serving on %s: %d partition(s), consumer %s",
+                "engram serving on %s: %d partition(s), consumer %s, roles %s",
                 _redacted(self.settings.redis_url),
                 self.settings.partitions,
                 self.settings.consumer_name,
+                ",".join(sorted(self.settings.roles)),
             )
             if ready is not None:
                 ready.set()
@@ -140,12 +156,9 @@ class Engram:
         """Create the request groups at position 0 ourselves: FastStream creates a new group at
         ``$``, which would silently skip requests published before the first worker started."""
         for p in range(self.settings.partitions):
-            for stream, group in (
-                (channels.command_stream(p), channels.COMMAND_GROUP),
-                (channels.query_stream(p), channels.QUERY_GROUP),
-            ):
+            for _, stream, group in REQUEST_STREAMS:
                 try:
-                    await self.redis.xgroup_create(stream, group, id="0", mkstream=True)
+                    await self.redis.xgroup_create(stream(p), group, id="0", mkstream=True)
                 except ResponseError as e:
                     if "BUSYGROUP" not in str(e):
                         raise
@@ -162,19 +175,39 @@ class Engram:
             )
 
 
+def check_roles(settings: Settings) -> None:
+    """Qdrant Edge is a shard on this machine's disk that one process owns: the workers that read
+    it (commands for save advice and forget-by-query, queries for search) must live in the
+    process that writes it. A Qdrant server lifts that: any role can run anywhere."""
+    roles = settings.roles
+    readers = roles & {"commands", "queries"}
+    if settings.index_enabled and not settings.qdrant_url and readers and "index" not in roles:
+        raise ConfigurationError(
+            f"role(s) {', '.join(sorted(readers))} search the vector index, and the embedded Qdrant Edge shard is "
+            "owned by the process with the index role: run them together (--role commands,queries,index), "
+            "or set ENGRAM_QDRANT_URL to a Qdrant server to scale them apart"
+        )
+
+
 def build(settings: Settings) -> Engram:
+    """Builds the workers of ``settings.roles``; `engram serve` with every role is the embedded default."""
+    check_roles(settings)
+    roles = settings.roles
     redis = Redis.from_url(settings.redis_url)
     registry = CollectorRegistry() if settings.metrics_port else None
     broker = make_broker(settings.redis_url, registry, settings.tracing)
     store = RedisEventStore(
         redis, settings.partitions, settings.idempotency_ttl_seconds, load_master_key(settings.data_dir)
     )
+    partitions = range(settings.partitions)
+    owner, lease_ms = settings.consumer_name, settings.lease_ms
     history = HistoryReader(redis, settings.partitions)
     access = AccessLog(redis, settings.partitions)
-    runners = [
-        history_runner(redis, store, p, settings.consumer_name, settings.lease_ms) for p in range(settings.partitions)
-    ]
-    index = build_index_runtime(redis, settings) if settings.index_enabled else None
+    runners: list[ProjectionRunner] = []
+    if "history" in roles:
+        runners += [history_runner(redis, store, p, owner, lease_ms) for p in partitions]
+    uses_index = settings.index_enabled and bool(roles & {"commands", "queries", "index"})
+    index = build_index_runtime(redis, settings) if uses_index else None
     search = None
     if index is not None:
         relevance, recency, importance = settings.ranking_weights
@@ -186,41 +219,49 @@ def build(settings: Settings) -> Engram:
             access=access,
             blend=BlendPolicy(relevance, recency, importance, settings.recency_half_life_days),
         )
-        runners += [
-            index_runner(redis, store, index, p, settings.consumer_name, settings.lease_ms)
-            for p in range(settings.partitions)
-        ]
+        if "index" in roles:
+            runners += [index_runner(redis, store, index, p, owner, lease_ms) for p in partitions]
     advisor = SaveAdvisor(index, history, settings.similar_threshold) if index is not None else None
+    scrubber = Scrubber(redis, settings.partitions, history, store)
     forget = ForgetService(
         redis,
         store,
         history,
         search,
-        Scrubber(redis, settings.partitions),
+        scrubber,
         utc_now,
         timedelta(seconds=settings.forget_ttl_seconds),
         confirmation=settings.forget_confirmation,
         access=access,
     )
     commands = CommandService(store, advisor=advisor, forget=forget)
-    runners += [
-        forget_saga_runner(redis, store, p, settings.consumer_name, settings.lease_ms)
-        for p in range(settings.partitions)
-    ]
-    timer = ForgetExpiryTimer(redis, settings.partitions, commands.execute, utc_now)
+    if "saga" in roles:
+        runners += [forget_saga_runner(redis, store, p, owner, lease_ms) for p in partitions]
+    timer = ForgetExpiryTimer(redis, settings.partitions, commands.execute, utc_now) if "saga" in roles else None
     queries = QueryService(history, settings.read_wait_seconds, search, access=access)
     _subscribe(broker, settings, commands, queries)
     reclaimers = [
-        PendingReclaimer(redis, stream, group, settings.claim_idle_ms, settings.max_deliveries, settings.consumer_name)
-        for p in range(settings.partitions)
-        for stream, group in (
-            (channels.command_stream(p), channels.COMMAND_GROUP),
-            (channels.query_stream(p), channels.QUERY_GROUP),
-        )
+        PendingReclaimer(redis, stream(p), group, settings.claim_idle_ms, settings.max_deliveries, owner)
+        for role, stream, group in REQUEST_STREAMS
+        if role in roles
+        for p in partitions
     ]
     gauges = EngramGauges(registry, redis, settings.partitions) if registry is not None else None
     return Engram(
-        settings, redis, broker, store, commands, queries, history, runners, reclaimers, index, timer, registry, gauges
+        settings,
+        redis,
+        broker,
+        store,
+        commands,
+        queries,
+        history,
+        runners,
+        reclaimers,
+        index,
+        timer,
+        scrubber if "commands" in roles else None,
+        registry,
+        gauges,
     )
 
 
@@ -254,29 +295,18 @@ def _subscribe(broker: RedisBroker, settings: Settings, commands: CommandService
         model, after waiting for the caller's consistency token."""
         return await queries.handle(msg.body)
 
-    for p in range(settings.partitions):
-        broker.subscriber(
-            stream=StreamSub(
-                channels.command_stream(p),
-                group=channels.COMMAND_GROUP,
-                consumer=settings.consumer_name,
-                polling_interval=1000,
-            ),
-            ack_policy=AckPolicy.REJECT_ON_ERROR,
-            max_workers=settings.handler_concurrency,
-            title=f"commands-{p}",
-        )(handle_command)
-        broker.subscriber(
-            stream=StreamSub(
-                channels.query_stream(p),
-                group=channels.QUERY_GROUP,
-                consumer=settings.consumer_name,
-                polling_interval=1000,
-            ),
-            ack_policy=AckPolicy.REJECT_ON_ERROR,
-            max_workers=settings.handler_concurrency,
-            title=f"queries-{p}",
-        )(handle_query)
+    handlers = {"commands": handle_command, "queries": handle_query}
+    for role, stream, group in REQUEST_STREAMS:
+        handler = handlers[role]
+        if role not in settings.roles:
+            continue
+        for p in range(settings.partitions):
+            broker.subscriber(
+                stream=StreamSub(stream(p), group=group, consumer=settings.consumer_name, polling_interval=1000),
+                ack_policy=AckPolicy.REJECT_ON_ERROR,
+                max_workers=settings.handler_concurrency,
+                title=f"{role}-{p}",
+            )(handler)
 
 
 def _redacted(url: str) -> str:

@@ -19,6 +19,9 @@ from faststream.redis.parser.binary import BinaryMessageFormatV1
 from opentelemetry.propagate import inject
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+RESUBSCRIBE_PAUSE_SECONDS = 0.2
 
 
 class BusRequester:
@@ -31,9 +34,15 @@ class BusRequester:
         self._reader: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        await self._subscribe()
+        self._reader = asyncio.create_task(self._read_replies(), name="engram-replies")
+
+    async def _subscribe(self) -> None:
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):
+                await self._pubsub.aclose()
         self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         await self._pubsub.subscribe(self.reply_channel)
-        self._reader = asyncio.create_task(self._read_replies(), name="engram-replies")
 
     async def stop(self) -> None:
         if self._reader is not None:
@@ -47,9 +56,10 @@ class BusRequester:
             future.cancel()
 
     async def request(self, stream: str, body: bytes, timeout: float) -> bytes:
-        """Raises TimeoutError when no reply comes in time (a late reply is dropped)."""
+        """Raises TimeoutError when no reply comes in time (a late reply is dropped), and
+        ConnectionError while Redis cannot be reached."""
         if self._reader is not None and self._reader.done():
-            self._reader.result()  # surface why the reply reader died (e.g. a lost connection)
+            self._reader.result()  # surface a bug in the reply reader rather than time out silently
         correlation_id = uuid.uuid4().hex
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._waiting[correlation_id] = future
@@ -66,11 +76,22 @@ class BusRequester:
             self._waiting.pop(correlation_id, None)
 
     async def _read_replies(self) -> None:
-        assert self._pubsub is not None
-        async for message in self._pubsub.listen():
-            if message.get("type") != "message":
-                continue
-            body, headers = BinaryMessageFormatV1.parse(message["data"])
-            future = self._waiting.get(headers.get("correlation_id", ""))
-            if future is not None and not future.done():
-                future.set_result(bytes(body))
+        resubscribe = False
+        while True:
+            try:
+                if resubscribe:
+                    await self._subscribe()
+                assert self._pubsub is not None
+                async for message in self._pubsub.listen():
+                    if message.get("type") != "message":
+                        continue
+                    body, headers = BinaryMessageFormatV1.parse(message["data"])
+                    future = self._waiting.get(headers.get("correlation_id", ""))
+                    if future is not None and not future.done():
+                        future.set_result(bytes(body))
+            except (RedisConnectionError, OSError):
+                pass
+            # Redis restarted or failed over: subscribe again. A reply published meanwhile is lost;
+            # its request times out and the caller retries with the same command_id.
+            resubscribe = True
+            await asyncio.sleep(RESUBSCRIBE_PAUSE_SECONDS)

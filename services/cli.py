@@ -18,7 +18,7 @@ import msgspec
 from contracts import channels
 from contracts.errors import EngramError, ErrorCode
 from contracts.model import NoteKind, NoteSource
-from services.config import Settings
+from services.config import ROLES, Settings, parse_roles
 
 log = logging.getLogger("engram")
 
@@ -67,6 +67,8 @@ def resolve_url(settings: Settings) -> str:
 def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
+    if args.role:
+        settings = Settings(**{**settings.__dict__, "roles": parse_roles(",".join(args.role))})
     private = None
     from services.redis_server import RedisServer, answers
 
@@ -91,7 +93,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 async def _serve(settings: Settings) -> int:
     from services.app import ConfigurationError, build
 
-    engram = build(settings)
+    try:
+        engram = build(settings)
+    except ConfigurationError as e:
+        log.error("%s", e)
+        return 1
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, engram.stopping.set)
@@ -560,7 +566,14 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--timeout", type=float, default=None, help="seconds to wait for a reply")
         return p
 
-    add("serve", cmd_serve, "run every worker (command handler, projections, query responders)")
+    p = add("serve", cmd_serve, "run the workers (command handler, projections, query responders, forget saga)")
+    p.add_argument(
+        "--role",
+        action="append",
+        metavar="ROLE",
+        help=f"run only these workers: all (default) or any of {', '.join(ROLES)}; repeat or comma-separate "
+        "(also ENGRAM_ROLES). Processes with the same roles share the work and take over from a dead one.",
+    )
 
     p = add("save", _with_client(cmd_save), "save a new note", user=True)
     p.add_argument("text")

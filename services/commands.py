@@ -105,6 +105,12 @@ class CommandService:
             except IdCollision:
                 salt += 1
                 continue
+            except EngramError:
+                # A copy of this very command (a client retrying eagerly) may have just won the
+                # race and caused the refusal: its outcome is the answer, as for any retry.
+                if (first := await store.outcome(command.user_id, command.command_id)) is not None:
+                    return _reply(command, partition, first, replayed=True)
+                raise
             if not any(a.events for a in appends):
                 if isinstance(command, SaveNotes):  # every draft was a duplicate
                     return await self._all_held(command, held)
@@ -116,6 +122,8 @@ class CommandService:
             if isinstance(result, Appended):
                 return _reply(command, partition, result.outcome, replayed=result.replayed)
             if isinstance(result, ContentTaken):
+                if (first := await store.outcome(command.user_id, command.command_id)) is not None:
+                    return _reply(command, partition, first, replayed=True)  # a copy of it won, as above
                 holder = (await store.load(command.user_id, [result.holder]))[result.holder]
                 if isinstance(command, SaveNote):
                     token = channels.format_token(partition, holder.position or "0-0")

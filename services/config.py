@@ -26,6 +26,20 @@ def _weights(text: str) -> tuple[float, float]:
     return dense, sparse
 
 
+ROLES = ("commands", "queries", "history", "index", "saga")
+
+
+def parse_roles(text: str) -> frozenset[str]:
+    """``all`` or a comma list of ROLES: the workers one `engram serve` process runs."""
+    names = {r.strip() for r in text.split(",") if r.strip()}
+    if not names or "all" in names:
+        return frozenset(ROLES)
+    unknown = names - set(ROLES)
+    if unknown:
+        raise ValueError(f"unknown role(s) {', '.join(sorted(unknown))}: choose from all, {', '.join(ROLES)}")
+    return frozenset(names)
+
+
 def _triple(text: str) -> tuple[float, float, float]:
     relevance, recency, importance = (float(x) for x in text.split(","))
     return relevance, recency, importance
@@ -69,6 +83,8 @@ class Settings:
     recency_half_life_days: float = 30.0
     # Off: a deployment where forget requests by id execute at once (no second call).
     forget_confirmation: bool = True
+    # Which workers this process runs (`engram serve --role`); several processes share the groups.
+    roles: frozenset[str] = frozenset(ROLES)
     consumer_name: str = field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
 
     @classmethod
@@ -99,6 +115,7 @@ class Settings:
             metrics_port=_int("ENGRAM_METRICS_PORT", 0),
             metrics_host=os.environ.get("ENGRAM_METRICS_HOST", "127.0.0.1"),
             tracing=os.environ.get("ENGRAM_TRACING", "off").lower() in ("on", "1", "true", "yes"),
+            roles=parse_roles(os.environ.get("ENGRAM_ROLES", "all")),
             forget_confirmation=os.environ.get("ENGRAM_FORGET_CONFIRMATION", "on").lower()
             not in ("off", "0", "false", "no"),
         )

@@ -11,6 +11,7 @@ what nobody confirmed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
 import logging
 import random
@@ -31,7 +32,7 @@ from projections.access import AccessLog
 from projections.forget_saga import pending_notes
 from projections.history import HistoryReader
 from services.domain.decider import decide, decide_forget_user, forgettable, note_ids_for
-from services.event_store import Appended, RedisEventStore
+from services.event_store import Appended, Outcome, RedisEventStore
 from services.reclaimer import group_info
 from services.search import SearchService
 
@@ -40,6 +41,12 @@ log = logging.getLogger("engram.forget")
 MAX_ATTEMPTS = 32
 PREVIEW_CHARS = 120
 SCRUB_WAIT_SECONDS = 5.0
+# A counter of forgets whose scrub has not yet been made in a quiet moment (see Scrubber).
+SCRUB_OWED_KEY = "engram:scrub:owed"
+_CLEAR_DEBT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 
 
 def preview(text: str) -> str:
@@ -84,7 +91,7 @@ class ForgetService:
         partition = store.partition_of(command.user_id)
         first = await store.outcome(command.user_id, command.command_id)
         if first is not None:
-            return _replayed(first.extra.get("forget", []), channels.format_token(partition, first.position))
+            return await self._replay(command.user_id, first, partition)
         ids = note_ids_for(command)
         for _ in range(MAX_ATTEMPTS):
             # Other pending deletions of this user, as the saga knows them (they lapse).
@@ -93,6 +100,9 @@ class ForgetService:
             states = {i: loaded[i].state for i in ids}
             missing = [i for i in ids if not forgettable(states[i])]
             if missing:
+                # A copy of this very request may have just forgotten them: answer its outcome.
+                if (first := await store.outcome(command.user_id, command.command_id)) is not None:
+                    return await self._replay(command.user_id, first, partition)
                 raise EngramError(ErrorCode.MEMORY_NOT_FOUND, await self._not_found_message(command.user_id, missing))
             appends = decide(
                 command,
@@ -112,6 +122,10 @@ class ForgetService:
                 elif isinstance(last, ForgetRequested):
                     summary.append([item.note_id, "pending", last.request_count, last.expires_at.isoformat()])
             result = await store.append(command.user_id, command.command_id, appends, {"forget": summary})
+            if isinstance(result, Appended) and result.replayed:
+                # A copy of this request got there first, deciding on the state before it: this
+                # decision (say, a confirmation of the pending note it made) never happened.
+                return await self._replay(command.user_id, result.outcome, partition)
             if isinstance(result, Appended):
                 token = channels.format_token(partition, result.outcome.position)
                 reply = _reply(summary, {i: states[i].content for i in ids}, token)
@@ -123,6 +137,18 @@ class ForgetService:
             await asyncio.sleep(random.uniform(0, 0.005))  # lost a race: spread the retries
         raise EngramError(ErrorCode.VERSION_CONFLICT, "the memory kept changing under this request; retry it")
 
+    async def _replay(self, user_id: str, first: Outcome, partition: int) -> ForgetReply:
+        """The first outcome again. No previews are stored with it (they would outlive a forget):
+        a pending note's preview is read from the note as it is now."""
+        summary = first.extra.get("forget", [])
+        pending = [note_id for note_id, status, _, _ in summary if status == "pending"]
+        loaded = await self._store.load(user_id, pending) if pending else {}
+        contents = {note_id: note.state.content for note_id, note in loaded.items()}
+        reply = _reply(summary, contents, channels.format_token(partition, first.position))
+        if reply.forgotten:
+            await self._scrub_after(reply.token or "")  # the first attempt may have died before its scrub
+        return msgspec.structs.replace(reply, replayed=True)
+
     async def request_user(self, command: RequestForgetUser) -> ForgetReply:
         """Erase a whole user: pending on the account stream first, then every note at once.
         (Always two calls, whatever ENGRAM_FORGET_CONFIRMATION says.)"""
@@ -130,9 +156,12 @@ class ForgetService:
         partition = store.partition_of(command.user_id)
         first = await store.outcome(command.user_id, command.command_id)
         if first is not None:
-            return _user_reply(
+            reply = _user_reply(
                 command.user_id, first.extra.get("user", {}), channels.format_token(partition, first.position), True
             )
+            if reply.status == "forgotten":
+                await self._scrub_after(reply.token or "")
+            return reply
         for _ in range(MAX_ATTEMPTS):
             ids = await store.note_ids(command.user_id)
             loaded = await store.load(command.user_id, [ACCOUNT, *ids])
@@ -152,6 +181,14 @@ class ForgetService:
                     "notes": live,
                 }
             result = await store.append(command.user_id, command.command_id, appends, {"user": summary})
+            if isinstance(result, Appended) and result.replayed:
+                summary = result.outcome.extra.get("user", {})  # a copy of it got there first, as above
+                reply = _user_reply(
+                    command.user_id, summary, channels.format_token(partition, result.outcome.position), True
+                )
+                if reply.status == "forgotten":
+                    await self._scrub_after(reply.token or "")
+                return reply
             if isinstance(result, Appended):
                 reply = _user_reply(
                     command.user_id, summary, channels.format_token(partition, result.outcome.position), False
@@ -165,6 +202,7 @@ class ForgetService:
         raise EngramError(ErrorCode.VERSION_CONFLICT, "the memory kept changing under this request; retry it")
 
     async def _scrub_after(self, token: str) -> None:
+        await self._scrubber.owe()
         task = asyncio.create_task(self._scrub_later(token))
         self._scrubbing.add(task)
         task.add_done_callback(self._scrubbing.discard)
@@ -244,19 +282,6 @@ def _reply(summary: list[list], contents: dict[str, str], token: str) -> ForgetR
     return ForgetReply(status=status, message=message, pending=pending, forgotten=forgotten, token=token)  # type: ignore[arg-type]
 
 
-def _replayed(summary: list[list], token: str) -> ForgetReply:  # type: ignore[type-arg]
-    # The first outcome again; no previews are stored with it (they would outlive a forget).
-    reply = _reply(summary, {}, token)
-    return ForgetReply(
-        status=reply.status,
-        message=reply.message,
-        pending=reply.pending,
-        forgotten=reply.forgotten,
-        token=token,
-        replayed=True,
-    )
-
-
 def _user_reply(user_id: str, summary: dict, token: str, replayed: bool) -> ForgetReply:  # type: ignore[type-arg]
     if summary.get("status") == "forgotten":
         erased = list(summary["erased"])
@@ -293,26 +318,70 @@ class Scrubber:
     the query stream) and, when Redis keeps an append-only file, its history of old values (a
     rewrite keeps only the current data). Redis frees a stream's entries by whole nodes (up to
     100 entries): a handled entry that shares its node with one still pending keeps its bytes
-    until that node goes, which is why this runs once the forget itself is acknowledged."""
+    until that node goes, and a rewrite before the history applied the tombstone would keep the
+    old view. So every forget records a debt (``SCRUB_OWED_KEY``), scrubs at once as well as it
+    can, and the debt is settled only by a scrub made in a quiet moment: no command pending and
+    the history caught up with the log. Settling runs in every command worker, and a worker
+    that starts owes one, since a crash may have cut a scrub short."""
 
-    def __init__(self, redis: Redis, partitions: int) -> None:
+    def __init__(self, redis: Redis, partitions: int, history: HistoryReader, store: RedisEventStore) -> None:
         self._redis = redis
         self._partitions = partitions
+        self._history = history
+        self._store = store
+        self._clear = redis.register_script(_CLEAR_DEBT)
+
+    async def owe(self) -> None:
+        await self._redis.incr(SCRUB_OWED_KEY)
 
     async def wait_until_acknowledged(self, timeout: float) -> None:
         """Until no command is pending (bounded: under load there always is one)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while loop.time() < deadline:
-            counts = [
-                (await self._redis.xpending(channels.command_stream(p), channels.COMMAND_GROUP))["pending"]
-                for p in range(self._partitions)
-            ]
-            if not any(counts):
+            if not await self._commands_pending():
                 return
             await asyncio.sleep(0.02)
 
-    async def scrub(self) -> None:
+    async def _commands_pending(self) -> bool:
+        for p in range(self._partitions):
+            if (await self._redis.xpending(channels.command_stream(p), channels.COMMAND_GROUP))["pending"]:
+                return True
+        return False
+
+    async def _quiet(self) -> bool:
+        if await self._commands_pending():
+            return False
+        for p in range(self._partitions):
+            head, _ = await self._store.log_head(p)
+            if head is not None and await self._history.checkpoint(p) < channels.parse_entry_id(head):
+                return False
+        return True
+
+    async def settle(self) -> bool:
+        """Scrub if a scrub is owed and the moment is quiet. True when nothing is owed any more."""
+        owed = await self._redis.get(SCRUB_OWED_KEY)
+        if owed is None:
+            return True
+        if not await self._quiet() or not await self.scrub():
+            return False
+        # Cleared only if no forget added to the debt since it was read.
+        return bool(await self._clear(keys=[SCRUB_OWED_KEY], args=[owed]))
+
+    async def run(self, stop: asyncio.Event, interval: float = 1.0) -> None:
+        await self.owe()
+        while not stop.is_set():
+            try:
+                await self.settle()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("settling the scrub after a forget failed; retrying")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval)
+
+    async def scrub(self) -> bool:
+        """Trim handled request entries and rewrite the AOF. False when it could not finish."""
         try:
             for p in range(self._partitions):
                 await trim_handled(self._redis, channels.command_stream(p), channels.COMMAND_GROUP)
@@ -322,6 +391,8 @@ class Scrubber:
                 await self._redis.bgrewriteaof()
         except ResponseError as e:  # a rewrite already running, CONFIG disabled by ACL: say so
             log.warning("scrubbing after a forget incomplete: %s", e)
+            return False
+        return True
 
 
 async def trim_handled(redis: Redis, stream: str, group: str) -> int:

@@ -52,6 +52,7 @@ class RedisServer:
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_rewrites()
         self.process = subprocess.Popen(
             [
                 find_redis_server(),
@@ -81,6 +82,14 @@ class RedisServer:
                 raise RuntimeError(f"redis-server did not start; see {self.directory / 'redis.log'}")
             time.sleep(0.05)
         return self
+
+    def _remove_stale_rewrites(self) -> None:
+        """A rewrite (AOF or RDB) cut short by a crash leaves its temp file behind, and Redis only
+        ever removes its own child's: a stale one holds data as it was, forgotten text included.
+        Nothing writes them while the server is down."""
+        for pattern in ("temp-rewriteaof-*.aof", "appendonlydir/temp-*", "temp-*.rdb"):
+            for stale in self.directory.glob(pattern):
+                stale.unlink(missing_ok=True)
 
     def kill(self) -> None:
         """SIGKILL: what a crash looks like."""

@@ -34,15 +34,16 @@ def engram_env(**values: str) -> dict[str, str]:
 class ServeProcess:
     """`engram serve` in a subprocess; waits for its ready line and keeps its log."""
 
-    def __init__(self, env: dict[str, str], cwd: Path | None = None) -> None:
+    def __init__(self, env: dict[str, str], cwd: Path | None = None, roles: str = "all") -> None:
         self.env = env
         self.cwd = cwd or ROOT
+        self.roles = roles
         self.lines: list[str] = []
         self.process: subprocess.Popen[str] | None = None
 
     def start(self, timeout: float = 30.0) -> ServeProcess:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "serve"],
+            [sys.executable, "-m", "services.cli", "serve", "--role", self.roles],
             env=self.env,
             cwd=self.cwd,
             stdout=subprocess.PIPE,
