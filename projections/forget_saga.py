@@ -18,6 +18,7 @@ from contracts import channels
 from contracts.events import ForgetExpired, ForgetRequested, NoteForgotten, UserForgotten
 from projections.history import GenerationChanged, position_key
 from services.event_store import LogEntry, RedisEventStore
+from services.redis_conn import transaction_client
 
 
 class SagaKeys:
@@ -51,7 +52,8 @@ class ForgetSagaProjection:
 
     async def apply(self, batch: Sequence[LogEntry]) -> None:
         keys = self.keys
-        async with self._redis.pipeline(transaction=True) as pipe:
+        redis = await transaction_client(self._redis, keys.checkpoint)
+        async with redis.pipeline(transaction=True) as pipe:
             try:
                 await pipe.watch(keys.checkpoint)
                 checkpoint = await pipe.get(keys.checkpoint)

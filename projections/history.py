@@ -28,6 +28,7 @@ from projections.history_model import (
     version_entry,
 )
 from services.event_store import LogEntry, RedisEventStore
+from services.redis_conn import transaction_client
 
 _view_decoder = msgspec.json.Decoder(NoteView)
 _version_decoder = msgspec.json.Decoder(VersionView)
@@ -92,7 +93,8 @@ class HistoryProjection:
         Entries at or before the checkpoint are skipped, and so is an event whose note is already
         at that version or later: redelivery and replays change nothing."""
         keys = self.keys
-        async with self._redis.pipeline(transaction=True) as pipe:
+        redis = await transaction_client(self._redis, keys.checkpoint)
+        async with redis.pipeline(transaction=True) as pipe:
             try:
                 watched = [keys.checkpoint] + ([keys.live] if live else [])
                 await pipe.watch(*watched)
@@ -153,7 +155,8 @@ class HistoryProjection:
 
     async def make_live(self, previous: int) -> bool:
         """Switch queries to this generation if ``previous`` is still live; then drop the old one."""
-        async with self._redis.pipeline(transaction=True) as pipe:
+        redis = await transaction_client(self._redis, self.keys.live)
+        async with redis.pipeline(transaction=True) as pipe:
             try:
                 await pipe.watch(self.keys.live)
                 if await live_generation(pipe, self.partition) != previous:  # type: ignore[arg-type]

@@ -40,6 +40,7 @@ from projections.history import GenerationChanged, position_key
 from projections.vector_index import CONVERSATION, MEMORY, IndexPoint, Sparse, VectorIndex
 from services.embedder import Embedder
 from services.event_store import LogEntry, RedisEventStore
+from services.redis_conn import transaction_client
 
 _POINT_NAMESPACE = uuid.UUID("0b6d7c55-5c7e-4b0e-8d6f-6a2f4e1c9b21")
 
@@ -145,7 +146,8 @@ class IndexProjection:
     async def apply(self, batch: Sequence[LogEntry], *, live: bool = True) -> None:
         keys = self.keys
         note_keys = list(dict.fromkeys(keys.note(e.event.user_id, e.event.note_id) for e in batch))
-        async with self._redis.pipeline(transaction=True) as pipe:
+        redis = await transaction_client(self._redis, keys.checkpoint)
+        async with redis.pipeline(transaction=True) as pipe:
             try:
                 await pipe.watch(keys.checkpoint, *([keys.live] if live else []))
                 checkpoint, generation, *raw = await pipe.mget([keys.checkpoint, keys.live, *note_keys])

@@ -31,7 +31,7 @@ from typing import Any
 
 from fast_depends.msgspec import MsgSpecSerializer
 from faststream import AckPolicy
-from faststream.redis import RedisBroker, StreamSub
+from faststream.redis import RedisBroker, RedisClusterBroker, StreamSub
 from faststream.redis.annotations import RedisStreamMessage
 from faststream.redis.opentelemetry import RedisTelemetryMiddleware
 from faststream.redis.prometheus import RedisPrometheusMiddleware
@@ -44,6 +44,7 @@ from projections.access import AccessLog
 from projections.history import HistoryReader
 from projections.index_runtime import IndexRuntime
 from projections.runner import ProjectionRunner, forget_saga_runner, history_runner, index_runner
+from services import redis_conn
 from services.advice import SaveAdvisor
 from services.commands import CommandService, utc_now
 from services.config import Settings
@@ -54,6 +55,7 @@ from services.forget_timer import ForgetExpiryTimer
 from services.metrics import EngramGauges
 from services.queries import QueryService
 from services.reclaimer import PendingReclaimer
+from services.redis_conn import open_redis
 from services.search import BlendPolicy, SearchService
 
 log = logging.getLogger("engram")
@@ -70,7 +72,9 @@ class ConfigurationError(RuntimeError):
     """The configuration contradicts the data already in Redis; the service does not start."""
 
 
-def make_broker(url: str, registry: CollectorRegistry | None = None, tracing: bool = False) -> RedisBroker:
+def make_broker(
+    url: str, registry: CollectorRegistry | None = None, tracing: bool = False, cluster: bool = False
+) -> RedisBroker:
     # logger=None: FastStream's per-message INFO lines cost more than the handler itself.
     middlewares: list[Any] = []
     if registry is not None:
@@ -79,7 +83,8 @@ def make_broker(url: str, registry: CollectorRegistry | None = None, tracing: bo
         # Spans go to the process's tracer provider (set up by the deployment: OTEL_* variables,
         # opentelemetry-instrument, or code); trace context arrives in the request's headers.
         middlewares.append(RedisTelemetryMiddleware())
-    return RedisBroker(url, serializer=MsgSpecSerializer(), logger=None, middlewares=middlewares)  # type: ignore[arg-type]
+    kind = RedisClusterBroker if cluster else RedisBroker
+    return kind(url, serializer=MsgSpecSerializer(), logger=None, middlewares=middlewares)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -150,7 +155,7 @@ class Engram:
             if metrics_server is not None:
                 metrics_server.shutdown()
                 metrics_server.server_close()
-            await self.redis.aclose()
+            await redis_conn.close(self.redis)
 
     async def _ensure_groups(self) -> None:
         """Create the request groups at position 0 ourselves: FastStream creates a new group at
@@ -193,9 +198,9 @@ def build(settings: Settings) -> Engram:
     """Builds the workers of ``settings.roles``; `engram serve` with every role is the embedded default."""
     check_roles(settings)
     roles = settings.roles
-    redis = Redis.from_url(settings.redis_url)
+    redis = open_redis(settings.redis_url, settings.redis_cluster)
     registry = CollectorRegistry() if settings.metrics_port else None
-    broker = make_broker(settings.redis_url, registry, settings.tracing)
+    broker = make_broker(settings.redis_url, registry, settings.tracing, settings.redis_cluster)
     store = RedisEventStore(
         redis, settings.partitions, settings.idempotency_ttl_seconds, load_master_key(settings.data_dir)
     )

@@ -11,7 +11,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -19,6 +19,10 @@ from contracts import channels
 from contracts.errors import EngramError, ErrorCode
 from contracts.model import NoteKind, NoteSource
 from services.config import ROLES, Settings, parse_roles
+from services.redis_conn import open_redis
+
+if TYPE_CHECKING:
+    from services.client import EngramClient
 
 log = logging.getLogger("engram")
 
@@ -115,13 +119,18 @@ async def _serve(settings: Settings) -> int:
 # client subcommands -----------------------------------------------------------------------------
 
 
+def _client(settings: Settings, timeout: float | None = None) -> EngramClient:
+    from services.client import EngramClient  # the client pulls in FastStream: not at import
+
+    return EngramClient(
+        resolve_url(settings), timeout=timeout or settings.request_timeout_seconds, cluster=settings.redis_cluster
+    )
+
+
 def _with_client(fn: Callable[..., Awaitable[int | None]]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         async def go() -> int:
-            from services.client import EngramClient
-
-            settings = Settings.from_env()
-            client = EngramClient(resolve_url(settings), timeout=args.timeout or settings.request_timeout_seconds)
+            client = _client(Settings.from_env(), args.timeout)
             await client.connect()
             try:
                 return int(await fn(client, args) or 0)
@@ -266,13 +275,12 @@ def _human_notes(notes: list[Any]) -> str:
 
 def cmd_tail(args: argparse.Namespace) -> int:
     async def go() -> None:
-        from redis.asyncio import Redis
 
         from services.app import PARTITIONS_KEY
 
         settings = Settings.from_env()
         url = resolve_url(settings)
-        redis = Redis.from_url(url)
+        redis = open_redis(url, settings.redis_cluster)
         try:
             partitions = int(await redis.get(PARTITIONS_KEY) or settings.partitions)
         except OSError as e:
@@ -280,7 +288,13 @@ def cmd_tail(args: argparse.Namespace) -> int:
         positions = {channels.event_log(p): ("0" if args.from_start else "$") for p in range(partitions)}
         shown = 0
         while args.count is None or shown < args.count:
-            response = await redis.xread(positions, block=1000, count=100)
+            if settings.redis_cluster:
+                # The partitions' logs live in different slots: one XREAD may not name them all.
+                response: list[Any] = []
+                for stream, after in list(positions.items()):
+                    response += await redis.xread({stream: after}, block=max(1000 // partitions, 50), count=100) or []
+            else:
+                response = await redis.xread(positions, block=1000, count=100)
             for stream, entries in response or []:
                 for entry_id, fields in entries:
                     positions[stream.decode()] = entry_id.decode()
@@ -306,7 +320,6 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         return 0
 
     async def go() -> dict[str, Any]:
-        from redis.asyncio import Redis
         from tqdm import tqdm
 
         from projections.history import HistoryKeys, HistoryProjection, live_generation
@@ -316,7 +329,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
         settings = Settings.from_env()
         url = resolve_url(settings)
-        redis = Redis.from_url(url)
+        redis = open_redis(url, settings.redis_cluster)
         try:
             partitions = int(await redis.get(PARTITIONS_KEY) or settings.partitions)
         except OSError as e:
@@ -347,7 +360,6 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 async def _rebuild_index(args: argparse.Namespace) -> dict[str, Any]:
     """Embed the whole log into a fresh generation (a new shard directory or collection), then
     switch every partition to it; a running `engram serve` follows within a second."""
-    from redis.asyncio import Redis
     from tqdm import tqdm
 
     from projections.index import GENERATIONS_KEY, IndexKeys, IndexProjection, live_index_generation
@@ -358,7 +370,7 @@ async def _rebuild_index(args: argparse.Namespace) -> dict[str, Any]:
 
     settings = Settings.from_env()
     url = resolve_url(settings)
-    redis = Redis.from_url(url)
+    redis = open_redis(url, settings.redis_cluster)
     try:
         partitions = int(await redis.get(PARTITIONS_KEY) or settings.partitions)
     except OSError as e:
@@ -406,12 +418,12 @@ def _write_document(args: argparse.Namespace, document: dict[str, Any]) -> int:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    from redis.asyncio import Redis
 
     from services.health import health
 
     async def go() -> dict[str, Any]:
-        redis = Redis.from_url(resolve_url(Settings.from_env()), socket_connect_timeout=2)
+        settings = Settings.from_env()
+        redis = open_redis(resolve_url(settings), settings.redis_cluster, socket_connect_timeout=2)
         try:
             return await health(redis)
         finally:
@@ -423,12 +435,12 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from redis.asyncio import Redis
 
     from services.portable import export_log
 
     async def go() -> dict[str, int]:
-        redis = Redis.from_url(resolve_url(Settings.from_env()))
+        settings = Settings.from_env()
+        redis = open_redis(resolve_url(settings), settings.redis_cluster)
         try:
             partitions = int(await redis.get("engram:partitions") or 1)
             with open(args.out, "w") as out:
@@ -442,7 +454,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from redis.asyncio import Redis
 
     from services.crypto import load_master_key
     from services.event_store import RedisEventStore
@@ -451,7 +462,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
 
     async def go() -> dict[str, int]:
-        redis = Redis.from_url(resolve_url(settings))
+        redis = open_redis(resolve_url(settings), settings.redis_cluster)
         try:
             with open(args.source) as source:
                 partitions = json.loads(source.readline())["partitions"]
@@ -497,14 +508,13 @@ def cmd_tools(args: argparse.Namespace) -> int:
 def cmd_mcp(args: argparse.Namespace) -> int:
     from services.mcp_server import serve_http, serve_stdio
 
-    settings = Settings.from_env()
-    url = resolve_url(settings)
+    client = _client(Settings.from_env())
     if args.http is not None:
-        asyncio.run(serve_http(url, args.profile, args.host, args.http, settings.request_timeout_seconds))
+        asyncio.run(serve_http(client, args.profile, args.host, args.http))
         return 0
     if not args.user:
         raise EngramError(ErrorCode.INVALID_PARAMETER, "--user is required for stdio (or serve --http for many users)")
-    asyncio.run(serve_stdio(url, args.profile, args.user, args.session, settings.request_timeout_seconds))
+    asyncio.run(serve_stdio(client, args.profile, args.user, args.session))
     return 0
 
 

@@ -10,7 +10,6 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import msgspec
-from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from contracts import channels
@@ -47,6 +46,7 @@ from contracts.queries import (
 )
 from services.app import PARTITIONS_KEY
 from services.bus import BusRequester
+from services.redis_conn import open_redis
 
 R = TypeVar("R")
 _reply_decoder = msgspec.json.Decoder(AnyReply)
@@ -54,10 +54,13 @@ _encoder = msgspec.json.Encoder()
 
 
 class EngramClient:
-    def __init__(self, url: str, *, timeout: float = 10.0, request_stream_maxlen: int = 100_000) -> None:
+    def __init__(
+        self, url: str, *, timeout: float = 10.0, request_stream_maxlen: int = 100_000, cluster: bool = False
+    ) -> None:
+        """``cluster``: ``url`` names a node of a Redis Cluster (as ENGRAM_REDIS_CLUSTER=on)."""
         self.url = url
         self.timeout = timeout
-        self._redis = Redis.from_url(url)
+        self._redis = open_redis(url, cluster)
         self._bus = BusRequester(self._redis, request_stream_maxlen)
         self.partitions = 1
 

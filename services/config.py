@@ -40,6 +40,10 @@ def parse_roles(text: str) -> frozenset[str]:
     return frozenset(names)
 
 
+def _on(text: str) -> bool:
+    return text.strip().lower() in ("on", "1", "true", "yes")
+
+
 def _triple(text: str) -> tuple[float, float, float]:
     relevance, recency, importance = (float(x) for x in text.split(","))
     return relevance, recency, importance
@@ -50,6 +54,8 @@ class Settings:
     redis_url: str = DEFAULT_REDIS_URL
     # False when no URL was given: `engram serve` may then start a private redis-server.
     redis_url_configured: bool = False
+    # The URL names one node of a Redis Cluster; the partitions spread over its slots.
+    redis_cluster: bool = False
     data_dir: Path = Path(".engram")
     partitions: int = 1
     idempotency_ttl_seconds: int = 7 * 24 * 3600
@@ -94,6 +100,7 @@ class Settings:
             # With no URL configured, this address is tried first (then a private redis-server).
             redis_url=url or os.environ.get("ENGRAM_DEFAULT_REDIS_URL", DEFAULT_REDIS_URL),
             redis_url_configured=url is not None,
+            redis_cluster=_on(os.environ.get("ENGRAM_REDIS_CLUSTER", "off")),
             data_dir=Path(os.environ.get("ENGRAM_DATA_DIR", ".engram")),
             partitions=_int("ENGRAM_PARTITIONS", 1),
             idempotency_ttl_seconds=_int("ENGRAM_IDEMPOTENCY_TTL_SECONDS", 7 * 24 * 3600),

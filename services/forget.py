@@ -34,6 +34,7 @@ from projections.history import HistoryReader
 from services.domain.decider import decide, decide_forget_user, forgettable, note_ids_for
 from services.event_store import Appended, Outcome, RedisEventStore
 from services.reclaimer import group_info
+from services.redis_conn import servers
 from services.search import SearchService
 
 log = logging.getLogger("engram.forget")
@@ -386,9 +387,10 @@ class Scrubber:
             for p in range(self._partitions):
                 await trim_handled(self._redis, channels.command_stream(p), channels.COMMAND_GROUP)
                 await trim_handled(self._redis, channels.query_stream(p), channels.QUERY_GROUP)
-            aof = await self._redis.config_get("appendonly")
-            if aof.get("appendonly") in ("yes", b"yes"):
-                await self._redis.bgrewriteaof()
+            for server in await servers(self._redis):
+                aof = await server("CONFIG", "GET", "appendonly")
+                if aof.get("appendonly") in ("yes", b"yes"):
+                    await server("BGREWRITEAOF")
         except ResponseError as e:  # a rewrite already running, CONFIG disabled by ACL: say so
             log.warning("scrubbing after a forget incomplete: %s", e)
             return False

@@ -86,19 +86,19 @@ def _header_user(ctx: Any) -> str | None:
     return str(value) if value else None
 
 
-async def serve_stdio(url: str, profile_name: str, user_id: str, session_id: str | None, timeout: float) -> None:
+async def serve_stdio(client: EngramClient, profile_name: str, user_id: str, session_id: str | None) -> None:
     from mcp.server.stdio import stdio_server
 
-    async with EngramClient(url, timeout=timeout) as client:
+    async with client:
         server = build_server(client, profile_name, user_id, session_id)
         async with stdio_server() as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
-async def serve_http(url: str, profile_name: str, host: str, port: int, timeout: float) -> None:
+async def serve_http(client: EngramClient, profile_name: str, host: str, port: int) -> None:
     import uvicorn
 
-    async with EngramClient(url, timeout=timeout) as client:
+    async with client:
         server = build_server(client, profile_name, None)
         app = server.streamable_http_app(host=host)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning")

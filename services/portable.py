@@ -18,6 +18,7 @@ from contracts import channels
 from contracts.base import SCHEMA_VERSION
 from services.domain.decider import content_digest, forgettable
 from services.event_store import RedisEventStore, decode_event
+from services.redis_conn import transaction_client
 
 FORMAT = 1
 
@@ -83,7 +84,7 @@ async def import_log(redis: Redis, store: RedisEventStore, source: IO[str]) -> d
         raw = item["e"]
         event = decode_event(raw.encode())
         # Same entry ids as the source: tokens and checkpoints keep their meaning.
-        async with redis.pipeline(transaction=True) as pipe:
+        async with (await transaction_client(redis, channels.event_log(p))).pipeline(transaction=True) as pipe:
             pipe.xadd(channels.event_log(p), {"e": raw, "u": event.user_id}, id=item["id"])
             pipe.xadd(channels.note_stream(p, event.user_id, event.note_id), {"e": raw, "l": item["id"]}, id=item["id"])
             pipe.set(channels.note_version(p, event.user_id, event.note_id), event.version)

@@ -40,10 +40,17 @@ def find_redis_server() -> str:
 class RedisServer:
     """A redis-server process on a loopback port. Also used by tests that need restarts or AOF."""
 
-    def __init__(self, directory: Path, port: int | None = None, appendfsync: str = "everysec") -> None:
+    def __init__(
+        self,
+        directory: Path,
+        port: int | None = None,
+        appendfsync: str = "everysec",
+        extra_args: list[str] | None = None,
+    ) -> None:
         self.directory = directory
         self.port = port or free_port()
         self.appendfsync = appendfsync
+        self.extra_args = extra_args or []
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -72,6 +79,7 @@ class RedisServer:
                 "no",
                 "--logfile",
                 str(self.directory / "redis.log"),
+                *self.extra_args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

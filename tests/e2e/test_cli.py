@@ -10,26 +10,27 @@ from pathlib import Path
 
 import pytest
 
+from contracts import channels
 from services.redis_server import free_port
 from tests.support import ROOT, ServeProcess, cli, cli_text, engram_env, wait_until
 
 
-def serving(redis_url: str, data: Path, **extra: str) -> Iterator[dict[str, str]]:
-    values = engram_env(ENGRAM_REDIS_URL=redis_url, ENGRAM_DATA_DIR=str(data), **extra)
+def serving(bus: dict[str, str], data: Path, **extra: str) -> Iterator[dict[str, str]]:
+    values = engram_env(**bus, ENGRAM_DATA_DIR=str(data), **extra)
     serve = ServeProcess(values).start()
     yield values
     assert serve.stop() == 0
 
 
 @pytest.fixture
-def env(redis_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
+def env(bus: dict[str, str], tmp_path: Path) -> Iterator[dict[str, str]]:
     # These tests are about the CLI and the core; the index (and its model load) is off.
-    yield from serving(redis_url, tmp_path / "data", ENGRAM_INDEX="off")
+    yield from serving(bus, tmp_path / "data", ENGRAM_INDEX="off")
 
 
 @pytest.fixture
-def env_with_index(redis_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
-    yield from serving(redis_url, tmp_path / "data")
+def env_with_index(bus: dict[str, str], tmp_path: Path) -> Iterator[dict[str, str]]:
+    yield from serving(bus, tmp_path / "data")
 
 
 def test_the_note_lifecycle_through_the_cli(env: dict[str, str]) -> None:
@@ -46,7 +47,10 @@ def test_the_note_lifecycle_through_the_cli(env: dict[str, str]) -> None:
         "cli-1",
         "Alec is my boss",
     )
-    assert code == 0 and saved["version"] == 1 and len(saved["note_id"]) == 8 and saved["token"].startswith("0:")
+    assert code == 0 and saved["version"] == 1 and len(saved["note_id"]) == 8
+    # The token names alice's partition: the users are spread over partitions (and cluster slots).
+    partitions = int(env.get("ENGRAM_PARTITIONS", "1"))
+    assert channels.parse_token(saved["token"])[0] == channels.partition_of("alice", partitions)
     note_id = saved["note_id"]
     code, again, _ = cli(env, "save", "--user", "alice", "--command-id", "cli-1", "Alec is my boss")
     assert again["note_id"] == note_id and again["replayed"] is True

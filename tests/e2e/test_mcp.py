@@ -19,8 +19,8 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def env(redis_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
-    values = engram_env(ENGRAM_REDIS_URL=redis_url, ENGRAM_DATA_DIR=str(tmp_path / "data"))
+def env(bus: dict[str, str], tmp_path: Path) -> Iterator[dict[str, str]]:
+    values = engram_env(**bus, ENGRAM_DATA_DIR=str(tmp_path / "data"))
     serve = ServeProcess(values).start()
     # The model loads in the background at start (6-9 s here); tool timeouts are 10-15 s, so
     # the tests begin once the index answers, as an agent would after a warm start.

@@ -1,0 +1,62 @@
+"""Opening Redis: one server, or a Redis Cluster when ``ENGRAM_REDIS_CLUSTER`` is on.
+
+Every key one script or transaction touches carries its partition's ``{p}`` hash tag, so the
+same code runs on both: a cluster client routes each call to the node owning the slot. Keys
+outside a partition (``engram:partitions``, the index generations) are single-key reads and writes.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.cluster import RedisCluster
+
+
+def open_redis(url: str, cluster: bool = False, **options: Any) -> Redis:
+    """Constructs the client; nothing connects until the first command."""
+    if cluster:
+        # Any node's URL is a way in: the client discovers the others and follows slot moves.
+        return RedisCluster.from_url(url, **options)
+    return Redis.from_url(url, **options)
+
+
+async def servers(redis: Redis) -> list[Callable[..., Awaitable[Any]]]:
+    """A way to run a command on each server (each master of a cluster): for what concerns a
+    server rather than a key, such as CONFIG GET or BGREWRITEAOF."""
+    if isinstance(redis, RedisCluster):
+        await redis.initialize()  # discovers the nodes, if no command has yet
+        return [partial(redis.execute_command, target_nodes=node) for node in redis.get_primaries()]
+    return [redis.execute_command]
+
+
+_node_clients: weakref.WeakKeyDictionary[RedisCluster, dict[str, Redis]] = weakref.WeakKeyDictionary()
+
+
+async def transaction_client(redis: Redis, key: str) -> Redis:
+    """The client to run a WATCH/MULTI transaction on ``key``'s slot with. redis-py's asyncio
+    cluster pipeline runs a transaction's commands on a thread and event loop of their own
+    (redis-py 8.1), which breaks under a running loop; so on a cluster the transaction goes
+    through a plain client on the node that owns the slot. A slot moved meanwhile fails the
+    transaction (MOVED) and the caller's retry finds the new owner."""
+    if not isinstance(redis, RedisCluster):
+        return redis
+    await redis.initialize()
+    node = redis.get_node_from_key(key)
+    clients = _node_clients.setdefault(redis, {})
+    if node.name not in clients:
+        # The same connection options (auth, TLS) the cluster client uses for that node.
+        pool = ConnectionPool(connection_class=node.connection_class, **node.connection_kwargs)
+        clients[node.name] = Redis(connection_pool=pool)
+    return clients[node.name]
+
+
+async def close(redis: Redis) -> None:
+    """Closes the client and the per-node ones ``transaction_client`` opened for it."""
+    if isinstance(redis, RedisCluster):
+        for client in _node_clients.pop(redis, {}).values():
+            await client.aclose()
+    await redis.aclose()

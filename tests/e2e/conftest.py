@@ -1,0 +1,34 @@
+"""Every end-to-end test that takes ``bus`` runs twice: on the single Redis, and on a real Redis
+Cluster of three masters (started once for the session) with six partitions spread over its
+slots by their hash tags."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.cluster import LocalCluster
+
+CLUSTER_PARTITIONS = "6"
+
+
+@pytest.fixture(scope="session")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(Path(tmp_path_factory.mktemp("cluster"))).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(params=["redis", "cluster"])
+def bus(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The ENGRAM_* variables that point a process at the Redis under test."""
+    if request.param == "redis":
+        return {"ENGRAM_REDIS_URL": request.getfixturevalue("redis_url")}
+    cluster: LocalCluster = request.getfixturevalue("local_cluster")
+    for node in cluster.nodes:
+        with redis.Redis(port=node.port) as client:
+            client.flushall()
+    return {"ENGRAM_REDIS_URL": cluster.url, "ENGRAM_REDIS_CLUSTER": "on", "ENGRAM_PARTITIONS": CLUSTER_PARTITIONS}
