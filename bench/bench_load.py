@@ -1,11 +1,12 @@
 """Load test: mixed commands and queries from many clients for a fixed time, loopback only.
 
-    .venv/bin/python -m bench.bench_load [--seconds 60] [--clients 16]
+    .venv/bin/python -m bench.bench_load [--seconds 60] [--clients 16] [--cluster]
 
 A private redis-server (AOF everysec) and `engram serve` (index on) as separate processes. Each
 client loops over: save (no advice), update, get, list, search, recent. Reports throughput, p50/p99
 per operation, errors, lost commands (every replied write must be in the log exactly once) and
-the service's memory growth.
+the service's memory growth, beside the floor of a bare Redis round trip. ``--cluster`` runs the
+same on a local three-master Redis Cluster with six partitions.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from bench.bench_search import rss_mb, warm_up
 from bench.corpus import notes, question_text
 from contracts import channels
 from services.client import EngramClient
+from services.redis_conn import open_redis
 from services.redis_server import RedisServer
 from tests.support import ServeProcess, engram_env
 
@@ -72,26 +74,46 @@ async def run_load(
     return times, errors, written
 
 
+async def ping_floor(redis: aioredis.Redis, n: int = 500) -> dict[str, float]:
+    """The raw floor: a Redis round trip from this client, before the load."""
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        await redis.ping()
+        times.append((time.perf_counter() - t) * 1000)
+    return summary(times)
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--cluster", action="store_true", help="on a local 3-master Redis Cluster, 6 partitions")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        server = RedisServer(Path(tmp) / "redis").start()
-        serve = ServeProcess(engram_env(ENGRAM_REDIS_URL=server.url, ENGRAM_DATA_DIR=tmp)).start()
+        if args.cluster:
+            from tests.cluster import LocalCluster
+
+            server: RedisServer | LocalCluster = LocalCluster(Path(tmp) / "cluster").start()
+            extra = {"ENGRAM_REDIS_CLUSTER": "on", "ENGRAM_PARTITIONS": "6"}
+        else:
+            server = RedisServer(Path(tmp) / "redis").start()
+            extra = {}
+        partitions = int(extra.get("ENGRAM_PARTITIONS", "1"))
+        serve = ServeProcess(engram_env(ENGRAM_REDIS_URL=server.url, ENGRAM_DATA_DIR=tmp, **extra)).start(timeout=60)
         assert serve.process is not None
-        redis = aioredis.Redis.from_url(server.url)
+        redis = open_redis(server.url, args.cluster)
         try:
-            async with EngramClient(server.url, timeout=30) as client:
+            floor = await ping_floor(redis)
+            async with EngramClient(server.url, timeout=30, cluster=args.cluster) as client:
                 await warm_up(client)
                 rss_before = rss_mb(serve.process.pid)[0]
                 times, errors, written = await run_load(client, args.seconds, args.clients)
                 rss_after = rss_mb(serve.process.pid)[0]
-            log = await redis.xrange(channels.event_log(0))
             seen: dict[str, int] = defaultdict(int)
-            for _, fields in log:
-                seen[json.loads(fields[b"e"])["command_id"]] += 1
+            for p in range(partitions):
+                for _, fields in await redis.xrange(channels.event_log(p)):
+                    seen[json.loads(fields[b"e"])["command_id"]] += 1
         finally:
             await redis.aclose()
             serve.stop()
@@ -100,6 +122,8 @@ async def main() -> None:
     total = sum(len(v) for v in times.values())
     results = {
         "seconds": args.seconds,
+        "cluster": args.cluster,
+        "redis_ping_floor": floor,
         "clients": args.clients,
         "operations_per_s": round(total / args.seconds, 1),
         "errors": sum(errors.values()),
@@ -118,6 +142,7 @@ async def main() -> None:
     for op, figures in results["per_operation"].items():  # type: ignore[union-attr]
         print(f"  {op:>7}: p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms, n={figures['n']}")
     print(f"serve RSS {rss_before:.0f} MB -> {rss_after:.0f} MB")
+    print(f"floor: a bare Redis PING from this client, p50 {floor['p50_ms']} ms, p99 {floor['p99_ms']} ms")
     print(json.dumps(results))
 
 

@@ -22,6 +22,9 @@ LIST_NOTES_MAX = 1_000
 SEARCH_TOP_K_DEFAULT = 5
 SEARCH_TOP_K_MAX = 20
 MAX_QUERY_CHARS = 2_000
+# A whole command or query as it arrives on the bus (the largest valid one, a full SaveNotes of
+# episodes, is well under this); a larger body is refused before it is parsed.
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 DEFAULT_CATEGORY = "general"
 
 # A printable-ASCII id without whitespace: users ("alice@example.com", "tg:12345") and command ids.

@@ -19,6 +19,7 @@ import msgspec
 from contracts import channels
 from contracts.commands import AnyCommand, RequestForget, RequestForgetUser, SaveNote, SaveNotes, SupersedeNote
 from contracts.errors import EngramError, ErrorCode, ErrorReply
+from contracts.limits import MAX_MESSAGE_BYTES
 from contracts.queries import CommandReply, NotesWritten, NoteWritten, WrittenNote
 from services.advice import SaveAdvisor
 from services.domain.decider import IdCollision, decide, first_of_each_content, note_ids_for
@@ -42,12 +43,20 @@ def utc_now() -> datetime:
 
 
 def decode_command(body: bytes) -> AnyCommand:
+    refuse_oversized(body)
     try:
         return _command_decoder.decode(body)
     except msgspec.ValidationError as e:
         raise EngramError(ErrorCode.INVALID_PARAMETER, f"invalid command: {e}") from None
     except msgspec.DecodeError as e:
         raise EngramError(ErrorCode.INVALID_PARAMETER, f"malformed JSON: {e}") from None
+
+
+def refuse_oversized(body: bytes) -> None:
+    if len(body) > MAX_MESSAGE_BYTES:
+        raise EngramError(
+            ErrorCode.INVALID_PARAMETER, f"message of {len(body):,} bytes: the limit is {MAX_MESSAGE_BYTES:,}"
+        )
 
 
 class CommandService:

@@ -388,7 +388,7 @@ class Scrubber:
                 await trim_handled(self._redis, channels.command_stream(p), channels.COMMAND_GROUP)
                 await trim_handled(self._redis, channels.query_stream(p), channels.QUERY_GROUP)
             for server in await servers(self._redis):
-                aof = await server("CONFIG", "GET", "appendonly")
+                aof = await server("CONFIG GET", "appendonly")
                 if aof.get("appendonly") in ("yes", b"yes"):
                     await server("BGREWRITEAOF")
         except ResponseError as e:  # a rewrite already running, CONFIG disabled by ACL: say so

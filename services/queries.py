@@ -26,6 +26,7 @@ from contracts.queries import (
 )
 from projections.access import AccessLog
 from projections.history import HistoryReader
+from services.commands import refuse_oversized
 from services.context import ContextService
 from services.search import SearchService
 
@@ -34,6 +35,7 @@ _encoder = msgspec.json.Encoder()
 
 
 def decode_query(body: bytes) -> AnyQuery:
+    refuse_oversized(body)
     try:
         return _query_decoder.decode(body)
     except msgspec.ValidationError as e:

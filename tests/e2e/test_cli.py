@@ -98,6 +98,9 @@ def test_the_note_lifecycle_through_the_cli(env: dict[str, str]) -> None:
 
     code, rebuilt, _ = cli(env, "rebuild", "history")
     assert code == 0 and rebuilt["events"] == 4
+    code, report, _ = cli(env, "health")
+    assert code == 0 and report["status"] == "ok" and len(report["partitions"]) == partitions
+    assert sum(p["log_length"] for p in report["partitions"]) == 4
     code, after_rebuild, _ = cli(env, "list", "--user", "alice", "--include-superseded")
     assert after_rebuild == everything
 

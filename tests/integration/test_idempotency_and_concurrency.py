@@ -8,8 +8,9 @@ import msgspec
 import redis.asyncio as aioredis
 
 from contracts import channels
-from contracts.commands import SaveNote, UpdateNote
+from contracts.commands import RequestForget, SaveNote, UpdateNote
 from contracts.errors import EngramError, ErrorCode
+from contracts.queries import ForgetReply, NoteWritten
 from services.client import EngramClient
 from services.event_store import decode_event
 
@@ -35,6 +36,36 @@ async def test_same_command_id_sent_concurrently_appends_once(client: EngramClie
     assert len({(r.note_id, r.version, r.token) for r in replies}) == 1  # type: ignore[attr-defined]
     assert sum(not r.replayed for r in replies) == 1  # type: ignore[attr-defined]
     assert len(await log_events(redis_url)) == 1
+
+
+async def test_copies_of_one_update_sent_at_once_all_answer_its_outcome(client: EngramClient, redis_url: str) -> None:
+    """The copies that lose the race see the note already at the new version: they must answer
+    the first outcome, not VERSION_CONFLICT against their own write."""
+    note = await client.save("alice", "Works at the bakery", advise=False, command_id="save-1")
+    command = UpdateNote(
+        command_id="upd-burst",
+        user_id="alice",
+        note_id=note.note_id,
+        content="Works at the library",
+        expected_version=1,
+    )
+    replies = await asyncio.gather(*[client.execute(command, NoteWritten) for _ in range(12)])
+    assert {(r.note_id, r.version, r.token) for r in replies} == {(note.note_id, 2, replies[0].token)}
+    assert [e.command_id for e in await log_events(redis_url)] == ["save-1", "upd-burst"]
+
+
+async def test_copies_of_one_forget_request_sent_at_once_all_answer_its_outcome(
+    client: EngramClient, redis_url: str
+) -> None:
+    """A copy deciding after the first one made the note pending would read as a confirmation:
+    it must answer the first outcome (pending), and the note must not be deleted."""
+    note = await client.save("alice", "Lives near the river", advise=False)
+    command = RequestForget(command_id="fgt-burst", user_id="alice", note_ids=[note.note_id])
+    replies = await asyncio.gather(*[client.execute(command, ForgetReply) for _ in range(12)])
+    assert {(r.status, r.token) for r in replies} == {("confirmation_required", replies[0].token)}
+    assert {r.pending[0].preview for r in replies} == {"Lives near the river"}
+    assert (await client.get_note("alice", note.note_id)).status == "active"
+    assert [type(e).__name__ for e in await log_events(redis_url)] == ["NoteSaved", "ForgetRequested"]
 
 
 async def test_concurrent_updates_with_the_same_expected_version_exactly_one_wins(

@@ -83,3 +83,13 @@ async def test_any_query_body_gets_a_reply_not_an_exception(body: bytes) -> None
     assert isinstance(reply, dict) and reply.get("type") in {"error", "notes", "context"}
     if reply["type"] == "error":
         assert reply["code"] in {"INVALID_PARAMETER", "MEMORY_NOT_FOUND", "UNAVAILABLE"} and reply["message"]
+
+
+async def test_an_oversized_body_is_refused_before_it_is_parsed() -> None:
+    from contracts.limits import MAX_MESSAGE_BYTES
+
+    content = "x" * (MAX_MESSAGE_BYTES + 1)
+    body = json.dumps({"type": "save_note", "command_id": "c1", "user_id": "u", "content": content}).encode()
+    for service in (CommandService(InMemoryEventStore()), QueryService(EmptyHistory(), 0.1)):  # type: ignore[arg-type]
+        reply = msgspec.json.decode(await service.handle(body))
+        assert reply["code"] == "INVALID_PARAMETER" and "limit" in reply["message"]
