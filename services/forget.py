@@ -11,7 +11,6 @@ what nobody confirmed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import difflib
 import logging
 import random
@@ -33,6 +32,7 @@ from projections.forget_saga import pending_notes
 from projections.history import HistoryReader
 from services.domain.decider import decide, decide_forget_user, forgettable, note_ids_for
 from services.event_store import Appended, Outcome, RedisEventStore
+from services.periodic import every
 from services.reclaimer import group_info
 from services.redis_conn import servers
 from services.search import SearchService
@@ -371,15 +371,7 @@ class Scrubber:
 
     async def run(self, stop: asyncio.Event, interval: float = 1.0) -> None:
         await self.owe()
-        while not stop.is_set():
-            try:
-                await self.settle()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("settling the scrub after a forget failed; retrying")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval)
+        await every(interval, stop, self.settle, "settling the scrub after a forget", log)
 
     async def scrub(self) -> bool:
         """Trim handled request entries and rewrite the AOF. False when it could not finish."""

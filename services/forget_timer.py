@@ -5,7 +5,6 @@ running this, or a tick repeating one before the saga has seen its ``ForgetExpir
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -14,6 +13,7 @@ from redis.asyncio import Redis
 
 from contracts.commands import ExpireForget
 from projections.forget_saga import due
+from services.periodic import every
 
 log = logging.getLogger("engram.forget")
 
@@ -46,12 +46,4 @@ class ForgetExpiryTimer:
         return sent
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.tick()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("forget expiry tick failed; retrying")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._interval)
+        await every(self._interval, stop, self.tick, "forget expiry tick", log)

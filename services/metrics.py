@@ -6,13 +6,13 @@ deletions."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from prometheus_client import CollectorRegistry, Gauge
 from redis.asyncio import Redis
 
 from services.health import health
+from services.periodic import every
 
 log = logging.getLogger("engram.metrics")
 
@@ -60,12 +60,4 @@ class EngramGauges:
             self.overdue.labels(p).set(part["forget_saga"]["overdue"])
 
     async def run(self, stop: asyncio.Event, interval: float = 5.0) -> None:
-        while not stop.is_set():
-            try:
-                await self.refresh()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("metrics refresh failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
+        await every(interval, stop, self.refresh, "metrics refresh", log)

@@ -10,7 +10,6 @@ script each (claim, copy, ack), so two sweepers never move the same entry twice.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -18,6 +17,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from contracts import channels
+from services.periodic import every
 
 log = logging.getLogger("engram.reclaimer")
 
@@ -91,15 +91,7 @@ class PendingReclaimer:
 
     async def run(self, stop: asyncio.Event, interval: float | None = None) -> None:
         interval = interval if interval is not None else max(self._idle_ms / 4000, 0.05)
-        while not stop.is_set():
-            try:
-                await self.sweep()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("reclaiming %s failed; retrying", self.stream)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval)
+        await every(interval, stop, self.sweep, f"reclaiming {self.stream}", log)
 
 
 async def group_info(redis: Redis, stream: str, group: str) -> dict[str, Any] | None:
