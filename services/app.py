@@ -44,7 +44,6 @@ from projections.access import AccessLog
 from projections.history import HistoryReader
 from projections.index_runtime import IndexRuntime
 from projections.runner import ProjectionRunner, forget_saga_runner, history_runner, index_runner
-from services import redis_conn
 from services.advice import SaveAdvisor
 from services.commands import CommandService, utc_now
 from services.config import Settings
@@ -55,7 +54,7 @@ from services.forget_timer import ForgetExpiryTimer
 from services.metrics import EngramGauges
 from services.queries import QueryService
 from services.reclaimer import PendingReclaimer
-from services.redis_conn import open_redis
+from services.redis_conn import close_redis, open_redis
 from services.search import BlendPolicy, SearchService
 
 log = logging.getLogger("engram")
@@ -155,7 +154,7 @@ class Engram:
             if metrics_server is not None:
                 metrics_server.shutdown()
                 metrics_server.server_close()
-            await redis_conn.close(self.redis)
+            await close_redis(self.redis)
 
     async def _ensure_groups(self) -> None:
         """Create the request groups at position 0 ourselves: FastStream creates a new group at

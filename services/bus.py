@@ -19,7 +19,7 @@ from faststream.redis.parser.binary import BinaryMessageFormatV1
 from opentelemetry.propagate import inject
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
-from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 
 RESUBSCRIBE_PAUSE_SECONDS = 0.2
 
@@ -89,7 +89,7 @@ class BusRequester:
                     future = self._waiting.get(headers.get("correlation_id", ""))
                     if future is not None and not future.done():
                         future.set_result(bytes(body))
-            except (RedisConnectionError, OSError):
+            except (RedisError, OSError):
                 pass
             # Redis restarted or failed over: subscribe again. A reply published meanwhile is lost;
             # its request times out and the caller retries with the same command_id.

@@ -70,9 +70,13 @@ def resolve_url(settings: Settings) -> str:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings.from_env()
-    if args.role:
-        settings = Settings(**{**settings.__dict__, "roles": parse_roles(",".join(args.role))})
+    try:
+        settings = Settings.from_env()
+        if args.role:
+            settings = Settings(**{**settings.__dict__, "roles": parse_roles(",".join(args.role))})
+    except ValueError as e:
+        log.error("bad configuration: %s", e)
+        return 2
     private = None
     from services.redis_server import RedisServer, answers
 

@@ -10,7 +10,9 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import msgspec
+from redis.exceptions import ClusterDownError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from contracts import channels
 from contracts.commands import (
@@ -53,6 +55,10 @@ _reply_decoder = msgspec.json.Decoder(AnyReply)
 _encoder = msgspec.json.Encoder()
 
 
+# Redis down, restarting, or a cluster failing over: the request may be retried as it is.
+UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError, OSError)
+
+
 class EngramClient:
     def __init__(
         self, url: str, *, timeout: float = 10.0, request_stream_maxlen: int = 100_000, cluster: bool = False
@@ -75,7 +81,7 @@ class EngramClient:
         try:
             stored = await self._redis.get(PARTITIONS_KEY)
             await self._bus.start()
-        except (RedisConnectionError, OSError) as e:
+        except UNREACHABLE as e:
             await self.close()
             raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {self.url}: {e}") from None
         if stored is None:
@@ -312,7 +318,7 @@ class EngramClient:
                 f"no reply within {self.timeout:g} s; a command may still be applied: "
                 "retry it with the same command_id",
             ) from None
-        except (RedisConnectionError, OSError) as e:
+        except UNREACHABLE as e:
             raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {self.url}: {e}") from None
 
 

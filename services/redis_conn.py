@@ -54,7 +54,7 @@ async def transaction_client(redis: Redis, key: str) -> Redis:
     return clients[node.name]
 
 
-async def close(redis: Redis) -> None:
+async def close_redis(redis: Redis) -> None:
     """Closes the client and the per-node ones ``transaction_client`` opened for it."""
     if isinstance(redis, RedisCluster):
         for client in _node_clients.pop(redis, {}).values():

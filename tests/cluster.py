@@ -32,11 +32,12 @@ def free_cluster_port() -> int:
 
 
 class LocalCluster:
-    def __init__(self, directory: Path, masters: int = 3) -> None:
+    def __init__(self, directory: Path, masters: int = 3, appendfsync: str = "everysec") -> None:
         self.nodes = [
             RedisServer(
                 directory / f"node-{i}",
                 port=free_cluster_port(),
+                appendfsync=appendfsync,
                 extra_args=["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"],
             )
             for i in range(masters)
