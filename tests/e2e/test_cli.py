@@ -18,6 +18,10 @@ from tests.support import ROOT, ServeProcess, cli, cli_text, engram_env, wait_un
 def serving(bus: dict[str, str], data: Path, **extra: str) -> Iterator[dict[str, str]]:
     values = engram_env(**bus, ENGRAM_DATA_DIR=str(data), **extra)
     serve = ServeProcess(values).start()
+    if values.get("ENGRAM_INDEX") != "off":
+        # The model loads in the background at start (6-9 s warm, more from a cold disk cache);
+        # the tests begin once the index answers, as in tests/e2e/test_mcp.py.
+        wait_until(lambda: cli(values, "search", "--user", "warm-up", "anything")[0] == 0, timeout=90, interval=0.5)
     yield values
     assert serve.stop() == 0
 
@@ -159,6 +163,7 @@ def test_serve_starts_a_private_redis_when_none_is_configured_or_answering(tmp_p
 def test_search_and_an_index_rebuild_while_serving(env_with_index: dict[str, str]) -> None:
     env = env_with_index
     code, saved, _ = cli(env, "save", "--user", "alice", "--category", "person", "Alec is my boss at TechCorp")
+    assert code == 0, saved
     cli(env, "save", "--user", "alice", "I like my coffee black")
     code, found, _ = cli(env, "search", "--user", "alice", "--after", saved["token"], "who is my manager?")
     assert code == 0 and found["results"][0]["note_id"] == saved["note_id"]
