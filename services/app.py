@@ -125,7 +125,9 @@ class Engram:
                 metrics_server = server
                 tasks.append(asyncio.create_task(self.gauges.run(self.stopping), name="metrics"))
             if self.index is not None:
-                # The model loads in the background (6-9 s); commands and reads are served meanwhile.
+                # The model loads in the background from the start (6-9 s, more from a cold disk);
+                # commands and reads are served meanwhile, and the first embedding waits for it.
+                tasks.append(asyncio.create_task(self.index.embedder.start(), name="load-model"))
                 tasks.append(asyncio.create_task(self.index.watch(self.stopping), name="index-generations"))
             await self.broker.start()
             log.info(

@@ -24,6 +24,9 @@ class Embedder(Protocol):
     model_name: str
     dimension: int
 
+    async def start(self) -> None:
+        """Load the model, once (later calls wait for that load or return at once)."""
+
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
         """Unit-length vectors, one per text."""
 
@@ -74,18 +77,27 @@ class MiniLMEmbedder:
         self._chunking = chunking
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedder")
         self._model: Any = None
+        self._loading: asyncio.Future[None] | None = None
         self._queue: list[str] = []
         self._inflight: dict[str, asyncio.Future[list[float]]] = {}
         self._draining: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Load the model (6-9 s here) in the embedder's thread."""
-        if self._model is None:
-            loop = asyncio.get_running_loop()
-            self._model = await loop.run_in_executor(self._executor, load_model, model_path())
-            dimension = self._model.get_embedding_dimension()
-            if dimension != self.dimension:
-                raise RuntimeError(f"{MODEL_NAME} has dimension {dimension}, expected {self.dimension}")
+        """Load the model (6-9 s here) in the embedder's thread, once: callers arriving while it
+        loads wait for that load (each used to queue a load of its own behind it)."""
+        if self._model is not None:
+            return
+        if self._loading is None or (self._loading.done() and self._loading.exception() is not None):
+            self._loading = asyncio.ensure_future(self._load())
+        await asyncio.shield(self._loading)
+
+    async def _load(self) -> None:
+        loop = asyncio.get_running_loop()
+        model = await loop.run_in_executor(self._executor, load_model, model_path())
+        dimension = model.get_embedding_dimension()
+        if dimension != self.dimension:
+            raise RuntimeError(f"{MODEL_NAME} has dimension {dimension}, expected {self.dimension}")
+        self._model = model
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -157,12 +157,7 @@ class ForgetService:
         partition = store.partition_of(command.user_id)
         first = await store.outcome(command.user_id, command.command_id)
         if first is not None:
-            reply = _user_reply(
-                command.user_id, first.extra.get("user", {}), channels.format_token(partition, first.position), True
-            )
-            if reply.status == "forgotten":
-                await self._scrub_after(reply.token or "")
-            return reply
+            return await self._replay_user(command.user_id, first, partition)
         for _ in range(MAX_ATTEMPTS):
             ids = await store.note_ids(command.user_id)
             loaded = await store.load(command.user_id, [ACCOUNT, *ids])
@@ -183,13 +178,7 @@ class ForgetService:
                 }
             result = await store.append(command.user_id, command.command_id, appends, {"user": summary})
             if isinstance(result, Appended) and result.replayed:
-                summary = result.outcome.extra.get("user", {})  # a copy of it got there first, as above
-                reply = _user_reply(
-                    command.user_id, summary, channels.format_token(partition, result.outcome.position), True
-                )
-                if reply.status == "forgotten":
-                    await self._scrub_after(reply.token or "")
-                return reply
+                return await self._replay_user(command.user_id, result.outcome, partition)  # a copy won, as above
             if isinstance(result, Appended):
                 reply = _user_reply(
                     command.user_id, summary, channels.format_token(partition, result.outcome.position), False
@@ -201,6 +190,14 @@ class ForgetService:
                 return reply
             await asyncio.sleep(random.uniform(0, 0.005))  # lost a race: spread the retries
         raise EngramError(ErrorCode.VERSION_CONFLICT, "the memory kept changing under this request; retry it")
+
+    async def _replay_user(self, user_id: str, first: Outcome, partition: int) -> ForgetReply:
+        reply = _user_reply(
+            user_id, first.extra.get("user", {}), channels.format_token(partition, first.position), True
+        )
+        if reply.status == "forgotten":
+            await self._scrub_after(reply.token or "")  # the first attempt may have died before its scrub
+        return reply
 
     async def _scrub_after(self, token: str) -> None:
         await self._scrubber.owe()

@@ -69,6 +69,10 @@ class RunningService:
         if self._task in done:
             self._task.result()
         assert waiter in done, "service did not start"
+        if self.engram.index is not None:
+            # Tests begin with the model loaded: from a cold disk cache, torch's import in the
+            # embedder's thread can take longer than a request's timeout.
+            await asyncio.wait_for(self.engram.index.embedder.start(), 120)
         return self
 
     async def stop(self) -> None:

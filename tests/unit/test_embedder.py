@@ -78,3 +78,32 @@ async def test_an_encode_failure_reaches_every_waiter_and_is_not_cached() -> Non
         assert await embedder.embed(["x"]) == [[1.0]]
     finally:
         embedder.close()
+
+
+async def test_callers_arriving_while_the_model_loads_share_that_one_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A search arriving during the load at start used to queue a second load behind the first
+    (twice 6-9 s: past a client's 10 s timeout)."""
+    import time
+
+    from services import embedder as module
+
+    loads: list[str] = []
+
+    class FakeModel:
+        def get_embedding_dimension(self) -> int:
+            return MiniLMEmbedder.dimension
+
+    def slow_load(path: str) -> FakeModel:
+        loads.append(path)
+        time.sleep(0.2)
+        return FakeModel()
+
+    monkeypatch.setattr(module, "load_model", slow_load)
+    monkeypatch.setattr(module, "model_path", lambda: "the-model")
+    embedder = MiniLMEmbedder()
+    try:
+        await asyncio.gather(embedder.start(), embedder.start(), embedder.start())
+        await embedder.start()
+        assert loads == ["the-model"]
+    finally:
+        embedder.close()
