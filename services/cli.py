@@ -19,7 +19,7 @@ from contracts import channels
 from contracts.errors import EngramError, ErrorCode
 from contracts.model import NoteKind, NoteSource
 from services.config import ROLES, Settings, parse_roles
-from services.redis_conn import open_redis
+from services.redis_conn import close_redis, open_redis
 
 if TYPE_CHECKING:
     from services.client import EngramClient
@@ -121,6 +121,11 @@ async def _serve(settings: Settings) -> int:
 
 
 # client subcommands -----------------------------------------------------------------------------
+
+
+def _redis(settings: Settings, url: str | None = None, **options: Any) -> Any:
+    """A Redis client for the CLI's direct reads (one server or a cluster, as configured)."""
+    return open_redis(url or resolve_url(settings), settings.redis_cluster, **options)
 
 
 def _client(settings: Settings, timeout: float | None = None) -> EngramClient:
@@ -279,12 +284,11 @@ def _human_notes(notes: list[Any]) -> str:
 
 def cmd_tail(args: argparse.Namespace) -> int:
     async def go() -> None:
-
         from services.app import PARTITIONS_KEY
 
         settings = Settings.from_env()
         url = resolve_url(settings)
-        redis = open_redis(url, settings.redis_cluster)
+        redis = _redis(settings, url)
         try:
             partitions = int(await redis.get(PARTITIONS_KEY) or settings.partitions)
         except OSError as e:
@@ -309,7 +313,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
                     shown += 1
                     if args.count is not None and shown >= args.count:
                         break
-        await redis.aclose()
+        await close_redis(redis)
 
     asyncio.run(go())
     return 0
@@ -333,7 +337,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
         settings = Settings.from_env()
         url = resolve_url(settings)
-        redis = open_redis(url, settings.redis_cluster)
+        redis = _redis(settings, url)
         try:
             partitions = int(await redis.get(PARTITIONS_KEY) or settings.partitions)
         except OSError as e:
@@ -353,7 +357,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
             if not await projection.make_live(previous):
                 raise EngramError(ErrorCode.STORAGE_ERROR, f"another rebuild of partition {p} finished first")
             generations[str(p)] = generation
-        await redis.aclose()
+        await close_redis(redis)
         return {"projection": "history", "events": total, "generations": generations}
 
     result = asyncio.run(go())
@@ -374,7 +378,7 @@ async def _rebuild_index(args: argparse.Namespace) -> dict[str, Any]:
 
     settings = Settings.from_env()
     url = resolve_url(settings)
-    redis = open_redis(url, settings.redis_cluster)
+    redis = _redis(settings, url)
     try:
         partitions = int(await redis.get(PARTITIONS_KEY) or settings.partitions)
     except OSError as e:
@@ -401,7 +405,7 @@ async def _rebuild_index(args: argparse.Namespace) -> dict[str, Any]:
         from projections.history import drop_generation
 
         await drop_generation(redis, p, previous, IndexKeys(p, previous).prefix)
-    await redis.aclose()
+    await close_redis(redis)
     return {"projection": "index", "events": read, "generation": generation, "previous": previous}
 
 
@@ -422,16 +426,15 @@ def _write_document(args: argparse.Namespace, document: dict[str, Any]) -> int:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-
     from services.health import health
 
     async def go() -> dict[str, Any]:
         settings = Settings.from_env()
-        redis = open_redis(resolve_url(settings), settings.redis_cluster, socket_connect_timeout=2)
+        redis = _redis(settings, socket_connect_timeout=2)
         try:
             return await health(redis)
         finally:
-            await redis.aclose()
+            await close_redis(redis)
 
     report = asyncio.run(go())
     sys.stdout.write(json.dumps(report, indent=None if args.json else 2) + "\n")
@@ -439,18 +442,17 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-
     from services.portable import export_log
 
     async def go() -> dict[str, int]:
         settings = Settings.from_env()
-        redis = open_redis(resolve_url(settings), settings.redis_cluster)
+        redis = _redis(settings)
         try:
             partitions = int(await redis.get("engram:partitions") or 1)
             with open(args.out, "w") as out:
                 return await export_log(redis, partitions, out)
         finally:
-            await redis.aclose()
+            await close_redis(redis)
 
     counts = asyncio.run(go())
     _print(args, {"written": args.out, **counts}, lambda o: f"exported {o['events']} events to {o['written']}")
@@ -458,7 +460,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-
     from services.crypto import load_master_key
     from services.event_store import RedisEventStore
     from services.portable import import_log
@@ -466,7 +467,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
 
     async def go() -> dict[str, int]:
-        redis = open_redis(resolve_url(settings), settings.redis_cluster)
+        redis = _redis(settings)
         try:
             with open(args.source) as source:
                 partitions = json.loads(source.readline())["partitions"]
@@ -476,7 +477,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise EngramError(ErrorCode.INVALID_PARAMETER, str(e)) from None
         finally:
-            await redis.aclose()
+            await close_redis(redis)
 
     counts = asyncio.run(go())
     _print(args, counts, lambda o: f"imported {o['events']} events; projections rebuild when engram serve starts")
