@@ -6,7 +6,9 @@ ranking, the BM25 ranking and the fused one the service answers with.
 Runs the real service in this process (private redis-server, Qdrant Edge in a temporary data
 dir, MiniLM), saves the dev set through the bus (updates as supersedes), buries each user's
 facts among ``--filler`` synthetic notes, then asks every question through ``SearchService``
-with three weightings: dense only (1, 0), BM25 only (0, 1) and the configured fusion.
+with three rankings (services/ranking.py): dense only ``minmax(1, 0)``, BM25 only
+``score(0, 1)`` (BM25's own order) and the configured policy; ``--also METHOD:W_DENSE,W_BM25`` (e.g.
+``score:1.0,0.1``, Engram's ranking before LoCoMo) adds more.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from typing import Any
 
 from bench.corpus import notes as filler_notes
 from contracts.commands import NoteDraft
+from contracts.errors import EngramError, ErrorCode
 from contracts.queries import SearchNotes
 from services.app import build
 from services.client import EngramClient
 from services.config import Settings
+from services.ranking import FUSION_METHODS, RankingPolicy
 from services.redis_server import RedisServer
 from services.search import SearchService
 
@@ -47,6 +51,26 @@ async def load(client: EngramClient, devset: dict[str, Any], filler: int) -> tup
             if "supersedes" in note:
                 token = (await client.supersede(uid, ids[uid][note["supersedes"]], written.note_id)).token
     return ids, token
+
+
+async def wait_for_index(client: EngramClient, user_id: str, token: str) -> None:
+    """Until the index has embedded everything saved (a search waits only a few seconds)."""
+    while True:
+        try:
+            await client.search(user_id, "warm up", after=token)
+            return
+        except EngramError as e:
+            if e.code is not ErrorCode.TIMEOUT:
+                raise
+
+
+def parse_policy(text: str) -> RankingPolicy:
+    """``METHOD:W_DENSE,W_BM25``, e.g. ``score:1.0,0.1``."""
+    method, _, weights = text.partition(":")
+    if method not in FUSION_METHODS or not weights:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected METHOD:W_DENSE,W_BM25, METHOD one of {FUSION_METHODS}")
+    dense, bm25 = (float(x) for x in weights.split(","))
+    return RankingPolicy(method, dense, bm25)  # type: ignore[arg-type]
 
 
 async def evaluate(search: SearchService, devset: dict[str, Any], ids: dict[str, dict[str, str]], keyword_only: bool):
@@ -77,7 +101,14 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--filler", type=int, default=200, help="synthetic notes per user around the facts")
     parser.add_argument("--show-misses", action="store_true")
-    parser.add_argument("--also", action="append", default=[], metavar="W_DENSE,W_BM25", help="more weightings to try")
+    parser.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        type=parse_policy,
+        metavar="METHOD:W_DENSE,W_BM25",
+        help="more rankings to try, e.g. score:1.0,0.1",
+    )
     args = parser.parse_args()
     devset = json.loads(DEVSET.read_text())
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,13 +121,19 @@ async def main() -> None:
             await asyncio.wait_for(ready.wait(), 60)
             async with EngramClient(server.url, timeout=120) as client:
                 ids, token = await load(client, devset, args.filler)
-                await client.search(devset["users"][0]["user"], "warm up", after=token)
+                await wait_for_index(client, devset["users"][0]["user"], token)
             assert app.index is not None
             results = {}
-            extra = [(f"fused {w}", tuple(float(x) for x in w.split(","))) for w in args.also]
-            plain = [("dense", (1.0, 0.0)), ("bm25", (0.0, 1.0)), ("fused", settings.search_weights)]
-            for name, weights in plain + extra:
-                search = SearchService(app.index, app.history, 30, weights)
+            extra = [(str(policy), policy) for policy in args.also]
+            plain = [
+                ("dense", RankingPolicy("minmax", 1.0, 0.0)),
+                # BM25's own order; 0 exactly for notes with no BM25 score (minmax would also give
+                # 0 to the weakest BM25 candidate, and evaluate drops score-0 hits).
+                ("bm25", RankingPolicy("score", 0.0, 1.0)),
+                ("fused", settings.search_policy),
+            ]
+            for name, policy in plain + extra:
+                search = SearchService(app.index, app.history, 30, policy)
                 results[name], misses = await evaluate(search, devset, ids, keyword_only=name == "bm25")
                 if args.show_misses:
                     for miss in misses:
@@ -108,7 +145,7 @@ async def main() -> None:
     print(f"dev set: {results['fused']['queries']} questions, {args.filler} filler notes per user")
     for name, figures in results.items():
         print(f"{name:>14}: recall@5 {figures['recall@5']:.3f}  MRR@10 {figures['mrr@10']:.3f}")
-    print(json.dumps({"filler_per_user": args.filler, "fused_weights": settings.search_weights, **results}))
+    print(json.dumps({"filler_per_user": args.filler, "fused_policy": str(settings.search_policy), **results}))
 
 
 if __name__ == "__main__":

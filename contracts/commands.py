@@ -11,6 +11,7 @@ import msgspec
 from contracts.base import SCHEMA_VERSION, Message
 from contracts.limits import (
     DEFAULT_CATEGORY,
+    MAX_BATCH_MESSAGES,
     MAX_BATCH_NOTES,
     MAX_FORGET_IDS,
     MAX_QUERY_CHARS,
@@ -107,14 +108,40 @@ class SupersedeNote(Command, tag="supersede_note", frozen=True, kw_only=True):
     superseded_by: NoteId
 
 
+Role = Annotated[str, msgspec.Meta(pattern="^(user|assistant|system|tool)$")]
+
+
 class RecordMessage(Command, tag="record_message", frozen=True, kw_only=True):
-    """Record one turn of a conversation so that a search in the same session can find what was
-    said earlier (seed 001's ``include_conversation``). Messages are not notes: they are never
-    listed, updated or superseded, and are searched only with ``include_conversation``."""
+    """Record one turn of a conversation, so that later searches (in this session, or across all
+    of the user's conversations) can find what was said (seed 001's ``include_conversation``).
+    Messages are not notes: they are never listed, updated or superseded, and are searched only
+    with ``include_conversation``. ``speaker``: who said it, by name (e.g. in a group chat);
+    ``sent_at``: when it was said (a past time when importing; default: now)."""
 
     session_id: ShortText
-    role: Annotated[str, msgspec.Meta(pattern="^(user|assistant|system|tool)$")] = "user"
+    role: Role = "user"
     content: Content
+    speaker: ShortText | None = None
+    sent_at: datetime | None = None
+
+
+class MessageDraft(msgspec.Struct, frozen=True, kw_only=True):
+    """One turn of a transcript to import with ``RecordMessages``."""
+
+    role: Role = "user"
+    content: Content
+    speaker: ShortText | None = None
+    sent_at: datetime | None = None
+
+
+class RecordMessages(Command, tag="record_messages", frozen=True, kw_only=True):
+    """Import up to 100 turns of one conversation at once (a transcript), in the order they were
+    said; all are recorded atomically or none is. The reply (``NotesWritten``) lists the new
+    message ids in the order given. Each turn is indexed with the turns before it in the same
+    session as context, so a search for "what did she say about it?" can find it."""
+
+    session_id: ShortText
+    messages: Annotated[list[MessageDraft], msgspec.Meta(min_length=1, max_length=MAX_BATCH_MESSAGES)]
 
 
 class RequestForget(Command, tag="request_forget", frozen=True, kw_only=True):
@@ -142,6 +169,16 @@ class RequestForgetUser(Command, tag="request_forget_user", frozen=True, kw_only
     confirmed: bool = False
 
 
+class RequestForgetSession(Command, tag="request_forget_session", frozen=True, kw_only=True):
+    """Erase one conversation (every message of ``session_id``), in the same two calls as
+    ``RequestForget``: the first asks for confirmation, the same request again within the TTL
+    erases the messages (each data key destroyed) and answers with the erased ids.
+    ``confirmed`` executes at once (operators only)."""
+
+    session_id: ShortText
+    confirmed: bool = False
+
+
 class ExpireForget(Command, tag="expire_forget", frozen=True, kw_only=True):
     """Sent by the forget saga when a pending deletion's deadline has passed: the pending state
     lapses (``ForgetExpired``) unless it was confirmed or renewed meanwhile."""
@@ -150,5 +187,14 @@ class ExpireForget(Command, tag="expire_forget", frozen=True, kw_only=True):
 
 
 AnyCommand = (
-    SaveNote | SaveNotes | UpdateNote | SupersedeNote | RecordMessage | RequestForget | RequestForgetUser | ExpireForget
+    SaveNote
+    | SaveNotes
+    | UpdateNote
+    | SupersedeNote
+    | RecordMessage
+    | RecordMessages
+    | RequestForget
+    | RequestForgetUser
+    | RequestForgetSession
+    | ExpireForget
 )

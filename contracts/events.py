@@ -61,11 +61,14 @@ class NoteSuperseded(Event, tag="note_superseded", frozen=True, kw_only=True):
 
 
 class MessageRecorded(Event, tag="message_recorded", frozen=True, kw_only=True):
-    """A conversation turn was recorded (``note_id`` is the message's id, version 1)."""
+    """A conversation turn was recorded (``note_id`` is the message's id, version 1).
+    ``speaker``: who said it, by name, if given; ``sent_at``: when it was said, if not ``at``."""
 
     session_id: str
     role: str
     content: str
+    speaker: str | None = None
+    sent_at: datetime | None = None
 
 
 class ForgetRequested(Event, tag="forget_requested", frozen=True, kw_only=True):
@@ -96,9 +99,30 @@ class UserForgotten(Event, tag="user_forgotten", frozen=True, kw_only=True):
     erased: list[str]
 
 
+class SessionForgotten(Event, tag="session_forgotten", frozen=True, kw_only=True):
+    """Every message of one conversation was erased (each forgotten, its key destroyed): the
+    receipt, on the session's control stream (``note_id`` is ``session_stream(session_id)``)."""
+
+    session_id: str
+    erased: list[str]
+
+
 # The pseudo note id of a user's account stream: where a request to erase the whole user is
 # pending (ForgetRequested / ForgetExpired with this note id) and where its receipt is kept.
 ACCOUNT = "_account"
+
+
+def session_stream(session_id: str) -> str:
+    """The pseudo note id of a conversation's control stream, where a request to erase the
+    session is pending and its receipt kept."""
+    return f"_session:{session_id}"
+
+
+def is_control_stream(note_id: str) -> bool:
+    """Account and session streams hold requests and receipts, never a note (note ids are
+    alphanumeric, so they never start with an underscore)."""
+    return note_id.startswith("_")
+
 
 AnyEvent = (
     NoteSaved
@@ -109,4 +133,5 @@ AnyEvent = (
     | ForgetExpired
     | NoteForgotten
     | UserForgotten
+    | SessionForgotten
 )

@@ -71,7 +71,8 @@ class NoteView(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class MessageView(msgspec.Struct, frozen=True, kw_only=True):
-    """A conversation turn recorded for search within its session (seed 001)."""
+    """A recorded conversation turn (seed 001): its session, who said it and when
+    (``sent_at``: when it was said; ``created_at``: when it was recorded)."""
 
     id: str
     user_id: str
@@ -79,6 +80,8 @@ class MessageView(msgspec.Struct, frozen=True, kw_only=True):
     role: str
     content: str
     created_at: datetime
+    speaker: str | None = None
+    sent_at: datetime | None = None
 
 
 class VersionView(msgspec.Struct, frozen=True, kw_only=True):

@@ -64,9 +64,11 @@ class ListRecent(Query, tag="list_recent", frozen=True, kw_only=True):
 
 
 class SearchNotes(Query, tag="search_notes", frozen=True, kw_only=True):
-    """Hybrid search (dense MiniLM + BM25, weighted score fusion) over the user's notes, best
-    first, one result per note (long notes are searched by chunk). Superseded notes are left out
-    unless ``include_superseded``. With ``after``, waits until the index has the caller's writes."""
+    """Hybrid search (dense MiniLM + BM25, each scaled over its candidates, then a weighted sum)
+    over the user's notes and, with ``include_conversation``, conversation turns; best first,
+    one result per note or turn (long ones are searched by chunk, turns also in the context of
+    the turns before them). Superseded notes are left out unless ``include_superseded``. With
+    ``after``, waits until the index has the caller's writes."""
 
     query: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_QUERY_CHARS, pattern=NOT_BLANK)]
     top_k: Annotated[int, msgspec.Meta(ge=1, le=SEARCH_TOP_K_MAX)] = SEARCH_TOP_K_DEFAULT
@@ -74,9 +76,14 @@ class SearchNotes(Query, tag="search_notes", frozen=True, kw_only=True):
     kind: NoteKind | None = None
     subject: Subject | None = None
     include_superseded: bool = False
-    # Also search what was said earlier in this conversation (RecordMessage); needs session_id.
+    # Also search conversations (RecordMessage/RecordMessages): with session_id that session
+    # only, without it every conversation the user has had.
     include_conversation: bool = False
     session_id: ShortText | None = None
+    # Only what happened within this time: a message's sent_at, a note's occurred_at, else when
+    # it was saved (inclusive bounds, either may be left open).
+    since: datetime | None = None
+    until: datetime | None = None
     # "blended": relevance mixed with recency (of update or last access) and importance, weights
     # ENGRAM_RANKING_WEIGHTS; "relevance" (the default) is the plain fused score.
     ranking: Literal["relevance", "blended"] = "relevance"
@@ -171,8 +178,9 @@ class NotesReply(Message, tag="notes", frozen=True, kw_only=True):
 
 class SearchHit(msgspec.Struct, frozen=True, kw_only=True):
     """One note (``source: memory``) or conversation message (``source: conversation``) found
-    by a search. ``score`` is the fused score that orders results (cosine plus a weighted,
-    saturated BM25 score); ``similarity`` the cosine of the query and the best chunk."""
+    by a search. ``score`` is the fused score that orders results (see ``services/ranking.py``);
+    ``similarity`` the cosine of the query and the best chunk. A conversation hit's ``message``
+    says its session, speaker and time."""
 
     note_id: str
     content: str

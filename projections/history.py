@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from contracts import channels
-from contracts.events import ACCOUNT, MessageRecorded, NoteForgotten, NoteSaved, NoteSuperseded, UserForgotten
+from contracts.events import MessageRecorded, NoteForgotten, NoteSaved, NoteSuperseded, UserForgotten, is_control_stream
 from contracts.model import MessageView, NoteStatus, NoteView, VersionView
 from projections.history_model import (
     add_supersedes,
@@ -229,8 +229,8 @@ def _plan(batch: Sequence[LogEntry], views: dict[str, NoteView | None], keys: Hi
             writes.erased |= {keys.order(user, True), keys.order(user, False), keys.recent(user)}
             writes.stale_members.pop(user, None)
             continue
-        if event.note_id == ACCOUNT:
-            continue  # the user's account stream: pending erasures live in the forget saga
+        if is_control_stream(event.note_id):
+            continue  # an account or session stream: pending erasures live in the forget saga
         if isinstance(event, MessageRecorded):
             writes.messages[keys.message(event.user_id, event.note_id)] = MessageView(
                 id=event.note_id,
@@ -239,8 +239,15 @@ def _plan(batch: Sequence[LogEntry], views: dict[str, NoteView | None], keys: Hi
                 role=event.role,
                 content=event.content,
                 created_at=event.at,
+                speaker=event.speaker,
+                sent_at=event.sent_at,
             )
             continue
+        if isinstance(event, NoteForgotten):
+            # A forgotten message (its session or its user erased) leaves the read model too.
+            message_key = keys.message(event.user_id, event.note_id)
+            writes.messages.pop(message_key, None)
+            writes.erased.add(message_key)
         key = keys.note(event.user_id, event.note_id)
         current = views.get(key)
         if current is not None and current.version >= event.version:

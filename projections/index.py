@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -28,18 +29,18 @@ from redis.exceptions import WatchError
 
 from contracts import channels
 from contracts.events import (
-    ACCOUNT,
     MessageRecorded,
     NoteForgotten,
     NoteSaved,
     NoteSuperseded,
     NoteUpdated,
-    UserForgotten,
+    is_control_stream,
 )
 from projections.history import GenerationChanged, position_key
 from projections.vector_index import CONVERSATION, MEMORY, IndexPoint, Sparse, VectorIndex
 from services.embedder import Embedder
 from services.event_store import LogEntry, RedisEventStore
+from services.ranking import CONTEXT_TURNS, context_text, context_vector
 from services.redis_conn import transaction_client
 
 _POINT_NAMESPACE = uuid.UUID("0b6d7c55-5c7e-4b0e-8d6f-6a2f4e1c9b21")
@@ -59,6 +60,10 @@ class IndexKeys:
 
     def note(self, user_id: str, note_id: str) -> str:
         return f"{self.prefix}note:{user_id}:{note_id}"
+
+    def session(self, user_id: str, session_id: str) -> str:
+        """The ids of a conversation's last turns (never their text): the next turn's context."""
+        return f"{self.prefix}session:{user_id}:{session_id}"
 
 
 GENERATIONS_KEY = "engram:index:generations"
@@ -81,6 +86,8 @@ class NoteMeta(msgspec.Struct, kw_only=True):
     chunks: int = 0
     record: str = MEMORY
     session_id: str | None = None
+    # When it happened: a turn's sent_at, an episode's occurred_at, else when it was saved.
+    time: float | None = None
 
     def payload(self, user_id: str, note_id: str, chunk: int) -> dict[str, Any]:
         fields: dict[str, Any] = {
@@ -98,6 +105,8 @@ class NoteMeta(msgspec.Struct, kw_only=True):
             fields["subject"] = self.subject
         if self.session_id is not None:
             fields["session_id"] = self.session_id
+        if self.time is not None:
+            fields["time"] = self.time
         return fields
 
     def filter_fields(self) -> dict[str, Any]:
@@ -108,6 +117,7 @@ class NoteMeta(msgspec.Struct, kw_only=True):
 
 
 _meta_decoder = msgspec.json.Decoder(NoteMeta)
+_tail_decoder = msgspec.json.Decoder(list[str])
 _bm25: Bm25 | None = None
 
 
@@ -131,8 +141,18 @@ def sparse_query(text: str) -> Sparse:
 class IndexProjection:
     name = "index"
 
-    def __init__(self, redis: Redis, index: VectorIndex, embedder: Embedder, partition: int, generation: int) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        index: VectorIndex,
+        embedder: Embedder,
+        partition: int,
+        generation: int,
+        *,
+        store: RedisEventStore,
+    ) -> None:
         self._redis = redis
+        self._store = store
         self.index = index
         self._embedder = embedder
         self.partition = partition
@@ -160,26 +180,33 @@ class IndexProjection:
                 metas = {
                     k: (_meta_decoder.decode(r) if r is not None else None) for k, r in zip(note_keys, raw, strict=True)
                 }
-                changed = await self._write_index(batch, metas)
+                turns = _Turns(self, batch)
+                await turns.load()
+                changed = await self._write_index(batch, metas, turns)
                 pipe.multi()
                 for key in changed:
                     pipe.set(key, msgspec.json.encode(metas[key]))
+                for key, tail in turns.tails().items():
+                    pipe.set(key, msgspec.json.encode(tail))
                 pipe.set(keys.checkpoint, batch[-1].position)
                 await pipe.execute()
             except WatchError as e:
                 raise GenerationChanged() from e
 
-    async def _write_index(self, batch: Sequence[LogEntry], metas: dict[str, NoteMeta | None]) -> set[str]:
+    async def _write_index(
+        self, batch: Sequence[LogEntry], metas: dict[str, NoteMeta | None], turns: _Turns
+    ) -> set[str]:
         """Fold the batch per note, then write each changed note's final state to the index:
         re-embed notes whose text changed, set payload on notes whose fields changed."""
         texts: dict[str, tuple[str, str, str]] = {}  # note key -> (user, note, text)
+        contexts: dict[str, list[str]] = {}  # a turn's key -> the text of the turns before it
         forgotten: set[str] = set()
         touched: dict[str, tuple[str, str]] = {}
         old_chunks: dict[str, int] = {}
         for entry in batch:
             event = entry.event
-            if isinstance(event, UserForgotten) or event.note_id == ACCOUNT:
-                continue  # every note of an erased user had its own NoteForgotten before
+            if is_control_stream(event.note_id):
+                continue  # an erased user's or session's notes each had their own NoteForgotten
             key = self.keys.note(event.user_id, event.note_id)
             meta = metas.get(key)
             if meta is not None and event.version <= meta.version:
@@ -194,6 +221,7 @@ class IndexProjection:
                     kind=event.kind.value,
                     subject=event.subject,
                     created_at=_ts(event.at),
+                    time=_ts(event.occurred_at or event.at),
                 )
                 texts[key] = (event.user_id, event.note_id, event.content)
                 forgotten.discard(key)
@@ -207,8 +235,13 @@ class IndexProjection:
                     created_at=_ts(event.at),
                     record=CONVERSATION,
                     session_id=event.session_id,
+                    time=_ts(event.sent_at or event.at),
                 )
-                texts[key] = (event.user_id, event.note_id, event.content)
+                own = turn_text(event.speaker, event.content)
+                texts[key] = (event.user_id, event.note_id, own)
+                before = turns.before(event)
+                if before:
+                    contexts[key] = before
             elif meta is None:
                 continue  # an event for a note the index never saw saved: nothing to update
             elif isinstance(event, NoteUpdated):
@@ -231,26 +264,27 @@ class IndexProjection:
             metas[key] = meta
             touched[key] = (event.user_id, event.note_id)
 
+        # A turn is indexed twice: its own words, and its words after the turns before it (so
+        # "what did she say about it?" can match); either point finds the one turn. The context
+        # point's vector is the mean of the turns' own vectors, so no text is embedded twice.
         pieces: list[tuple[str, int, str]] = []  # (note key, chunk, text)
         for key, (_, _, text) in texts.items():
-            if not text:
-                continue  # read after its note was forgotten: the content is shredded
-            for i, piece in enumerate(self._embedder.chunks(text)):
-                pieces.append((key, i, piece))
-        vectors = await self._embedder.embed([p[2] for p in pieces]) if pieces else []
+            if text:  # empty when read after its note was forgotten: the content is shredded
+                pieces += [(key, i, piece) for i, piece in enumerate(self._embedder.chunks(text))]
+        firsts = {key: self._embedder.chunks(texts[key][2])[0] for key in contexts if key in texts and texts[key][2]}
+        earlier = {self._embedder.chunks(t)[0] for key in firsts for t in contexts[key]}
+        unique = list(dict.fromkeys([p[2] for p in pieces] + sorted(earlier)))
+        vectors = dict(zip(unique, await self._embedder.embed(unique), strict=True)) if unique else {}
         points = []
-        for (key, chunk, piece), dense in zip(pieces, vectors, strict=True):
-            user_id, note_id = touched[key]
-            meta = metas[key]
-            assert meta is not None
-            points.append(
-                IndexPoint(
-                    id=point_id(user_id, note_id, chunk),
-                    dense=dense,
-                    sparse=sparse_document(piece),
-                    payload=meta.payload(user_id, note_id, chunk),
-                )
-            )
+        for key, chunk, piece in pieces:
+            points.append(self._point(touched[key], metas[key], chunk, vectors[piece], sparse_document(piece)))
+        chunk_counts = Counter(p[0] for p in pieces)
+        for key, first in firsts.items():
+            window = [vectors[self._embedder.chunks(t)[0]] for t in contexts[key]] + [vectors[first]]
+            sparse = sparse_document(context_text(texts[key][2], contexts[key]))
+            point = self._point(touched[key], metas[key], chunk_counts[key], context_vector(window), sparse)
+            points.append(msgspec.structs.replace(point, payload=point.payload | {"context": True}))
+            chunk_counts[key] += 1
         await self.index.upsert(points)
         for key, (user_id, note_id) in touched.items():
             meta = metas[key]
@@ -259,13 +293,22 @@ class IndexProjection:
                 await self.index.delete(user_id, note_id)
                 meta.chunks = 0
             elif key in texts:
-                chunks = sum(1 for p in pieces if p[0] == key)
+                chunks = chunk_counts[key]
                 if old_chunks[key] > chunks:
                     await self.index.delete(user_id, note_id, from_chunk=chunks)
                 meta.chunks = chunks
             else:
                 await self.index.set_payload(user_id, note_id, meta.filter_fields())
         return set(touched)
+
+    @staticmethod
+    def _point(
+        ids: tuple[str, str], meta: NoteMeta | None, chunk: int, dense: list[float], sparse: Sparse
+    ) -> IndexPoint:
+        assert meta is not None
+        user_id, note_id = ids
+        payload = meta.payload(user_id, note_id, chunk)
+        return IndexPoint(id=point_id(user_id, note_id, chunk), dense=dense, sparse=sparse, payload=payload)
 
     async def rebuild(self, store: RedisEventStore, progress=None, batch_size: int = 256) -> int:  # type: ignore[no-untyped-def]
         """Fill this (fresh) generation from position zero up to the log's head when called."""
@@ -288,6 +331,53 @@ class IndexProjection:
 
 def _ts(at: datetime) -> float:
     return at.timestamp()
+
+
+def turn_text(speaker: str | None, content: str) -> str:
+    """A turn as indexed: who said it, then what was said (names carry much of the evidence)."""
+    return f"{speaker}: {content}" if speaker else content
+
+
+class _Turns:
+    """The last turns of each conversation a batch records messages in, in log order: their
+    ids are kept per session in the projection's state (``IndexKeys.session``); their text is
+    read from the event store (the index keeps none), so a rebuild sees the same context."""
+
+    def __init__(self, projection: IndexProjection, batch: Sequence[LogEntry]) -> None:
+        self._projection = projection
+        self._sessions = list(
+            dict.fromkeys((e.event.user_id, e.event.session_id) for e in batch if isinstance(e.event, MessageRecorded))
+        )
+        self._recent: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        self._changed: set[tuple[str, str]] = set()
+
+    async def load(self) -> None:
+        if not self._sessions:
+            return
+        keys = self._projection.keys
+        raw = await self._projection._redis.mget([keys.session(u, s) for u, s in self._sessions])
+        for (user_id, session_id), value in zip(self._sessions, raw, strict=True):
+            ids = _tail_decoder.decode(value) if value is not None else []
+            loaded = await self._projection._store.load(user_id, ids) if ids else {}
+            self._recent[(user_id, session_id)] = [
+                (i, turn_text(loaded[i].state.speaker, loaded[i].state.content))
+                for i in ids
+                if loaded[i].state.content  # a forgotten turn is no context
+            ]
+
+    def before(self, event: MessageRecorded) -> list[str]:
+        """The text of the turns before this one in its session; then this one joins them."""
+        session = (event.user_id, event.session_id)
+        recent = self._recent.setdefault(session, [])
+        texts = [text for _, text in recent]
+        recent.append((event.note_id, turn_text(event.speaker, event.content)))
+        del recent[: max(0, len(recent) - CONTEXT_TURNS)]
+        self._changed.add(session)
+        return texts
+
+    def tails(self) -> dict[str, list[str]]:
+        keys = self._projection.keys
+        return {keys.session(u, s): [i for i, _ in self._recent[(u, s)]] for u, s in self._changed}
 
 
 def generation_dir(data_dir: Path, generation: int) -> Path:

@@ -33,22 +33,33 @@ from qdrant_edge import (
 )
 
 from projections.vector_index import (
+    ANY_TIME,
     DENSE,
+    FLOAT_FIELDS,
     INTEGER_FIELDS,
     KEYWORD_FIELDS,
     SPARSE,
     IndexHit,
     IndexPoint,
     NearestQuery,
+    TimeWindow,
 )
 
 
-def _filter(user_id: str, match: dict[str, str | list[str]], note_id: str | None = None, from_chunk: int = 0) -> Filter:
+def _filter(
+    user_id: str,
+    match: dict[str, str | list[str]],
+    note_id: str | None = None,
+    from_chunk: int = 0,
+    window: TimeWindow = ANY_TIME,
+) -> Filter:
     conditions: list[Any] = [FieldCondition(key="user_id", match=MatchValue(user_id))]
     if note_id is not None:
         conditions.append(FieldCondition(key="note_id", match=MatchValue(note_id)))
     if from_chunk:
         conditions.append(FieldCondition(key="chunk", range=RangeFloat(gte=from_chunk)))
+    if window.since is not None or window.until is not None:
+        conditions.append(FieldCondition(key="time", range=RangeFloat(gte=window.since, lte=window.until)))
     for key, value in match.items():
         condition = MatchAny(list(value)) if isinstance(value, list) else MatchValue(value)
         conditions.append(FieldCondition(key=key, match=condition))
@@ -93,6 +104,9 @@ class QdrantEdgeIndex:
         for name in INTEGER_FIELDS:
             if name not in existing:
                 shard.update(UpdateOperation.create_field_index(name, PayloadSchemaType.Integer))
+        for name in FLOAT_FIELDS:
+            if name not in existing:
+                shard.update(UpdateOperation.create_field_index(name, PayloadSchemaType.Float))
         return shard
 
     async def upsert(self, points: list[IndexPoint]) -> None:
@@ -127,7 +141,7 @@ class QdrantEdgeIndex:
         request = QueryRequest(
             limit=query.limit,
             query=Query.Nearest(vector, using=query.using),
-            filter=_filter(query.user_id, query.match),
+            filter=_filter(query.user_id, query.match, window=query.window),
             score_threshold=query.threshold,
             with_payload=True,
         )

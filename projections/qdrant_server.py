@@ -11,24 +11,33 @@ from typing import Any
 from qdrant_client import AsyncQdrantClient, models
 
 from projections.vector_index import (
+    ANY_TIME,
     DENSE,
+    FLOAT_FIELDS,
     INTEGER_FIELDS,
     KEYWORD_FIELDS,
     SPARSE,
     IndexHit,
     IndexPoint,
     NearestQuery,
+    TimeWindow,
 )
 
 
 def _filter(
-    user_id: str, match: dict[str, str | list[str]], note_id: str | None = None, from_chunk: int = 0
+    user_id: str,
+    match: dict[str, str | list[str]],
+    note_id: str | None = None,
+    from_chunk: int = 0,
+    window: TimeWindow = ANY_TIME,
 ) -> models.Filter:
     conditions: list[Any] = [models.FieldCondition(key="user_id", match=models.MatchValue(value=user_id))]
     if note_id is not None:
         conditions.append(models.FieldCondition(key="note_id", match=models.MatchValue(value=note_id)))
     if from_chunk:
         conditions.append(models.FieldCondition(key="chunk", range=models.Range(gte=from_chunk)))
+    if window.since is not None or window.until is not None:
+        conditions.append(models.FieldCondition(key="time", range=models.Range(gte=window.since, lte=window.until)))
     for key, value in match.items():
         condition = models.MatchAny(any=list(value)) if isinstance(value, list) else models.MatchValue(value=value)
         conditions.append(models.FieldCondition(key=key, match=condition))
@@ -64,6 +73,8 @@ class QdrantServerIndex:
                 await self._client.create_payload_index(self.collection, name, models.PayloadSchemaType.KEYWORD)
             for name in INTEGER_FIELDS:
                 await self._client.create_payload_index(self.collection, name, models.PayloadSchemaType.INTEGER)
+            for name in FLOAT_FIELDS:
+                await self._client.create_payload_index(self.collection, name, models.PayloadSchemaType.FLOAT)
 
     async def upsert(self, points: list[IndexPoint]) -> None:
         if not points:
@@ -103,7 +114,7 @@ class QdrantServerIndex:
             self.collection,
             query=vector,
             using=query.using,
-            query_filter=_filter(query.user_id, query.match),
+            query_filter=_filter(query.user_id, query.match, window=query.window),
             limit=query.limit,
             score_threshold=query.threshold,
             with_payload=True,

@@ -121,7 +121,7 @@ def index_runner(
 
     async def open_live() -> Projection:
         await runtime.sync()
-        return IndexProjection(redis, runtime.index, runtime.embedder, partition, runtime.generation)
+        return IndexProjection(redis, runtime.index, runtime.embedder, partition, runtime.generation, store=store)
 
     return ProjectionRunner(
         redis,

@@ -18,6 +18,8 @@ SPARSE = "bm25"
 # Payload fields with an index: the tenant first, then every filter a search can use.
 KEYWORD_FIELDS = ("user_id", "note_id", "status", "category", "kind", "subject", "record", "session_id")
 INTEGER_FIELDS = ("chunk", "version")
+# When a point's note or turn happened (seconds since the epoch): sent_at, occurred_at or saved.
+FLOAT_FIELDS = ("time",)
 
 MEMORY = "memory"
 CONVERSATION = "conversation"
@@ -35,6 +37,16 @@ class IndexPoint(msgspec.Struct, frozen=True, kw_only=True):
     payload: dict[str, Any]
 
 
+class TimeWindow(msgspec.Struct, frozen=True):
+    """Inclusive bounds on a point's ``time`` (seconds since the epoch); ``None``: open."""
+
+    since: float | None = None
+    until: float | None = None
+
+
+ANY_TIME = TimeWindow()
+
+
 class NearestQuery(msgspec.Struct, frozen=True, kw_only=True):
     """Nearest neighbours of one user's points by one vector: ``dense`` (cosine) or ``bm25``
     (sparse, IDF-weighted). ``match`` maps a payload field to a value or to any of a list."""
@@ -46,6 +58,7 @@ class NearestQuery(msgspec.Struct, frozen=True, kw_only=True):
     match: dict[str, str | list[str]]
     limit: int
     threshold: float | None = None
+    window: TimeWindow = ANY_TIME
 
 
 class IndexHit(msgspec.Struct, frozen=True, kw_only=True):

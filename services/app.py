@@ -221,7 +221,7 @@ def build(settings: Settings) -> Engram:
             index,
             history,
             settings.read_wait_seconds,
-            settings.search_weights,
+            settings.search_policy,
             access=access,
             blend=BlendPolicy(relevance, recency, importance, settings.recency_half_life_days),
         )

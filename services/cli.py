@@ -10,6 +10,7 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -188,10 +189,13 @@ async def cmd_supersede(client: Any, args: argparse.Namespace) -> None:
 
 
 async def cmd_forget(client: Any, args: argparse.Namespace) -> None:
-    if args.all:
-        if args.query is not None or args.note_ids:
-            raise EngramError(ErrorCode.INVALID_PARAMETER, "--all takes no query and no note ids")
-        reply = await client.forget_user(args.user, confirmed=args.yes)
+    if args.all or args.session is not None:
+        if args.query is not None or args.note_ids or (args.all and args.session is not None):
+            raise EngramError(ErrorCode.INVALID_PARAMETER, "--all and --session take no query and no note ids")
+        if args.all:
+            reply = await client.forget_user(args.user, confirmed=args.yes)
+        else:
+            reply = await client.forget_session(args.user, args.session, confirmed=args.yes)
         _print(args, reply, _human_forget)
         return
     if (args.query is None) == (not args.note_ids):
@@ -235,6 +239,11 @@ async def cmd_recent(client: Any, args: argparse.Namespace) -> None:
     _print(args, {"notes": reply.notes, "total": reply.total}, lambda o: _human_notes(o["notes"]))
 
 
+def _utc_time(text: str) -> datetime:
+    at = datetime.fromisoformat(text)
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
 async def cmd_search(client: Any, args: argparse.Namespace) -> None:
     reply = await client.search(
         args.user,
@@ -244,8 +253,10 @@ async def cmd_search(client: Any, args: argparse.Namespace) -> None:
         kind=NoteKind(args.kind) if args.kind else None,
         subject=args.subject,
         include_superseded=args.include_superseded,
-        include_conversation=args.session is not None,
+        include_conversation=args.session is not None or args.conversations,
         session_id=args.session,
+        since=args.since,
+        until=args.until,
         after=args.after,
         ranking=args.ranking,
     )
@@ -396,7 +407,7 @@ async def _rebuild_index(args: argparse.Namespace) -> dict[str, Any]:
     try:
         with tqdm(total=total, desc="index", unit="event", file=sys.stderr, disable=args.json) as bar:
             for p in range(partitions):
-                projection = IndexProjection(redis, index, runtime.embedder, p, generation)
+                projection = IndexProjection(redis, index, runtime.embedder, p, generation, store=store)
                 read += await projection.rebuild(store, progress=bar.update)
     finally:
         await index.close()
@@ -621,6 +632,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("note_ids", nargs="*", metavar="NOTE_ID")
     p.add_argument("--query", help="find candidates (deletes nothing)")
     p.add_argument("--all", action="store_true", help="erase every note and message of the user")
+    p.add_argument("--session", help="erase every message of this conversation")
     p.add_argument("--yes", action="store_true", help="operator: delete at once, without the second call")
 
     for name, fn, help in (
@@ -643,6 +655,9 @@ def _parser() -> argparse.ArgumentParser:
     p = add("search", _with_client(cmd_search), "hybrid search of a user's notes", user=True)
     p.add_argument("query")
     p.add_argument("--session", help="also search this conversation's recorded messages")
+    p.add_argument("--conversations", action="store_true", help="also search every past conversation")
+    p.add_argument("--since", type=_utc_time, help="only what happened from this time (ISO 8601; UTC if no zone)")
+    p.add_argument("--until", type=_utc_time, help="only what happened up to this time (ISO 8601; UTC if no zone)")
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--category")
     p.add_argument("--kind", choices=[k.value for k in NoteKind])

@@ -17,9 +17,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from contracts import channels
 from contracts.commands import (
     AnyCommand,
+    MessageDraft,
     NoteDraft,
     RecordMessage,
+    RecordMessages,
     RequestForget,
+    RequestForgetSession,
     RequestForgetUser,
     SaveNote,
     SaveNotes,
@@ -189,6 +192,8 @@ class EngramClient:
         content: str,
         *,
         role: str = "user",
+        speaker: str | None = None,
+        sent_at: datetime | None = None,
         command_id: str | None = None,
         origin: Origin | None = None,
     ) -> NoteWritten:
@@ -198,9 +203,31 @@ class EngramClient:
             session_id=session_id,
             role=role,
             content=content,
+            speaker=speaker,
+            sent_at=sent_at,
             origin=origin,
         )
         return await self.execute(command, NoteWritten)
+
+    async def record_messages(
+        self,
+        user_id: str,
+        session_id: str,
+        messages: Sequence[MessageDraft],
+        *,
+        command_id: str | None = None,
+        origin: Origin | None = None,
+    ) -> NotesWritten:
+        """Import a transcript of up to 100 turns; the reply's ``notes`` are the new message ids
+        in the order given."""
+        command = RecordMessages(
+            command_id=command_id or new_command_id(),
+            user_id=user_id,
+            session_id=session_id,
+            messages=list(messages),
+            origin=origin,
+        )
+        return await self.execute(command, NotesWritten)
 
     # Queries --------------------------------------------------------------------------------
 
@@ -232,6 +259,16 @@ class EngramClient:
         """Erase all of a user's memory: ``confirmation_required`` first, then ``forgotten``
         with the receipt (``forgotten`` ids, ``erased_at``)."""
         command = RequestForgetUser(command_id=command_id or new_command_id(), user_id=user_id, confirmed=confirmed)
+        return await self.execute(command, ForgetReply)
+
+    async def forget_session(
+        self, user_id: str, session_id: str, *, confirmed: bool = False, command_id: str | None = None
+    ) -> ForgetReply:
+        """Erase one conversation (every message of ``session_id``): ``confirmation_required``
+        first, then ``forgotten`` with the erased message ids."""
+        command = RequestForgetSession(
+            command_id=command_id or new_command_id(), user_id=user_id, session_id=session_id, confirmed=confirmed
+        )
         return await self.execute(command, ForgetReply)
 
     async def context(
@@ -280,10 +317,14 @@ class EngramClient:
         include_superseded: bool = False,
         include_conversation: bool = False,
         session_id: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
         after: str | None = None,
         ranking: str = "relevance",
     ) -> SearchReply:
         request = SearchNotes(
+            since=since,
+            until=until,
             ranking=ranking,  # type: ignore[arg-type]
             include_conversation=include_conversation,
             session_id=session_id,
@@ -343,6 +384,9 @@ class EngramSession:
 
     async def supersede(self, note_id: str, superseded_by: str, **kwargs: Any) -> NoteWritten:
         return self._track(await self.client.supersede(self.user_id, note_id, superseded_by, **kwargs))
+
+    async def record_messages(self, session_id: str, messages: Sequence[MessageDraft], **kwargs: Any) -> NotesWritten:
+        return self._track(await self.client.record_messages(self.user_id, session_id, messages, **kwargs))
 
     async def get_note(self, note_id: str) -> NoteView:
         return await self.client.get_note(self.user_id, note_id, after=self.token)

@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from contracts import channels
-from contracts.commands import AnyCommand, RequestForget, RequestForgetUser, SaveNote, SaveNotes, SupersedeNote
+from contracts.commands import (
+    AnyCommand,
+    RecordMessages,
+    RequestForget,
+    RequestForgetSession,
+    RequestForgetUser,
+    SaveNote,
+    SaveNotes,
+    SupersedeNote,
+)
 from contracts.errors import EngramError, ErrorCode, ErrorReply
 from contracts.limits import MAX_MESSAGE_BYTES
 from contracts.queries import CommandReply, NotesWritten, NoteWritten, WrittenNote
@@ -77,11 +86,13 @@ class CommandService:
         infrastructure failures propagate so the message stays pending and is retried."""
         try:
             command = decode_command(body)
-            if isinstance(command, RequestForget | RequestForgetUser):
+            if isinstance(command, RequestForget | RequestForgetUser | RequestForgetSession):
                 if self._forget is None:
                     raise EngramError(ErrorCode.UNAVAILABLE, "forgetting is not served here")
                 if isinstance(command, RequestForget):
                     return _encoder.encode(await self._forget.request(command))
+                if isinstance(command, RequestForgetSession):
+                    return _encoder.encode(await self._forget.request_session(command))
                 return _encoder.encode(await self._forget.request_user(command))
             reply: CommandReply = await self.execute(command)
             advise = isinstance(command, SaveNote) and command.advise
@@ -165,6 +176,9 @@ def _reply(command: AnyCommand, partition: int, outcome: Outcome, replayed: bool
     token = channels.format_token(partition, outcome.position)
     if isinstance(command, SaveNotes):
         return NotesWritten(notes=_batch_notes(command, outcome), token=token, replayed=replayed)
+    if isinstance(command, RecordMessages):  # one message per turn, in the order given
+        written = [WrittenNote(note_id=note_id, version=version) for note_id, version in outcome.notes]
+        return NotesWritten(notes=written, token=token, replayed=replayed)
     note_id, version = outcome.notes[0]
     superseded_by = command.superseded_by if isinstance(command, SupersedeNote) else None
     return NoteWritten(note_id=note_id, version=version, token=token, replayed=replayed, superseded_by=superseded_by)

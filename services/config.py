@@ -6,9 +6,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.ranking import DEFAULT_POLICY, FUSION_METHODS, RankingPolicy
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-# (dense cosine, saturated BM25); bench/bench_quality.py measured the choice, see README.
-DEFAULT_WEIGHTS = (1.0, 0.1)
 
 
 def _int(name: str, default: int) -> int:
@@ -19,11 +19,15 @@ def _float(name: str, default: float) -> float:
     return float(os.environ.get(name, default))
 
 
-def _weights(text: str) -> tuple[float, float]:
-    if not text:
-        return DEFAULT_WEIGHTS
-    dense, sparse = (float(x) for x in text.split(","))
-    return dense, sparse
+def _policy(method: str, weights: str) -> RankingPolicy:
+    default = DEFAULT_POLICY
+    dense, sparse = (default.dense_weight, default.keyword_weight)
+    if weights:
+        dense, sparse = (float(x) for x in weights.split(","))
+    chosen = method.strip() or default.method
+    if chosen not in FUSION_METHODS:
+        raise ValueError(f"ENGRAM_SEARCH_FUSION={method!r}: choose from {', '.join(FUSION_METHODS)}")
+    return RankingPolicy(method=chosen, dense_weight=dense, keyword_weight=sparse)  # type: ignore[arg-type]
 
 
 ROLES = ("commands", "queries", "history", "index", "saga")
@@ -73,8 +77,8 @@ class Settings:
     index_enabled: bool = True
     qdrant_url: str | None = None
     qdrant_api_key: str | None = None
-    # Fusion weights of (dense cosine, saturated BM25); see services/search.py.
-    search_weights: tuple[float, float] = DEFAULT_WEIGHTS
+    # How dense and BM25 candidates are fused, and their weights; see services/ranking.py.
+    search_policy: RankingPolicy = DEFAULT_POLICY
     # Cosine from which an active note is reported as similar to one just saved.
     similar_threshold: float = 0.5
     # How long a requested deletion waits for its confirmation (seed 000: 5 minutes).
@@ -114,7 +118,9 @@ class Settings:
             index_enabled=os.environ.get("ENGRAM_INDEX", "on").lower() not in ("off", "0", "false", "no"),
             qdrant_url=os.environ.get("ENGRAM_QDRANT_URL") or None,
             qdrant_api_key=os.environ.get("ENGRAM_QDRANT_API_KEY") or None,
-            search_weights=_weights(os.environ.get("ENGRAM_SEARCH_WEIGHTS", "")),
+            search_policy=_policy(
+                os.environ.get("ENGRAM_SEARCH_FUSION", ""), os.environ.get("ENGRAM_SEARCH_WEIGHTS", "")
+            ),
             similar_threshold=_float("ENGRAM_SIMILAR_THRESHOLD", 0.5),
             forget_ttl_seconds=_float("ENGRAM_FORGET_TTL_SECONDS", 300.0),
             ranking_weights=_triple(os.environ.get("ENGRAM_RANKING_WEIGHTS", "0.7,0.15,0.15")),

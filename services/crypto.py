@@ -26,7 +26,7 @@ log = logging.getLogger("engram.crypto")
 
 SEALED_PREFIX = "enc1:"
 # The event fields that hold what the user said; everything else is metadata.
-SEALED_FIELDS = ("content", "summary", "narrative", "trigger", "action")
+SEALED_FIELDS = ("content", "summary", "narrative", "trigger", "action", "speaker")
 _NONCE = 12
 
 

@@ -11,7 +11,7 @@ import msgspec
 from redis.asyncio import Redis
 
 from contracts import channels
-from contracts.events import ACCOUNT, AnyEvent
+from contracts.events import AnyEvent, is_control_stream
 from services.crypto import MasterKey, NoteCipher, is_sealed, needs_key, shredded
 from services.domain.decider import StreamAppend
 from services.domain.note import ABSENT, NoteState, fold
@@ -147,11 +147,11 @@ class RedisEventStore:
         return raw.decode() if raw is not None else None
 
     async def note_ids(self, user_id: str) -> list[str]:
-        """Every note and message id the user has a stream for (the account stream aside)."""
+        """Every note and message id the user has a stream for (account and session streams aside)."""
         prefix = channels.note_version(self.partition_of(user_id), user_id, "")
         pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in prefix) + "*"
         ids = [key.decode()[len(prefix) :] async for key in self._redis.scan_iter(match=pattern, count=1000)]
-        return sorted(i for i in ids if i != ACCOUNT)
+        return sorted(i for i in ids if not is_control_stream(i))
 
     async def outcome(self, user_id: str, command_id: str) -> Outcome | None:
         p = self.partition_of(user_id)

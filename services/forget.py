@@ -23,14 +23,22 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from contracts import channels
-from contracts.commands import RequestForget, RequestForgetUser
+from contracts.commands import RequestForget, RequestForgetSession, RequestForgetUser
 from contracts.errors import EngramError, ErrorCode
-from contracts.events import ACCOUNT, ForgetExpired, ForgetRequested, NoteForgotten, UserForgotten
+from contracts.events import (
+    ACCOUNT,
+    ForgetExpired,
+    ForgetRequested,
+    NoteForgotten,
+    SessionForgotten,
+    UserForgotten,
+    session_stream,
+)
 from contracts.queries import ForgetCandidate, ForgetReply, PendingForget, SearchNotes
 from projections.access import AccessLog
 from projections.forget_saga import pending_notes
 from projections.history import HistoryReader
-from services.domain.decider import decide, decide_forget_user, forgettable, note_ids_for
+from services.domain.decider import decide, decide_forget_session, decide_forget_user, forgettable, note_ids_for
 from services.event_store import Appended, Outcome, RedisEventStore
 from services.periodic import every
 from services.reclaimer import group_info
@@ -153,23 +161,48 @@ class ForgetService:
     async def request_user(self, command: RequestForgetUser) -> ForgetReply:
         """Erase a whole user: pending on the account stream first, then every note at once.
         (Always two calls, whatever ENGRAM_FORGET_CONFIRMATION says.)"""
+        return await self._erase(
+            command, ACCOUNT, f"ALL {{count}} memories (notes and conversation messages) of {command.user_id}"
+        )
+
+    async def request_session(self, command: RequestForgetSession) -> ForgetReply:
+        """Erase one conversation: pending on the session's stream first, then every message of
+        the session at once, with a receipt. (Always two calls, as for a user.)"""
+        return await self._erase(
+            command,
+            session_stream(command.session_id),
+            f"all {{count}} messages of conversation {command.session_id} of {command.user_id}",
+        )
+
+    async def _erase(
+        self, command: RequestForgetUser | RequestForgetSession, control_id: str, what: str
+    ) -> ForgetReply:
         store = self._store
         partition = store.partition_of(command.user_id)
         first = await store.outcome(command.user_id, command.command_id)
         if first is not None:
-            return await self._replay_user(command.user_id, first, partition)
+            return await self._replay_erase(first, partition, control_id, what)
         for _ in range(MAX_ATTEMPTS):
             ids = await store.note_ids(command.user_id)
-            loaded = await store.load(command.user_id, [ACCOUNT, *ids])
+            loaded = await store.load(command.user_id, [control_id, *ids])
             notes = {i: loaded[i].state for i in ids}
-            appends = decide_forget_user(command, loaded[ACCOUNT].state, notes, self._clock(), self._ttl)
+            control = loaded[control_id].state
+            if isinstance(command, RequestForgetSession):
+                appends = decide_forget_session(command, control, notes, self._clock(), self._ttl)
+            else:
+                appends = decide_forget_user(command, control, notes, self._clock(), self._ttl)
             last = appends[-1].events[-1]
             summary: dict[str, Any]
-            if isinstance(last, UserForgotten):
+            if isinstance(last, UserForgotten | SessionForgotten):
                 summary = {"status": "forgotten", "erased": last.erased, "at": last.at.isoformat()}
             else:
                 assert isinstance(last, ForgetRequested)
-                live = sum(1 for s in notes.values() if s.exists and not s.forgotten)
+                session = command.session_id if isinstance(command, RequestForgetSession) else None
+                live = sum(
+                    1
+                    for s in notes.values()
+                    if s.exists and not s.forgotten and (session is None or s.session_id == session)
+                )
                 summary = {
                     "status": "pending",
                     "count": last.request_count,
@@ -178,23 +211,21 @@ class ForgetService:
                 }
             result = await store.append(command.user_id, command.command_id, appends, {"user": summary})
             if isinstance(result, Appended) and result.replayed:
-                return await self._replay_user(command.user_id, result.outcome, partition)  # a copy won, as above
+                return await self._replay_erase(result.outcome, partition, control_id, what)  # a copy won
             if isinstance(result, Appended):
-                reply = _user_reply(
-                    command.user_id, summary, channels.format_token(partition, result.outcome.position), False
-                )
+                token = channels.format_token(partition, result.outcome.position)
+                reply = _erase_reply(control_id, what, summary, token, False)
                 if reply.status == "forgotten":
-                    if self._access is not None:
+                    if self._access is not None and control_id == ACCOUNT:
                         await self._access.forget(command.user_id)
                     await self._scrub_after(reply.token or "")
                 return reply
             await asyncio.sleep(random.uniform(0, 0.005))  # lost a race: spread the retries
         raise EngramError(ErrorCode.VERSION_CONFLICT, "the memory kept changing under this request; retry it")
 
-    async def _replay_user(self, user_id: str, first: Outcome, partition: int) -> ForgetReply:
-        reply = _user_reply(
-            user_id, first.extra.get("user", {}), channels.format_token(partition, first.position), True
-        )
+    async def _replay_erase(self, first: Outcome, partition: int, control_id: str, what: str) -> ForgetReply:
+        token = channels.format_token(partition, first.position)
+        reply = _erase_reply(control_id, what, first.extra.get("user", {}), token, True)
         if reply.status == "forgotten":
             await self._scrub_after(reply.token or "")  # the first attempt may have died before its scrub
         return reply
@@ -280,30 +311,29 @@ def _reply(summary: list[list], contents: dict[str, str], token: str) -> ForgetR
     return ForgetReply(status=status, message=message, pending=pending, forgotten=forgotten, token=token)  # type: ignore[arg-type]
 
 
-def _user_reply(user_id: str, summary: dict, token: str, replayed: bool) -> ForgetReply:  # type: ignore[type-arg]
+def _erase_reply(control_id: str, what: str, summary: dict, token: str, replayed: bool) -> ForgetReply:  # type: ignore[type-arg]
+    """The reply to erasing a user or a session: the receipt, or the confirmation to ask for.
+    ``what`` names what is erased, with ``{count}`` for how many."""
     if summary.get("status") == "forgotten":
         erased = list(summary["erased"])
         return ForgetReply(
             status="forgotten",
-            message=f"Erased all memory of {user_id}: {len(erased)} notes and messages. This cannot be undone.",
+            message=f"Erased {what.format(count=len(erased))}. This cannot be undone.",
             forgotten=erased,
             erased_at=datetime.fromisoformat(summary["at"]),
             token=token,
             replayed=replayed,
         )
+    described = what.format(count=summary.get("notes", 0))
     pending = PendingForget(
-        note_id=ACCOUNT,
-        preview=f"all {summary.get('notes', 0)} memories of {user_id}",
+        note_id=control_id,
+        preview=described,
         request_count=int(summary.get("count", 1)),
         expires_at=datetime.fromisoformat(summary["expires"]),
     )
     return ForgetReply(
         status="confirmation_required",
-        message=(
-            f"Please confirm: erase ALL {summary.get('notes', 0)} memories (notes and conversation messages) "
-            f"of {user_id}? "
-            "Send the same request again to erase them for good."
-        ),
+        message=(f"Please confirm: erase {described}? Send the same request again to erase them for good."),
         pending=[pending],
         token=token,
         replayed=replayed,

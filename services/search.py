@@ -18,38 +18,18 @@ from projections.access import AccessLog
 from projections.history import HistoryReader
 from projections.index import sparse_query
 from projections.index_runtime import IndexReader, IndexRuntime
-from projections.vector_index import CONVERSATION, DENSE, MEMORY, SPARSE, IndexHit, NearestQuery, Sparse, VectorIndex
-from services.config import DEFAULT_WEIGHTS
-
-# BM25 scores are unbounded; s / (s + 6) maps them to [0, 1): one common word (~3 here) counts
-# for about a third, several rare ones for nearly all of it.
-BM25_SATURATION = 6.0
-
-
-def fuse(
-    dense: list[IndexHit], sparse: list[IndexHit], weights: tuple[float, float] = DEFAULT_WEIGHTS
-) -> list[tuple[str, float, float]]:
-    """Weighted score fusion, per note: ``w_dense * cosine + w_bm25 * s / (s + 6)``, each side
-    taking the note's best chunk. Returns (note id, fused score, cosine), best first.
-
-    Score fusion rather than rank fusion (RRF): with RRF any keyword hit gets the full credit of
-    its rank, so one shared common word ("work") outranks a clear paraphrase ("manager" ~
-    "boss"); here a weak keyword match adds a little and a strong one (a rare name) a lot."""
-    cosine: dict[str, float] = {}
-    for hit in dense:
-        note_id = hit.payload["note_id"]
-        cosine[note_id] = max(cosine.get(note_id, -1.0), hit.score)
-    keyword: dict[str, float] = {}
-    for hit in sparse:
-        note_id = hit.payload["note_id"]
-        keyword[note_id] = max(keyword.get(note_id, 0.0), hit.score / (hit.score + BM25_SATURATION))
-    w_dense, w_sparse = weights
-    notes = set(cosine) | set(keyword)
-    # A note found only by keyword has an unknown cosine below every dense hit; count it as 0.
-    fused = [
-        (n, w_dense * max(cosine.get(n, 0.0), 0.0) + w_sparse * keyword.get(n, 0.0), cosine.get(n, 0.0)) for n in notes
-    ]
-    return sorted(fused, key=lambda item: (-item[1], item[0]))
+from projections.vector_index import (
+    CONVERSATION,
+    DENSE,
+    MEMORY,
+    SPARSE,
+    IndexHit,
+    NearestQuery,
+    Sparse,
+    TimeWindow,
+    VectorIndex,
+)
+from services.ranking import DEFAULT_POLICY, RankingPolicy, boost_named, fuse
 
 
 @dataclass(frozen=True)
@@ -70,13 +50,23 @@ class BlendPolicy:
         return self.relevance * fused + self.recency * fresh + self.importance * note.importance
 
 
+# Candidates per signal and scope: the fusion scales each signal over these.
+CANDIDATES = 50
+# The best candidates the name boost can re-order (see RankingPolicy.name_boost).
+NAMED_WINDOW = 40
+
+
+def _ts(at: datetime | None) -> float | None:
+    return at.timestamp() if at is not None else None
+
+
 class SearchService:
     def __init__(
         self,
         runtime: IndexRuntime,
         history: HistoryReader,
         read_wait_seconds: float,
-        weights: tuple[float, float] = DEFAULT_WEIGHTS,
+        policy: RankingPolicy = DEFAULT_POLICY,
         access: AccessLog | None = None,
         blend: BlendPolicy = BlendPolicy(),
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -85,7 +75,7 @@ class SearchService:
         self._index_reader = IndexReader(runtime)
         self._history = history
         self._wait = read_wait_seconds
-        self._weights = weights
+        self._policy = policy
         self._access = access
         self._blend = blend
         self._clock = clock
@@ -108,10 +98,6 @@ class SearchService:
             raise
         except Exception as e:
             raise EngramError(ErrorCode.EMBEDDING_ERROR, f"cannot search right now: {e}") from None
-        if query.include_conversation and query.session_id is None:
-            raise EngramError(
-                ErrorCode.INVALID_PARAMETER, "include_conversation needs the session_id of the conversation"
-            )
         match: dict[str, str | list[str]] = {
             "record": MEMORY,
             "status": ["active", "superseded"] if query.include_superseded else "active",
@@ -122,13 +108,21 @@ class SearchService:
             match["kind"] = query.kind.value
         if query.subject is not None:
             match["subject"] = query.subject
-        sparse = sparse_query(query.query)
-        candidates = [(MEMORY, note) for note in await self._candidates(index, query, dense, sparse, match)]
+        scopes = [match]
         if query.include_conversation:
-            said: dict[str, str | list[str]] = {"record": CONVERSATION, "session_id": query.session_id or ""}
-            candidates += [(CONVERSATION, hit) for hit in await self._candidates(index, query, dense, sparse, said)]
-        # Both kinds are scored the same way, so one ordering merges them.
-        candidates.sort(key=lambda item: (-item[1][1], item[1][0]))
+            # Without a session: every conversation the user has had (long-term memory).
+            said: dict[str, str | list[str]] = {"record": CONVERSATION}
+            if query.session_id is not None:
+                said["session_id"] = query.session_id
+            scopes.append(said)
+        sparse = sparse_query(query.query)
+        window = TimeWindow(_ts(query.since), _ts(query.until))
+        found = await asyncio.gather(*(self._nearest(index, query, dense, sparse, m, window) for m in scopes))
+        # Notes and messages compete in one fusion: each signal is scaled over all candidates.
+        dense_hits = [h for pair in found for h in pair[0]]
+        sparse_hits = [h for pair in found for h in pair[1]]
+        sources = {h.payload["note_id"]: h.payload.get("record", MEMORY) for h in dense_hits + sparse_hits}
+        candidates = [(sources[n], (n, score, cos)) for n, score, cos in fuse(dense_hits, sparse_hits, self._policy)]
         wanted = query.top_k if query.ranking == "relevance" else query.top_k * 4
         results = await self._hydrate(query, candidates, wanted)
         if self._access is not None:
@@ -155,44 +149,65 @@ class SearchService:
         annotated = {n.id: n for n in await self._access.annotate(user_id, notes)}
         return [msgspec.structs.replace(h, note=annotated[h.note_id]) if h.note else h for h in hits]
 
-    async def _candidates(
+    async def _nearest(
         self,
         index: VectorIndex,
         query: SearchNotes,
         dense: list[float],
         sparse: Sparse,
         match: dict[str, str | list[str]],
-    ) -> list[tuple[str, float, float]]:
-        # Several chunks of one long note may rank together; fetch enough to fill top_k notes.
-        limit = max(50, query.top_k * 10)
+        window: TimeWindow,
+    ) -> tuple[list[IndexHit], list[IndexHit]]:
+        # Several points of one note or turn may rank together; fetch enough to fill top_k.
+        limit = max(CANDIDATES, query.top_k * 10)
+        asked = {"user_id": query.user_id, "match": match, "limit": limit, "window": window}
         dense_hits, sparse_hits = await asyncio.gather(
-            index.nearest(NearestQuery(user_id=query.user_id, using=DENSE, dense=dense, match=match, limit=limit)),
-            index.nearest(NearestQuery(user_id=query.user_id, using=SPARSE, sparse=sparse, match=match, limit=limit)),
+            index.nearest(NearestQuery(using=DENSE, dense=dense, **asked)),  # type: ignore[arg-type]
+            index.nearest(NearestQuery(using=SPARSE, sparse=sparse, **asked)),  # type: ignore[arg-type]
         )
-        return fuse(dense_hits, sparse_hits, self._weights)
+        return dense_hits, sparse_hits
 
     async def _hydrate(
         self, query: SearchNotes, candidates: list[tuple[str, tuple[str, float, float]]], wanted: int
     ) -> list[SearchHit]:
         """The text comes from the read model (the index holds none), read a slice at a time in
         one round trip; a hit the read model does not have (yet, or any more) is left out, and
-        so is one superseded meanwhile."""
+        so is one superseded meanwhile. The first slice, where the best candidates are, is
+        re-ordered by the name boost: who a note is about, or who said a turn, is known only
+        here (the index keeps no names)."""
         results: list[SearchHit] = []
-        step = wanted * 2
-        for start in range(0, len(candidates), step):
-            window = candidates[start : start + step]
+        start, size = 0, max(wanted * 2, NAMED_WINDOW)
+        while start < len(candidates) and len(results) < wanted:
+            window = candidates[start : start + size]
             notes, messages = await self._history.get_many(
                 query.user_id,
                 [record_id for source, (record_id, _, _) in window if source == MEMORY],
                 [record_id for source, (record_id, _, _) in window if source == CONVERSATION],
             )
-            for source, (record_id, score, similarity) in window:
-                hit = _hit(query, source, record_id, round(score, 6), round(similarity, 6), notes, messages)
-                if hit is not None:
-                    results.append(hit)
-                    if len(results) == wanted:
-                        return results
-        return results
+            hits = [
+                hit
+                for source, (record_id, score, similarity) in window
+                if (hit := _hit(query, source, record_id, round(score, 6), round(similarity, 6), notes, messages))
+            ]
+            results += self._named(query.query, hits) if start == 0 else hits
+            start, size = start + size, wanted * 2
+        return results[:wanted]
+
+    def _named(self, text: str, hits: list[SearchHit]) -> list[SearchHit]:
+        by_id = {h.note_id: h for h in hits}
+        ranked = [(h.note_id, h.score, h.similarity) for h in hits]
+        names = {h.note_id: _name(h) for h in hits}
+        return [
+            msgspec.structs.replace(by_id[n], score=round(score, 6))
+            for n, score, _ in boost_named(ranked, names, text, self._policy.name_boost)
+        ]
+
+
+def _name(hit: SearchHit) -> str | None:
+    """Whom a hit is about (a note's subject) or who said it (a turn's speaker)."""
+    if hit.note is not None:
+        return hit.note.subject
+    return hit.message.speaker if hit.message is not None else None
 
 
 def _hit(

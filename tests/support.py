@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +119,25 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05):  # typ
             return result
         time.sleep(interval)
     raise AssertionError("condition not met in time")
+
+
+async def every_value(redis: Any) -> AsyncIterator[tuple[bytes, bytes]]:
+    """(key, blob) for every key name and value Redis holds: strings, hash fields and values,
+    stream entries, and the members of sets, sorted sets and lists."""
+    async for key in redis.scan_iter(count=1000):
+        kind = (await redis.type(key)).decode()
+        blobs: list[bytes] = []
+        if kind == "string":
+            blobs = [await redis.get(key) or b""]
+        elif kind == "hash":
+            blobs = [k + b"=" + v for k, v in (await redis.hgetall(key)).items()]
+        elif kind == "stream":
+            blobs = [v for _, fields in await redis.xrange(key) for v in fields.values()]
+        elif kind == "zset":
+            blobs = [m for m, _ in await redis.zrange(key, 0, -1, withscores=True)]
+        elif kind == "set":
+            blobs = list(await redis.smembers(key))
+        elif kind == "list":
+            blobs = list(await redis.lrange(key, 0, -1))
+        for blob in [key, *blobs]:
+            yield key, blob

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,9 +17,12 @@ import msgspec
 from contracts.commands import (
     AnyCommand,
     ExpireForget,
+    MessageDraft,
     NoteDraft,
     RecordMessage,
+    RecordMessages,
     RequestForget,
+    RequestForgetSession,
     RequestForgetUser,
     SaveNote,
     SaveNotes,
@@ -37,7 +40,9 @@ from contracts.events import (
     NoteSaved,
     NoteSuperseded,
     NoteUpdated,
+    SessionForgotten,
     UserForgotten,
+    session_stream,
 )
 from contracts.model import NoteKind, NoteStatus
 from services.domain.ids import event_id, new_note_id
@@ -89,6 +94,8 @@ def note_ids_for(command: AnyCommand, attempt: int = 0) -> list[str]:
         return [command.note_id, command.superseded_by]
     if isinstance(command, RecordMessage):
         return [new_note_id(command.user_id, command.command_id, 0, attempt)]
+    if isinstance(command, RecordMessages):
+        return [new_note_id(command.user_id, command.command_id, i, attempt) for i in range(len(command.messages))]
     if isinstance(command, RequestForget):
         return list(dict.fromkeys(command.note_ids))
     if isinstance(command, ExpireForget):
@@ -128,7 +135,14 @@ def decide(
     if isinstance(command, SupersedeNote):
         return _supersede(command, states[command.note_id], states[command.superseded_by], now)
     if isinstance(command, RecordMessage):
-        return [_record(command, ids[0], states[ids[0]], now)]
+        _expect_new(command.expected_version)
+        return [_record(command, command.session_id, command, ids[0], states[ids[0]], now)]
+    if isinstance(command, RecordMessages):
+        _expect_new(command.expected_version)
+        return [
+            _record(command, command.session_id, turn, message_id, states[message_id], now)
+            for turn, message_id in zip(command.messages, ids, strict=True)
+        ]
     if isinstance(command, RequestForget):
         return _request_forget(command, ids, states, now, forget_ttl, pending_elsewhere or {})
     if isinstance(command, ExpireForget):
@@ -144,10 +158,9 @@ def _save(user_id, command_id, origin, draft: NoteDraft, note_id: str, state: No
         _check_text(field, getattr(draft, field))
     if draft.kind is NoteKind.PROCEDURE and not (draft.trigger and draft.action):
         raise EngramError(ErrorCode.INVALID_PARAMETER, "a procedure needs both 'trigger' and 'action'")
-    if draft.kind is not NoteKind.EPISODE and (draft.narrative or draft.summary or draft.occurred_at):
-        raise EngramError(
-            ErrorCode.INVALID_PARAMETER, "'summary', 'narrative' and 'occurred_at' belong to episodes (kind='episode')"
-        )
+    # occurred_at fits any note (when a fact was observed, e.g. the session it came from).
+    if draft.kind is not NoteKind.EPISODE and (draft.narrative or draft.summary):
+        raise EngramError(ErrorCode.INVALID_PARAMETER, "'summary' and 'narrative' belong to episodes (kind='episode')")
     if draft.kind is not NoteKind.EPISODE and draft.links:
         raise EngramError(ErrorCode.INVALID_PARAMETER, "'links' belong to episodes (kind='episode')")
     if draft.kind is not NoteKind.PROCEDURE and (draft.trigger or draft.action):
@@ -177,22 +190,25 @@ def _save(user_id, command_id, origin, draft: NoteDraft, note_id: str, state: No
     return StreamAppend(note_id=note_id, expected_version=0, events=[event], claims=[content_digest(draft.content)])
 
 
-def _record(command: RecordMessage, message_id: str, state: NoteState, now: datetime) -> StreamAppend:
+def _record(
+    command: AnyCommand,
+    session_id: str,
+    turn: RecordMessage | MessageDraft,
+    message_id: str,
+    state: NoteState,
+    now: datetime,
+) -> StreamAppend:
     if state.exists:
         raise IdCollision(message_id)
-    _expect_new(command.expected_version)
-    _check_text("content", command.content)
+    _check_text("content", turn.content)
+    _check_text("speaker", turn.speaker)
     event = MessageRecorded(
-        event_id=event_id(command.user_id, message_id, 1),
-        note_id=message_id,
-        user_id=command.user_id,
-        version=1,
-        command_id=command.command_id,
-        at=now,
-        origin=command.origin,
-        session_id=command.session_id,
-        role=command.role,
-        content=command.content,
+        **_header(command, message_id, 1, now),
+        session_id=session_id,
+        role=turn.role,
+        content=turn.content,
+        speaker=turn.speaker,
+        sent_at=turn.sent_at,
     )
     return StreamAppend(note_id=message_id, expected_version=0, events=[event])
 
@@ -323,15 +339,51 @@ def decide_forget_user(
     """Erasing a whole user, in the same two calls, pending on the user's account stream. When
     it executes, every note and message still readable is forgotten (its key shredded) and the
     account gets the receipt, all in one append."""
-    version, account_events, pending = _lapse_if_due(command, ACCOUNT, account, now)
-    header = _header(command, ACCOUNT, version + 1, now)
+    return _erase(
+        command, ACCOUNT, account, notes, now, ttl, lambda erased, header: UserForgotten(erased=erased, **header)
+    )
+
+
+def decide_forget_session(
+    command: RequestForgetSession,
+    control: NoteState,
+    messages: Mapping[str, NoteState],
+    now: datetime,
+    ttl: timedelta = DEFAULT_FORGET_TTL,
+) -> list[StreamAppend]:
+    """Erasing one conversation, as a user is erased: pending on the session's control stream,
+    then every message of the session forgotten (``messages``: the user's messages, any session;
+    only this session's are touched) with a receipt."""
+    mine = {i: s for i, s in messages.items() if s.is_message and s.session_id == command.session_id}
+    return _erase(
+        command,
+        session_stream(command.session_id),
+        control,
+        mine,
+        now,
+        ttl,
+        lambda erased, header: SessionForgotten(session_id=command.session_id, erased=erased, **header),
+    )
+
+
+def _erase(
+    command: RequestForgetUser | RequestForgetSession,
+    control_id: str,
+    control: NoteState,
+    targets: Mapping[str, NoteState],
+    now: datetime,
+    ttl: timedelta,
+    receipt: Callable[[list[str], dict[str, Any]], AnyEvent],
+) -> list[StreamAppend]:
+    version, control_events, pending = _lapse_if_due(command, control_id, control, now)
+    header = _header(command, control_id, version + 1, now)
     if not (pending or command.confirmed):
-        count = (account.forget_requests if pending else 0) + 1
-        account_events.append(ForgetRequested(request_count=count, expires_at=now + ttl, **header))
-        return [StreamAppend(note_id=ACCOUNT, expected_version=account.version, events=account_events)]
+        count = (control.forget_requests if pending else 0) + 1
+        control_events.append(ForgetRequested(request_count=count, expires_at=now + ttl, **header))
+        return [StreamAppend(note_id=control_id, expected_version=control.version, events=control_events)]
     appends = []
     erased = []
-    for note_id, state in sorted(notes.items()):
+    for note_id, state in sorted(targets.items()):
         if not state.exists or state.forgotten:
             continue
         erased.append(note_id)
@@ -340,8 +392,8 @@ def decide_forget_user(
         appends.append(
             StreamAppend(note_id=note_id, expected_version=state.version, events=[event], releases=releases, shred=True)
         )
-    account_events.append(UserForgotten(erased=erased, **header))
-    appends.append(StreamAppend(note_id=ACCOUNT, expected_version=account.version, events=account_events))
+    control_events.append(receipt(erased, header))
+    appends.append(StreamAppend(note_id=control_id, expected_version=control.version, events=control_events))
     return appends
 
 

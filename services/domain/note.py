@@ -16,6 +16,7 @@ from contracts.events import (
     NoteSaved,
     NoteSuperseded,
     NoteUpdated,
+    SessionForgotten,
     UserForgotten,
 )
 from contracts.model import NoteStatus
@@ -32,8 +33,11 @@ class NoteState(msgspec.Struct, frozen=True, kw_only=True):
     confidence: float = 1.0
     importance: float = 0.5
     superseded_by: str | None = None
-    # A conversation message lives in the same kind of stream but is not a note.
+    # A conversation message lives in the same kind of stream but is not a note; its session
+    # and speaker (the index puts a turn in the context of the turns before it).
     is_message: bool = False
+    session_id: str | None = None
+    speaker: str | None = None
     # A deletion awaiting confirmation (seed 000): until when, and how many requests so far.
     forget_expires_at: datetime | None = None
     forget_requests: int = 0
@@ -76,19 +80,27 @@ def evolve(state: NoteState, event: AnyEvent) -> NoteState:
             state, version=event.version, status=NoteStatus.SUPERSEDED, superseded_by=event.superseded_by
         )
     if isinstance(event, MessageRecorded):
-        return NoteState(version=event.version, content=event.content, is_message=True)
+        return NoteState(
+            version=event.version,
+            content=event.content,
+            is_message=True,
+            session_id=event.session_id,
+            speaker=event.speaker,
+        )
     if isinstance(event, ForgetRequested):
         return msgspec.structs.replace(
             state, version=event.version, forget_expires_at=event.expires_at, forget_requests=event.request_count
         )
     if isinstance(event, ForgetExpired):
         return msgspec.structs.replace(state, version=event.version, forget_expires_at=None, forget_requests=0)
-    if isinstance(event, UserForgotten):
+    if isinstance(event, UserForgotten | SessionForgotten):
         # The account stream: the erasure is done, and a new one would start over.
         return msgspec.structs.replace(state, version=event.version, forget_expires_at=None, forget_requests=0)
     if isinstance(event, NoteForgotten):
         # The content was shredded with the key; nothing of it is kept.
-        return NoteState(version=event.version, status=NoteStatus.FORGOTTEN, is_message=state.is_message)
+        return NoteState(
+            version=event.version, status=NoteStatus.FORGOTTEN, is_message=state.is_message, session_id=state.session_id
+        )
     raise TypeError(f"unknown event {type(event).__name__}")
 
 

@@ -104,7 +104,7 @@ async def test_index_killed_mid_load_and_mid_catch_up_equals_a_rebuild(tmp_path:
             rebuilt = QdrantEdgeIndex(tmp_path / "rebuilt")
             await rebuilt.ensure(embedder.dimension)
             store = RedisEventStore(redis, 1, 3600, load_master_key(data_dir, env={}))
-            await IndexProjection(redis, rebuilt, embedder, 0, generation=generation + 100).rebuild(store)
+            await IndexProjection(redis, rebuilt, embedder, 0, generation=generation + 100, store=store).rebuild(store)
             assert shape(await rebuilt.payloads()) == shape(live)
             await rebuilt.close()
         finally:

@@ -41,9 +41,8 @@ from services.redis_conn import servers as each_server
 from services.redis_server import RedisServer
 from tests.cluster import LocalCluster
 from tests.faults.workload import Actor, check_log, check_read_model, retry_read, run_actor
-from tests.integration.test_forget import every_value
 from tests.integration.test_history_projection import dump
-from tests.support import ServeProcess, engram_env
+from tests.support import ServeProcess, engram_env, every_value
 
 USERS = 10
 STEPS = 30  # commands per user: 300 in all, plus the reads and the duplicates

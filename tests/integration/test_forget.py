@@ -17,26 +17,10 @@ from services.client import EngramClient
 from services.crypto import load_master_key
 from services.event_store import RedisEventStore
 from tests.conftest import RunningService, service_settings
+from tests.support import every_value
 
 SF = "User lives in San Francisco near the Golden Gate park"
 SF_VISIT = "User visited San Francisco last year for a conference"
-
-
-async def every_value(redis: aioredis.Redis):  # type: ignore[no-untyped-def]
-    """(key, value) for every value Redis holds: strings, hash fields, stream entries, members."""
-    async for key in redis.scan_iter(count=1000):
-        kind = (await redis.type(key)).decode()
-        blobs: list[bytes] = []
-        if kind == "string":
-            blobs = [await redis.get(key) or b""]
-        elif kind == "hash":
-            blobs = [k + b"=" + v for k, v in (await redis.hgetall(key)).items()]
-        elif kind == "stream":
-            blobs = [v for _, fields in await redis.xrange(key) for v in fields.values()]
-        elif kind in ("zset", "set", "list"):
-            blobs = [m for m, _ in await redis.zrange(key, 0, -1, withscores=True)] if kind == "zset" else []
-        for blob in [key, *blobs]:
-            yield key, blob
 
 
 async def saved(client: EngramClient, user: str, text: str) -> str:

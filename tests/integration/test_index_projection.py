@@ -7,8 +7,10 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
+from contracts.commands import MessageDraft
 from projections.index import IndexProjection, live_index_generation
 from projections.qdrant_edge import QdrantEdgeIndex
+from projections.vector_index import DENSE, NearestQuery
 from services.client import EngramClient
 from services.event_store import RedisEventStore
 from tests.conftest import RunningService
@@ -41,8 +43,9 @@ async def test_index_rebuild_equals_live(
     redis = aioredis.Redis.from_url(redis_url)
     rebuilt_index = QdrantEdgeIndex(tmp_path / "rebuilt")
     await rebuilt_index.ensure(runtime.embedder.dimension)
-    projection = IndexProjection(redis, rebuilt_index, runtime.embedder, 0, generation=9)
-    read = await projection.rebuild(RedisEventStore(redis, 1, 3600, master_key_for_tests()))
+    store = RedisEventStore(redis, 1, 3600, master_key_for_tests())
+    projection = IndexProjection(redis, rebuilt_index, runtime.embedder, 0, generation=9, store=store)
+    read = await projection.rebuild(store)
     assert read > 60
     assert shape(await rebuilt_index.payloads()) == shape(live)
     await rebuilt_index.close()
@@ -60,7 +63,8 @@ async def test_replayed_events_leave_one_point_per_chunk(
     before = shape(await runtime.index.payloads())
     redis = aioredis.Redis.from_url(redis_url)
     store = RedisEventStore(redis, 1, 3600, master_key_for_tests())
-    projection = IndexProjection(redis, runtime.index, runtime.embedder, 0, await live_index_generation(redis, 0))
+    generation = await live_index_generation(redis, 0)
+    projection = IndexProjection(redis, runtime.index, runtime.embedder, 0, generation, store=store)
     everything = await store.read_log(0, "0", 10_000)
     await projection.apply(everything)  # at or before the checkpoint: skipped
     await redis.delete(projection.keys.checkpoint)
@@ -70,3 +74,34 @@ async def test_replayed_events_leave_one_point_per_chunk(
     assert shape(await runtime.index.payloads()) == before
     assert len(before) == len({(p[0], p[1], p[2]) for p in before})
     await redis.aclose()
+
+
+async def test_a_rebuild_gives_every_turn_the_same_context_as_live(
+    service: RunningService, client: EngramClient, redis_url: str, tmp_path: Path
+) -> None:
+    """A turn's context (the turns before it) spans commands: a rebuild must find the same."""
+    lines = ["I finally went hiking", "Where did you go?", "Mount Tamalpais", "The summit view was unreal"]
+    first = await client.record_messages("alice", "hike", [MessageDraft(content=t, speaker="Ann") for t in lines[:2]])
+    await client.record_message("alice", "hike", lines[2], speaker="Bob")
+    last = await client.record_messages("alice", "hike", [MessageDraft(content=lines[3], speaker="Ann")])
+    await client.record_messages("alice", "other", [MessageDraft(content="Unrelated small talk")])
+    await caught_up(client, last.token)
+    runtime = service.engram.index
+    assert runtime is not None
+    fields = (*FIELDS, "session_id", "time", "context", "record")
+    live = sorted(tuple(p.get(f) for f in fields) for p in await runtime.index.payloads())
+    assert sum(1 for p in live if p[-2]) == 3, "every turn after the first has a context point"
+    redis = aioredis.Redis.from_url(redis_url)
+    store = RedisEventStore(redis, 1, 3600, master_key_for_tests())
+    rebuilt = QdrantEdgeIndex(tmp_path / "rebuilt")
+    await rebuilt.ensure(runtime.embedder.dimension)
+    await IndexProjection(redis, rebuilt, runtime.embedder, 0, generation=9, store=store).rebuild(store)
+    assert sorted(tuple(p.get(f) for f in fields) for p in await rebuilt.payloads()) == live
+    (vector,) = await runtime.embedder.embed(["what was the view from the summit like?"])
+    ask = NearestQuery(user_id="alice", using=DENSE, dense=vector, match={"record": "conversation"}, limit=20)
+    assert [(h.point_id, round(h.score, 4)) for h in await rebuilt.nearest(ask)] == [
+        (h.point_id, round(h.score, 4)) for h in await runtime.index.nearest(ask)
+    ], "the same vectors, context points included"
+    await rebuilt.close()
+    await redis.aclose()
+    assert first.notes

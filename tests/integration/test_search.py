@@ -155,9 +155,13 @@ async def test_conversation_search_stays_in_its_session_and_merges_with_memory(c
     with pytest.raises(EngramError) as info:
         await client.update("alice", said.note_id, content="rewriting a message")
     assert info.value.code is ErrorCode.MEMORY_NOT_FOUND
-    with pytest.raises(EngramError) as missing:
-        await client.search("alice", "flight", include_conversation=True)
-    assert missing.value.code is ErrorCode.INVALID_PARAMETER
+    # Without a session: every conversation of hers (long-term memory), never Bob's.
+    everywhere = await client.search("alice", "when does my flight leave?", include_conversation=True, top_k=10)
+    contents = {hit.content for hit in everywhere.results}
+    assert "In another chat, my flight leaves at 6am" in contents and said.note_id in {
+        h.note_id for h in everywhere.results
+    }
+    assert "Bob's flight leaves at noon" not in contents
 
 
 async def test_the_qdrant_server_adapter_serves_the_same_search(redis_url: str) -> None:

@@ -1,0 +1,388 @@
+"""Choosing the ranking by leave-one-conversation-out, offline and fast.
+
+    .venv/bin/python -m bench.tune_locomo --data ../shared/datasets/locomo-dev
+
+The service's ranking is a pure function of two candidate lists (dense cosine and BM25 scores);
+this script computes those lists for every LoCoMo question once (MiniLM embeddings cached under
+``--cache``, BM25 with Qdrant Edge's own ``Bm25`` tokenizer and Qdrant's IDF formula, exact
+cosine), then scores every option of ``services.ranking`` on both modes (turns with their
+conversational context, facts as notes). For each held-out conversation the option best on the
+other four is chosen and scored on it; the held-out figures are the honest estimate. The option
+best on all five is the one to ship; ``bench_locomo`` then measures it on the running service.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bench.locomo import Conversation, load
+from projections.vector_index import IndexHit
+from services.ranking import RankingPolicy, boost_named, fuse
+
+LIMIT = 50  # candidates per signal, as the search service asks the index for
+MEAN_CONTEXT = False
+
+
+def encode(model, texts: list[str], cache: Path) -> np.ndarray:  # type: ignore[no-untyped-def]
+    key = hashlib.sha1("\x1e".join(texts).encode()).hexdigest()[:16]
+    path = cache / f"{key}.npy"
+    if path.exists():
+        return np.load(path)
+    vectors = model.encode(texts, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
+    cache.mkdir(parents=True, exist_ok=True)
+    np.save(path, vectors)
+    return vectors
+
+
+@dataclass
+class Sparse:
+    rows: list[dict[int, float]]
+
+
+def bm25_docs(texts: Sequence[str], avg_len: float) -> list[dict[int, float]]:
+    from qdrant_edge import Bm25, Bm25Config
+
+    model = Bm25(Bm25Config(avg_len=avg_len))
+    out = []
+    for t in texts:
+        v = model.embed_document(t)
+        out.append(dict(zip(v.indices, v.values, strict=True)))
+    return out
+
+
+def bm25_query(text: str) -> list[int]:
+    from qdrant_edge import Bm25
+
+    return list(Bm25().embed_query(text).indices)
+
+
+def idf_table(rows: Sequence[dict[int, float]]) -> dict[int, float]:
+    df: Counter[int] = Counter()
+    for r in rows:
+        df.update(r.keys())
+    n = len(rows)
+    return {t: math.log(1 + (n - c + 0.5) / (c + 0.5)) for t, c in df.items()}
+
+
+@dataclass
+class Mode:
+    """One conversation's documents in one mode and its questions' candidate lists."""
+
+    conv: str
+    # per question: (dense hits, sparse hits, relevant doc ids, category, question)
+    cases: list[tuple[list[IndexHit], list[IndexHit], set[str], int, str]]
+    # doc id -> its speaker or subject
+    names: dict[str, str | None] = field(default_factory=dict)
+
+
+def hits(
+    scores: np.ndarray, ids: list[str], limit: int, positive: bool = False, context: bool = False
+) -> list[IndexHit]:
+    order = np.argsort(-scores)[:limit]
+    payload = {"context": True} if context else {}
+    return [
+        IndexHit(point_id=ids[i], score=float(scores[i]), payload={"note_id": ids[i], **payload})
+        for i in order
+        if not positive or scores[i] > 0
+    ]
+
+
+def build_modes(
+    convs: list[Conversation],
+    model,
+    cache: Path,
+    context: int,
+    avg_len: float,
+    speaker_in_text: bool,
+    rewrite: bool = False,  # type: ignore[no-untyped-def]
+) -> tuple[list[Mode], list[Mode]]:
+    from services.ranking import context_text
+
+    turn_docs: list[tuple[str, str, str, str]] = []  # (conv, doc id, own text, indexed text)
+    for c in convs:
+        for session in c.sessions.values():
+            for i, t in enumerate(session):
+                own = f"{t.speaker}: {t.text}" if speaker_in_text else t.text
+                before = [
+                    (f"{p.speaker}: {p.text}" if speaker_in_text else p.text) for p in session[max(0, i - context) : i]
+                ]
+                turn_docs.append((c.name, t.dia_id, own, context_text(own, before)))
+    fact_docs: list[tuple[str, str, str, frozenset[str]]] = []
+    for c in convs:
+        for j, f in enumerate(c.facts):
+            fact_docs.append((c.name, f"F{j}", f.text, f.evidence))
+    own_vec = encode(model, [d[2] for d in turn_docs], cache)
+    if context and MEAN_CONTEXT:
+        # The context point's vector as the mean of the turns' own vectors (no second encode).
+        from services.ranking import context_vector
+
+        position = {(d[0], d[1]): i for i, d in enumerate(turn_docs)}
+        rows = []
+        for c in convs:
+            for session in c.sessions.values():
+                for i, t in enumerate(session):
+                    window = [own_vec[position[(c.name, p.dia_id)]] for p in session[max(0, i - context) : i + 1]]
+                    rows.append(context_vector([list(map(float, v)) for v in window]))
+        ctx_vec = np.array(rows)
+    else:
+        ctx_vec = encode(model, [d[3] for d in turn_docs], cache) if context else own_vec
+    fact_vec = encode(model, [d[2] for d in fact_docs], cache)
+    questions = [(c.name, q) for c in convs for q in c.questions]
+    q_vec = encode(model, [q.text for _, q in questions], cache)
+    own_rows = bm25_docs([d[2] for d in turn_docs], avg_len)
+    turn_rows = bm25_docs([d[3] for d in turn_docs], avg_len) if context else own_rows
+    fact_rows = bm25_docs([d[2] for d in fact_docs], avg_len)
+    # One collection holds both points of every turn: the IDF counts both.
+    turn_idf, fact_idf = idf_table(own_rows + (turn_rows if context else [])), idf_table(fact_rows)
+
+    def sparse_scores(
+        rows: list[dict[int, float]], idf: dict[int, float], terms: list[int], idx: list[int]
+    ) -> np.ndarray:
+        return np.array([sum(idf.get(t, 0.0) * rows[i].get(t, 0.0) for t in terms) for i in idx])
+
+    turns_modes, facts_modes = [], []
+    for c in convs:
+        t_idx = [i for i, d in enumerate(turn_docs) if d[0] == c.name]
+        t_ids = [turn_docs[i][1] for i in t_idx]
+        f_idx = [i for i, d in enumerate(fact_docs) if d[0] == c.name]
+        f_ids = [fact_docs[i][1] for i in f_idx]
+        f_ev = {fact_docs[i][1]: fact_docs[i][3] for i in f_idx}
+        tm = Mode(c.name, [], {t.dia_id: t.speaker for t in c.turns})
+        fm = Mode(c.name, [], {f"F{j}": f.speaker for j, f in enumerate(c.facts)})
+        for qi, (name, q) in enumerate(questions):
+            if name != c.name:
+                continue
+            terms = bm25_query(q.text)
+            cos_own = own_vec[t_idx] @ q_vec[qi]
+            cos_ctx = ctx_vec[t_idx] @ q_vec[qi]
+            # A turn is one point per text it is indexed under (its own words, its words in
+            # context); the best of them stands for it, as chunks do for a note.
+            dense = hits(cos_own, t_ids, LIMIT) + (hits(cos_ctx, t_ids, LIMIT, context=True) if context else [])
+            sparse = hits(sparse_scores(own_rows, turn_idf, terms, t_idx), t_ids, LIMIT, positive=True)
+            if context:
+                ctx_scores = sparse_scores(turn_rows, turn_idf, terms, t_idx)
+                sparse += hits(ctx_scores, t_ids, LIMIT, positive=True, context=True)
+            tm.cases.append((dense, sparse, set(q.evidence), q.category, q.text))
+            fdense = hits(fact_vec[f_idx] @ q_vec[qi], f_ids, LIMIT)
+            fsparse = hits(sparse_scores(fact_rows, fact_idf, terms, f_idx), f_ids, LIMIT, positive=True)
+            relevant = {fid for fid in f_ids if f_ev[fid] & q.evidence}
+            fm.cases.append((fdense, fsparse, relevant, q.category, q.text))
+        turns_modes.append(tm)
+        facts_modes.append(fm)
+    return turns_modes, facts_modes
+
+
+def build_devset(model, cache: Path, filler: int = 200) -> list[Mode]:  # type: ignore[no-untyped-def]
+    """bench_quality's dev set offline: each user's active notes among ``filler`` synthetic ones
+    (the same seeds as bench_quality), one Mode per user."""
+    import json
+
+    from bench.corpus import notes as filler_notes
+
+    devset = json.loads((Path(__file__).parent / "data" / "devset.json").read_text())
+    docs: list[tuple[str, str, str]] = []  # (user, key, text)
+    for n, user in enumerate(devset["users"]):
+        uid = user["user"]
+        for start in range(0, filler, 100):
+            texts = filler_notes(1000 + n * 100_000 + start, min(100, filler - start))
+            docs += [(uid, f"filler{start + i}", t) for i, t in enumerate(texts)]
+        superseded = {note["supersedes"] for note in user["notes"] if "supersedes" in note}
+        docs += [(uid, note["key"], note["content"]) for note in user["notes"] if note["key"] not in superseded]
+    vectors = encode(model, [d[2] for d in docs], cache)
+    rows = bm25_docs([d[2] for d in docs], 256.0)
+    idf = idf_table(rows)
+    modes = []
+    for user in devset["users"]:
+        idx = [i for i, d in enumerate(docs) if d[0] == user["user"]]
+        ids = [docs[i][1] for i in idx]
+        q_vec = encode(model, [q["q"] for q in user["queries"]], cache)
+        mode = Mode(user["user"], [])
+        for qi, q in enumerate(user["queries"]):
+            terms = bm25_query(q["q"])
+            sparse = np.array([sum(idf.get(t, 0.0) * rows[i].get(t, 0.0) for t in terms) for i in idx])
+            dense = hits(vectors[idx] @ q_vec[qi], ids, LIMIT)
+            mode.cases.append((dense, hits(sparse, ids, LIMIT, positive=True), set(q["relevant"]), 0, q["q"]))
+        modes.append(mode)
+    return modes
+
+
+def build_codewords(model, cache: Path) -> list[Mode]:  # type: ignore[no-untyped-def]
+    """A small collection of near-duplicates told apart by one rare word each (as in
+    tests/integration/test_search.py): a ranking must find each by that word."""
+    docs = [
+        (f"user{u}", f"kumquat{i}user{u}", f"user{u} remembers the secret codeword kumquat{i}user{u}")
+        for u in range(6)
+        for i in range(6)
+    ]
+    vectors = encode(model, [d[2] for d in docs], cache)
+    rows = bm25_docs([d[2] for d in docs], 256.0)
+    idf = idf_table(rows)
+    modes = []
+    for u in range(6):
+        idx = [i for i, d in enumerate(docs) if d[0] == f"user{u}"]
+        ids = [docs[i][1] for i in idx]
+        mode = Mode(f"user{u}", [])
+        q_vec = encode(model, ids, cache)
+        for qi, word in enumerate(ids):
+            terms = bm25_query(word)
+            sparse = np.array([sum(idf.get(t, 0.0) * rows[i].get(t, 0.0) for t in terms) for i in idx])
+            dense = hits(vectors[idx] @ q_vec[qi], ids, LIMIT)
+            mode.cases.append((dense, hits(sparse, ids, LIMIT, positive=True), {word}, 0, word))
+        modes.append(mode)
+    return modes
+
+
+def score(modes: list[Mode], policy: RankingPolicy) -> dict[str, float]:
+    n = r1 = r5 = r10 = mrr = 0.0
+    for m in modes:
+        for dense, sparse, relevant, _, query in m.cases:
+            fused = boost_named(fuse(dense, sparse, policy), m.names, query, policy.name_boost)
+            ranked = [note for note, _, _ in fused[:10]]
+            rank = next((i + 1 for i, note in enumerate(ranked) if note in relevant), None)
+            n += 1
+            if rank:
+                r1 += rank <= 1
+                r5 += rank <= 5
+                r10 += 1
+                mrr += 1 / rank
+    return {"R@1": r1 / n, "R@5": r5 / n, "R@10": r10 / n, "MRR@10": mrr / n, "n": n}
+
+
+def objective(turns: dict[str, float], facts: dict[str, float]) -> float:
+    """One ranking for both modes: the mean of R@10 and MRR@10 over both."""
+    return (turns["R@10"] + turns["MRR@10"] + facts["R@10"] + facts["MRR@10"]) / 4
+
+
+def grid() -> list[RankingPolicy]:
+    options = [RankingPolicy(method="score", dense_weight=1.0, keyword_weight=w) for w in (0.1, 0.3, 0.5, 1.0)]
+    for w, c in itertools.product((0.3, 0.4, 0.5, 0.6), (2.0, 4.0, 6.0, 10.0)):
+        options.append(RankingPolicy(method="mixed", dense_weight=w, keyword_weight=1 - w, saturation=c))
+    for w, floor, span, ctx, boost in itertools.product(
+        (0.3, 0.4, 0.5), (0.0, 10.0, 20.0, 30.0, 40.0), (0.0, 0.1, 0.2, 0.3), (0.9, 0.8), (0.0, 0.1)
+    ):
+        options.append(
+            RankingPolicy(
+                method="minmax",
+                dense_weight=w,
+                keyword_weight=1 - w,
+                keyword_floor=floor,
+                dense_span=span,
+                context_weight=ctx,
+                name_boost=boost,
+            )
+        )
+    for w in (0.3, 0.4, 0.5, 0.6, 0.7):
+        options.append(RankingPolicy(method="dbsf", dense_weight=w, keyword_weight=1 - w))
+        options.append(RankingPolicy(method="rrf", dense_weight=w, keyword_weight=1 - w))
+    return options
+
+
+def cross_validate(
+    variants: dict[str, tuple[list[Mode], list[Mode]]],
+    policies: list[RankingPolicy],
+    say: Callable[[str], None],
+    devset: list[Mode],
+    floor: float,
+    codewords: list[Mode],
+) -> None:
+    """Only policies keeping the dev set's MRR@10 at ``floor`` or above (its regression bound)
+    and finding every codeword first compete."""
+    convs = [m.conv for m in next(iter(variants.values()))[0]]
+    allowed = []
+    for p in policies:
+        dev = score(devset, p)["MRR@10"]
+        rare = score(codewords, p)["R@1"]
+        if dev >= floor and rare == 1.0:
+            allowed.append(p)
+        say(f"dev set MRR@10 {dev:.3f}, codewords R@1 {rare:.3f} {'ok ' if p in allowed else 'out'} {p}")
+    policies = allowed
+    table: dict[tuple[str, int], tuple[dict[str, float], dict[str, float]]] = {}
+    for (vname, (tm, fm)), (pi, p) in itertools.product(variants.items(), enumerate(policies)):
+        table[(vname, pi)] = (score(tm, p), score(fm, p))
+    ranked = sorted(table, key=lambda k: -objective(*table[k]))
+    say("best on all five (turns R@10/MRR, facts R@10/MRR):")
+    for key in ranked[:12]:
+        t, f = table[key]
+        say(
+            f"  {key[0]:<28} {policies[key[1]]!s:<60} {t['R@10']:.3f} {t['MRR@10']:.3f}  {f['R@10']:.3f} {f['MRR@10']:.3f}"
+        )
+    # Leave one conversation out: choose on four, measure on the fifth.
+    held: dict[str, list[float]] = {"tR10": [], "tMRR": [], "fR10": [], "fMRR": [], "tn": [], "fn": []}
+    for out in convs:
+
+        def on(modes: list[Mode], keep: bool) -> list[Mode]:
+            return [m for m in modes if (m.conv == out) == keep]
+
+        def train(key: tuple[str, int]) -> float:
+            tm, fm = variants[key[0]]
+            return objective(score(on(tm, False), policies[key[1]]), score(on(fm, False), policies[key[1]]))
+
+        best = max(ranked[:40], key=train)
+        tm, fm = variants[best[0]]
+        t, f = score(on(tm, True), policies[best[1]]), score(on(fm, True), policies[best[1]])
+        say(
+            f"held out {out}: chose {best[0]} {policies[best[1]]}: turns {t['R@10']:.3f}/{t['MRR@10']:.3f} facts {f['R@10']:.3f}/{f['MRR@10']:.3f}"
+        )
+        held["tR10"].append(t["R@10"] * t["n"])
+        held["tMRR"].append(t["MRR@10"] * t["n"])
+        held["fR10"].append(f["R@10"] * f["n"])
+        held["fMRR"].append(f["MRR@10"] * f["n"])
+        held["tn"].append(t["n"])
+        held["fn"].append(f["n"])
+    tn, fn = sum(held["tn"]), sum(held["fn"])
+    say(
+        f"held-out (question-weighted): turns R@10 {sum(held['tR10']) / tn:.3f} MRR@10 {sum(held['tMRR']) / tn:.3f}; "
+        f"facts R@10 {sum(held['fR10']) / fn:.3f} MRR@10 {sum(held['fMRR']) / fn:.3f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/engram-locomo-cache"))
+    parser.add_argument("--contexts", default="0,1,2")
+    parser.add_argument("--mean-context", action="store_true", help="context vectors as means of turn vectors")
+    parser.add_argument(
+        "--dev-margin",
+        type=float,
+        default=0.01,
+        help="keep the dev set this far above its bound (bench_quality's live figure differs a little)",
+    )
+    parser.add_argument("--avg-lens", default="256,32,16")
+    parser.add_argument("--speaker", default="1,0", help="speaker name in a turn's indexed text: 1, 0 or both")
+    parser.add_argument("--rewrite", default="1,0", help="dense query in statement form: 1, 0 or both")
+    args = parser.parse_args()
+    from services.embedder import load_model, model_path
+
+    model = load_model(model_path())
+    global MEAN_CONTEXT
+    MEAN_CONTEXT = args.mean_context
+    convs = load(args.data)
+    variants = {}
+    for context, avg_len, speaker, rewrite in itertools.product(
+        [int(x) for x in args.contexts.split(",")],
+        [float(x) for x in args.avg_lens.split(",")],
+        [bool(int(x)) for x in args.speaker.split(",")],
+        [bool(int(x)) for x in args.rewrite.split(",")],
+    ):
+        variants[f"ctx{context} avg{avg_len:g} spk{int(speaker)} rw{int(rewrite)}"] = build_modes(
+            convs, model, args.cache, context, avg_len, speaker, rewrite
+        )
+    devset = build_devset(model, args.cache)
+    reference = score(devset, RankingPolicy(method="score", dense_weight=1.0, keyword_weight=0.1))["MRR@10"]
+    bound = reference - 0.02 + args.dev_margin
+    print(f"dev set MRR@10 of Engram before LoCoMo: {reference:.3f}; the bound: {bound:.3f}")
+    cross_validate(variants, grid(), print, devset, bound, build_codewords(model, args.cache))
+
+
+if __name__ == "__main__":
+    main()

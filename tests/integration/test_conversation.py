@@ -1,0 +1,171 @@
+"""Conversation memory across sessions, through the real bus (real Redis, Qdrant Edge, MiniLM):
+importing transcripts, searching every past conversation, the turns' context, time windows,
+and erasing a conversation the provable way."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import redis.asyncio as aioredis
+
+from contracts.commands import MessageDraft
+from contracts.errors import EngramError, ErrorCode
+from contracts.limits import MAX_BATCH_MESSAGES
+from contracts.queries import NotesWritten
+from services.client import EngramClient
+from tests.conftest import RunningService
+from tests.support import every_value
+
+MAY = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)
+JUNE = datetime(2023, 6, 20, 9, 0, tzinfo=UTC)
+
+HIKING = [
+    ("Ann", "Guess what, I finally went hiking last weekend!"),
+    ("Bob", "Oh nice, where did you go?"),
+    ("Ann", "Mount Tamalpais, the view from the summit was unreal."),
+    ("Bob", "I have been meaning to go there for years."),
+]
+COOKING = [
+    ("Bob", "I started a sourdough starter and named it Clint Yeastwood."),
+    ("Ann", "Ha! Has it risen yet?"),
+    ("Bob", "Yes, it doubled in size and smells amazing."),
+]
+CHATTER = [
+    ("Ann", "How was your week?"),
+    ("Bob", "Busy, lots of meetings at work."),
+    ("Ann", "Same here, I need a holiday."),
+    ("Bob", "Let's catch up again soon."),
+]
+
+
+def turns(lines: list[tuple[str, str]], at: datetime) -> list[MessageDraft]:
+    return [
+        MessageDraft(content=text, speaker=speaker, sent_at=at + timedelta(minutes=i))
+        for i, (speaker, text) in enumerate(lines)
+    ]
+
+
+async def import_sessions(client: EngramClient, user: str) -> tuple[dict[str, list[str]], str]:
+    """Three past conversations; returns the message ids per session and the last token."""
+    ids: dict[str, list[str]] = {}
+    token = ""
+    for session, lines, at in (("hike", HIKING, MAY), ("bread", COOKING, JUNE), ("week", CHATTER, JUNE)):
+        written = await client.record_messages(user, session, turns(lines, at))
+        ids[session], token = [n.note_id for n in written.notes], written.token
+    return ids, token
+
+
+async def test_a_transcript_imports_in_order_with_ids_speakers_and_times(client: EngramClient) -> None:
+    written = await client.record_messages("alice", "hike", turns(HIKING, MAY), command_id="import-1")
+    assert isinstance(written, NotesWritten) and len(written.notes) == len(HIKING)
+    ids = [n.note_id for n in written.notes]
+    assert len(set(ids)) == len(ids) and all(n.version == 1 for n in written.notes)
+    again = await client.record_messages("alice", "hike", turns(HIKING, MAY), command_id="import-1")
+    assert again.replayed and [n.note_id for n in again.notes] == ids, "a retried import is the same import"
+    hits = await client.search("alice", "Mount Tamalpais summit", include_conversation=True, after=written.token)
+    found = {h.note_id: h for h in hits.results}
+    summit = found[ids[2]]
+    assert summit.source == "conversation" and summit.content == HIKING[2][1]
+    assert summit.message is not None
+    assert (summit.message.session_id, summit.message.speaker) == ("hike", "Ann")
+    assert summit.message.sent_at == MAY + timedelta(minutes=2)
+
+
+async def test_an_oversized_or_empty_transcript_is_refused_and_nothing_is_recorded(client: EngramClient) -> None:
+    too_many = [MessageDraft(content=f"turn {i}") for i in range(MAX_BATCH_MESSAGES + 1)]
+    for messages in (too_many, []):
+        with pytest.raises(EngramError) as refused:
+            await client.record_messages("alice", "s1", messages)
+        assert refused.value.code is ErrorCode.INVALID_PARAMETER
+    ok = await client.record_messages("alice", "s1", [MessageDraft(content="the stream keeps flowing")])
+    hits = await client.search("alice", "turn 7", include_conversation=True, after=ok.token)
+    assert all(h.content != "turn 7" for h in hits.results)
+
+
+async def test_a_search_without_a_session_finds_every_past_conversation(client: EngramClient) -> None:
+    ids, token = await import_sessions(client, "alice")
+    hike = await client.search("alice", "Where did Ann go hiking?", include_conversation=True, top_k=3, after=token)
+    assert hike.results[0].message is not None and hike.results[0].message.session_id == "hike"
+    bread = await client.search("alice", "What did Bob name his sourdough starter?", include_conversation=True)
+    assert bread.results[0].note_id == ids["bread"][0]
+    only = await client.search("alice", "sourdough starter", include_conversation=True, session_id="hike")
+    assert {h.message.session_id for h in only.results if h.message} == {"hike"}
+    notes_only = await client.search("alice", "sourdough starter")
+    assert notes_only.results == [], "without include_conversation a search reads notes only"
+
+
+async def test_another_users_conversations_are_never_found(client: EngramClient) -> None:
+    _, token = await import_sessions(client, "alice")
+    written = await client.record_messages("bob", "x", [MessageDraft(content="nothing about bread here")])
+    hits = await client.search("bob", "sourdough starter Clint Yeastwood", include_conversation=True, after=token)
+    assert [h.note_id for h in hits.results] == [written.notes[0].note_id]
+
+
+async def test_a_turn_is_found_through_the_turns_before_it(client: EngramClient) -> None:
+    """ "Yes, it doubled in size" names nothing; the turns before it name the starter. Without
+    the context points the reply is not among the first results."""
+    ids, token = await import_sessions(client, "alice")
+    hits = await client.search(
+        "alice", "How is Clint Yeastwood doing?", include_conversation=True, top_k=3, after=token
+    )
+    assert ids["bread"][2] in [h.note_id for h in hits.results]
+
+
+async def test_the_speaker_is_part_of_what_a_turn_is_found_by(client: EngramClient) -> None:
+    lines = [("Priya", "I adopted a rescue greyhound."), ("Jonas", "I adopted a rescue greyhound too!")]
+    written = await client.record_messages("alice", "dogs", turns(lines, MAY))
+    hits = await client.search("alice", "Jonas greyhound", include_conversation=True, after=written.token)
+    assert hits.results[0].note_id == written.notes[1].note_id
+
+
+async def test_a_time_window_keeps_only_what_was_said_within_it(client: EngramClient) -> None:
+    ids, token = await import_sessions(client, "alice")
+    june = await client.search(
+        "alice",
+        "what happened?",
+        include_conversation=True,
+        top_k=20,
+        since=JUNE,
+        until=JUNE + timedelta(days=1),
+        after=token,
+    )
+    found = {h.note_id for h in june.results}
+    assert found and found <= set(ids["bread"]) | set(ids["week"])
+    may = await client.search(
+        "alice", "what happened?", include_conversation=True, top_k=20, until=MAY + timedelta(days=1)
+    )
+    assert {h.note_id for h in may.results} == set(ids["hike"])
+    saved = await client.save("alice", "I ran a marathon", occurred_at=MAY, advise=False)
+    dated = await client.search("alice", "marathon", since=MAY, until=MAY, after=saved.token)
+    assert [h.note_id for h in dated.results] == [saved.note_id], "a note's occurred_at is its time"
+
+
+async def test_forgetting_a_session_asks_then_erases_it_provably_and_keeps_the_others(
+    service: RunningService, client: EngramClient
+) -> None:
+    ids, _ = await import_sessions(client, "alice")
+    asked = await client.forget_session("alice", "bread")
+    assert asked.status == "confirmation_required" and "3 messages" in asked.message
+    still = await client.search("alice", "sourdough", include_conversation=True, after=asked.token)
+    assert ids["bread"][0] in [h.note_id for h in still.results], "nothing erased before the second call"
+    done = await client.forget_session("alice", "bread")
+    assert done.status == "forgotten" and sorted(done.forgotten) == sorted(ids["bread"])
+    gone = await client.search("alice", "sourdough starter bread", include_conversation=True, after=done.token)
+    assert not set(ids["bread"]) & {h.note_id for h in gone.results}
+    kept = await client.search("alice", "Mount Tamalpais", include_conversation=True)
+    assert kept.results[0].note_id == ids["hike"][2]
+    needles = [b"Clint Yeastwood", b"doubled in size"]
+    redis = aioredis.Redis.from_url(service.settings.redis_url)
+    try:
+        for _ in range(100):  # request streams are trimmed just after the reply
+            leaks = [key async for key, blob in every_value(redis) for n in needles if n in blob]
+            if not leaks:
+                break
+            await asyncio.sleep(0.05)
+        assert leaks == [], f"plaintext left in {leaks}"
+    finally:
+        await redis.aclose()
+    replay = await client.forget_session("alice", "bread", command_id="never-seen")
+    assert replay.status == "confirmation_required" and "0 messages" in replay.message

@@ -1,0 +1,91 @@
+"""The ranking's levers, each with a case it decides: remove the lever and its test fails.
+Figures for the choices are in README (LoCoMo, leave-one-conversation-out; bench_quality)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from projections.vector_index import IndexHit
+from services.ranking import DEFAULT_POLICY, RankingPolicy, boost_named, context_text, fuse, names_in, words
+
+
+def hit(note_id: str, score: float, context: bool = False) -> IndexHit:
+    payload: dict[str, object] = {"note_id": note_id}
+    if context:
+        payload["context"] = True
+    return IndexHit(point_id=f"{note_id}-{int(context)}", score=score, payload=payload)
+
+
+def order(dense: list[IndexHit], sparse: list[IndexHit], policy: RankingPolicy = DEFAULT_POLICY) -> list[str]:
+    return [note_id for note_id, _, _ in fuse(dense, sparse, policy)]
+
+
+# Dialogue: "When did Caroline go to the LGBTQ support group?". The turn that says so shares a
+# rare name and rare words with the question (a strong BM25 score), while small talk sits a
+# little nearer in meaning (dense cosines are close together on dialogue).
+DIALOGUE_DENSE = [hit("smalltalk", 0.52), hit("other", 0.50), hit("evidence", 0.47), hit("far", 0.20)]
+DIALOGUE_SPARSE = [hit("evidence", 38.0), hit("smalltalk", 4.0)]
+
+
+def test_scaled_fusion_lets_a_strong_keyword_match_win() -> None:
+    assert order(DIALOGUE_DENSE, DIALOGUE_SPARSE)[0] == "evidence"
+    before = RankingPolicy(method="score", dense_weight=1.0, keyword_weight=0.1)
+    assert order(DIALOGUE_DENSE, DIALOGUE_SPARSE, before)[0] == "smalltalk", "the old fusion buried it"
+
+
+# A paraphrase: "who is my manager at work?" against "Alec is my boss": only a note that shares
+# one common word ("work") matches by keyword, weakly, and it is the only keyword match.
+PARAPHRASE_DENSE = [hit("boss", 0.62), hit("work", 0.35), hit("coffee", 0.10)]
+PARAPHRASE_SPARSE = [hit("work", 5.0)]
+
+
+def test_a_lone_weak_keyword_match_does_not_count_as_a_strong_one() -> None:
+    assert order(PARAPHRASE_DENSE, PARAPHRASE_SPARSE)[0] == "boss"
+    no_floor = replace(DEFAULT_POLICY, keyword_floor=0.0)
+    assert order(PARAPHRASE_DENSE, PARAPHRASE_SPARSE, no_floor)[0] == "work", "scaled to 1.0 without the floor"
+
+
+def test_a_turn_matching_by_its_own_words_outranks_one_matching_only_in_context() -> None:
+    # "own" says it; "next" only follows it, so its context point repeats the same words.
+    dense = [hit("own", 0.60), hit("next", 0.61, context=True), hit("next", 0.30), hit("far", 0.1)]
+    sparse = [hit("own", 20.0), hit("next", 20.5, context=True)]
+    assert order(dense, sparse)[0] == "own"
+    unweighted = replace(DEFAULT_POLICY, context_weight=1.0)
+    assert order(dense, sparse, unweighted)[0] == "next"
+
+
+def test_a_turn_found_only_through_its_context_is_still_found() -> None:
+    dense = [hit("reply", 0.55, context=True), hit("reply", 0.05), hit("noise", 0.30)]
+    sparse = [hit("reply", 25.0, context=True)]
+    assert order(dense, sparse)[0] == "reply"
+
+
+def test_each_note_appears_once_with_its_best_point_and_ties_break_by_id() -> None:
+    ranked = fuse([hit("b", 0.5), hit("a", 0.5), hit("b", 0.4)], [], DEFAULT_POLICY)
+    assert [n for n, _, _ in ranked] == ["a", "b"]
+    assert [cos for _, _, cos in ranked] == [0.5, 0.5]
+
+
+def test_context_text_puts_the_turns_before_first() -> None:
+    assert context_text("Ann: Mount Tam", ["Ann: I went hiking", "Bob: Where?"]) == (
+        "Ann: I went hiking\nBob: Where?\nAnn: Mount Tam"
+    )
+
+
+def test_naming_the_speaker_or_subject_lifts_that_candidate() -> None:
+    ranked = [("melanie", 0.50, 0.4), ("caroline", 0.45, 0.4)]
+    names = {"melanie": "Melanie", "caroline": "Caroline"}
+    lifted = boost_named(ranked, names, "What did Caroline say about the support group?", DEFAULT_POLICY.name_boost)
+    assert [n for n, _, _ in lifted] == ["caroline", "melanie"]
+    assert [n for n, _, _ in boost_named(ranked, names, "What did Caroline say?", 0.0)] == ["melanie", "caroline"]
+    assert not names_in(words("Carol went home"), "Caroline"), "whole words only"
+    assert names_in(words("what did mary ann say"), "Mary Ann") and not names_in(words("mary said"), "Mary Ann")
+
+
+def test_near_duplicates_stay_near_so_a_rare_keyword_tells_them_apart() -> None:
+    # "user1 remembers the secret codeword kumquat3user1" among five like it: the cosines differ
+    # by noise, and only the target holds the queried word (a weak score in a small collection).
+    dense = [hit("dup-a", 0.62), hit("target", 0.60), hit("dup-b", 0.59), hit("dup-c", 0.58)]
+    sparse = [hit("target", 5.0)]
+    assert order(dense, sparse)[0] == "target"
+    assert order(dense, sparse, replace(DEFAULT_POLICY, dense_span=0.0))[0] == "dup-a", "noise scaled to 0-1"
