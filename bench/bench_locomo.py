@@ -55,7 +55,7 @@ from bench.locomo import Conversation, load
 from contracts import channels
 from contracts.commands import MessageDraft, NoteDraft
 from contracts.queries import NotesWritten, SearchNotes, SearchReply
-from projections.index import turn_text
+from projections.index import indexed_text
 from services.app import build
 from services.client import EngramClient
 from services.config import Settings
@@ -139,7 +139,7 @@ def documents(mode: str, conv: Conversation) -> list[Document]:
 def indexed_texts(conv: Conversation) -> list[str]:
     """What the index embeds for a conversation's turns: each turn's words after its speaker's
     name (the context point's vector is a mean of these, nothing more is encoded)."""
-    return [turn_text(t.speaker, t.text) for t in conv.turns]
+    return [indexed_text(t.speaker, t.text) for t in conv.turns]
 
 
 def batches(docs: list[Document]) -> Iterator[list[Document]]:

@@ -200,6 +200,7 @@ class IndexProjection:
         re-embed notes whose text changed, set payload on notes whose fields changed."""
         texts: dict[str, tuple[str, str, str]] = {}  # note key -> (user, note, text)
         contexts: dict[str, list[str]] = {}  # a turn's key -> the text of the turns before it
+        retext: dict[str, tuple[str, str]] = {}  # notes whose subject changed, not their content
         forgotten: set[str] = set()
         touched: dict[str, tuple[str, str]] = {}
         old_chunks: dict[str, int] = {}
@@ -223,7 +224,7 @@ class IndexProjection:
                     created_at=_ts(event.at),
                     time=_ts(event.occurred_at or event.at),
                 )
-                texts[key] = (event.user_id, event.note_id, event.content)
+                texts[key] = (event.user_id, event.note_id, indexed_text(event.subject, event.content))
                 forgotten.discard(key)
             elif isinstance(event, MessageRecorded):
                 meta = NoteMeta(
@@ -237,7 +238,7 @@ class IndexProjection:
                     session_id=event.session_id,
                     time=_ts(event.sent_at or event.at),
                 )
-                own = turn_text(event.speaker, event.content)
+                own = indexed_text(event.speaker, event.content)
                 texts[key] = (event.user_id, event.note_id, own)
                 before = turns.before(event)
                 if before:
@@ -247,9 +248,12 @@ class IndexProjection:
             elif isinstance(event, NoteUpdated):
                 meta.version = event.version
                 meta.category = event.category or meta.category
+                renamed = event.subject is not None and event.subject != meta.subject
                 meta.subject = event.subject if event.subject is not None else meta.subject
                 if event.content is not None:
-                    texts[key] = (event.user_id, event.note_id, event.content)
+                    texts[key] = (event.user_id, event.note_id, indexed_text(meta.subject, event.content))
+                elif renamed:
+                    retext[key] = (event.user_id, event.note_id)
             elif isinstance(event, NoteSuperseded):
                 meta.version = event.version
                 meta.status = "superseded"
@@ -264,6 +268,7 @@ class IndexProjection:
             metas[key] = meta
             touched[key] = (event.user_id, event.note_id)
 
+        await self._with_content(retext, texts, forgotten, metas)
         # A turn is indexed twice: its own words, and its words after the turns before it (so
         # "what did she say about it?" can match); either point finds the one turn. The context
         # point's vector is the mean of the turns' own vectors, so no text is embedded twice.
@@ -301,6 +306,26 @@ class IndexProjection:
                 await self.index.set_payload(user_id, note_id, meta.filter_fields())
         return set(touched)
 
+    async def _with_content(
+        self,
+        retext: dict[str, tuple[str, str]],
+        texts: dict[str, tuple[str, str, str]],
+        forgotten: set[str],
+        metas: dict[str, NoteMeta | None],
+    ) -> None:
+        """A note renamed (a new subject, the same content) is embedded again: its content comes
+        from the event store, as the index keeps no text. The store may be further on (a later
+        update or forget), whose own event then settles the note."""
+        wanted = {k: ids for k, ids in retext.items() if k not in texts and k not in forgotten}
+        for user_id in {u for u, _ in wanted.values()}:
+            mine = {k: n for k, (u, n) in wanted.items() if u == user_id}
+            loaded = await self._store.load(user_id, list(mine.values()))
+            for key, note_id in mine.items():
+                meta = metas[key]
+                content = loaded[note_id].state.content
+                if content and meta is not None:
+                    texts[key] = (user_id, note_id, indexed_text(meta.subject, content))
+
     @staticmethod
     def _point(
         ids: tuple[str, str], meta: NoteMeta | None, chunk: int, dense: list[float], sparse: Sparse
@@ -333,9 +358,10 @@ def _ts(at: datetime) -> float:
     return at.timestamp()
 
 
-def turn_text(speaker: str | None, content: str) -> str:
-    """A turn as indexed: who said it, then what was said (names carry much of the evidence)."""
-    return f"{speaker}: {content}" if speaker else content
+def indexed_text(name: str | None, content: str) -> str:
+    """A note or turn as indexed: whom it is about (a note's subject) or who said it (a turn's
+    speaker), then the text; names carry much of the evidence (README: LoCoMo)."""
+    return f"{name}: {content}" if name else content
 
 
 class _Turns:
@@ -360,7 +386,7 @@ class _Turns:
             ids = _tail_decoder.decode(value) if value is not None else []
             loaded = await self._projection._store.load(user_id, ids) if ids else {}
             self._recent[(user_id, session_id)] = [
-                (i, turn_text(loaded[i].state.speaker, loaded[i].state.content))
+                (i, indexed_text(loaded[i].state.speaker, loaded[i].state.content))
                 for i in ids
                 if loaded[i].state.content  # a forgotten turn is no context
             ]
@@ -370,7 +396,7 @@ class _Turns:
         session = (event.user_id, event.session_id)
         recent = self._recent.setdefault(session, [])
         texts = [text for _, text in recent]
-        recent.append((event.note_id, turn_text(event.speaker, event.content)))
+        recent.append((event.note_id, indexed_text(event.speaker, event.content)))
         del recent[: max(0, len(recent) - CONTEXT_TURNS)]
         self._changed.add(session)
         return texts

@@ -23,8 +23,10 @@ from qdrant_edge import (
     MatchValue,
     Modifier,
     PayloadSchemaType,
+    PayloadSelector,
     Point,
     Query,
+    QueryBatchRequest,
     QueryRequest,
     RangeFloat,
     ScrollRequest,
@@ -64,6 +66,21 @@ def _filter(
         condition = MatchAny(list(value)) if isinstance(value, list) else MatchValue(value)
         conditions.append(FieldCondition(key=key, match=condition))
     return Filter(must=conditions)
+
+
+def _request(query: NearestQuery) -> QueryRequest:
+    if query.using == SPARSE:
+        assert query.sparse is not None
+        vector: Any = SparseVector(query.sparse.indices, query.sparse.values)
+    else:
+        vector = query.dense
+    return QueryRequest(
+        limit=query.limit,
+        query=Query.Nearest(vector, using=query.using),
+        filter=_filter(query.user_id, query.match, window=query.window),
+        score_threshold=query.threshold,
+        with_payload=PayloadSelector.Include(query.fields) if query.fields is not None else True,
+    )
 
 
 class QdrantEdgeIndex:
@@ -131,22 +148,19 @@ class QdrantEdgeIndex:
         await self._run(self.shard.update, operation)
 
     async def nearest(self, query: NearestQuery) -> list[IndexHit]:
-        if query.using == SPARSE:
-            assert query.sparse is not None
-            if not query.sparse.indices:
-                return []  # only stop words: nothing for BM25 to match
-            vector: Any = SparseVector(query.sparse.indices, query.sparse.values)
-        else:
-            vector = query.dense
-        request = QueryRequest(
-            limit=query.limit,
-            query=Query.Nearest(vector, using=query.using),
-            filter=_filter(query.user_id, query.match, window=query.window),
-            score_threshold=query.threshold,
-            with_payload=True,
-        )
-        points = await self._run(self.shard.query, request)
-        return [IndexHit(point_id=str(p.id), score=p.score, payload=dict(p.payload or {})) for p in points]
+        (hits,) = await self.nearest_many([query])
+        return hits
+
+    async def nearest_many(self, queries: list[NearestQuery]) -> list[list[IndexHit]]:
+        # A BM25 query of stop words only has no terms: nothing to match, nothing to ask.
+        asked = [
+            (i, _request(q)) for i, q in enumerate(queries) if q.using != SPARSE or (q.sparse and q.sparse.indices)
+        ]
+        found = await self._run(self.shard.query_batch, QueryBatchRequest([r for _, r in asked])) if asked else []
+        results: list[list[IndexHit]] = [[] for _ in queries]
+        for (i, _), points in zip(asked, found, strict=True):
+            results[i] = [IndexHit(point_id=str(p.id), score=p.score, payload=dict(p.payload or {})) for p in points]
+        return results
 
     async def count(self, user_id: str | None = None) -> int:
         request = CountRequest(filter=_filter(user_id, {}) if user_id else None, exact=True)

@@ -6,6 +6,7 @@ against qdrant-client's local mode, a stand-in only: it filters in Python."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from qdrant_client import AsyncQdrantClient, models
@@ -117,9 +118,12 @@ class QdrantServerIndex:
             query_filter=_filter(query.user_id, query.match, window=query.window),
             limit=query.limit,
             score_threshold=query.threshold,
-            with_payload=True,
+            with_payload=query.fields if query.fields is not None else True,
         )
         return [IndexHit(point_id=str(p.id), score=p.score, payload=dict(p.payload or {})) for p in response.points]
+
+    async def nearest_many(self, queries: list[NearestQuery]) -> list[list[IndexHit]]:
+        return list(await asyncio.gather(*(self.nearest(q) for q in queries)))
 
     async def count(self, user_id: str | None = None) -> int:
         result = await self._client.count(

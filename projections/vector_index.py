@@ -59,6 +59,8 @@ class NearestQuery(msgspec.Struct, frozen=True, kw_only=True):
     limit: int
     threshold: float | None = None
     window: TimeWindow = ANY_TIME
+    # The payload fields to return (fewer is faster); None: all of them.
+    fields: list[str] | None = None
 
 
 class IndexHit(msgspec.Struct, frozen=True, kw_only=True):
@@ -81,6 +83,9 @@ class VectorIndex(Protocol):
 
     async def nearest(self, query: NearestQuery) -> list[IndexHit]:
         """Chunk-level hits, best first. Fusing dense and BM25 is the search service's job."""
+
+    async def nearest_many(self, queries: list[NearestQuery]) -> list[list[IndexHit]]:
+        """Several ``nearest`` at once (one round trip, one planned batch), results in order."""
 
     async def count(self, user_id: str | None = None) -> int: ...
 

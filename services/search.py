@@ -23,11 +23,8 @@ from projections.vector_index import (
     DENSE,
     MEMORY,
     SPARSE,
-    IndexHit,
     NearestQuery,
-    Sparse,
     TimeWindow,
-    VectorIndex,
 )
 from services.ranking import DEFAULT_POLICY, RankingPolicy, boost_named, fuse
 
@@ -54,10 +51,34 @@ class BlendPolicy:
 CANDIDATES = 50
 # The best candidates the name boost can re-order (see RankingPolicy.name_boost).
 NAMED_WINDOW = 40
+# What the ranking reads of a point's payload.
+FIELDS = ["note_id", "record", "context"]
 
 
 def _ts(at: datetime | None) -> float | None:
     return at.timestamp() if at is not None else None
+
+
+def _scopes(query: SearchNotes) -> list[dict[str, str | list[str]]]:
+    """The index filters a search runs with: the user's notes, and their conversations if asked."""
+    match: dict[str, str | list[str]] = {
+        "record": MEMORY,
+        "status": ["active", "superseded"] if query.include_superseded else "active",
+    }
+    if query.category is not None:
+        match["category"] = query.category
+    if query.kind is not None:
+        match["kind"] = query.kind.value
+    if query.subject is not None:
+        match["subject"] = query.subject
+    scopes = [match]
+    if query.include_conversation:
+        # Without a session: every conversation the user has had (long-term memory).
+        said: dict[str, str | list[str]] = {"record": CONVERSATION}
+        if query.session_id is not None:
+            said["session_id"] = query.session_id
+        scopes.append(said)
+    return scopes
 
 
 class SearchService:
@@ -91,36 +112,21 @@ class SearchService:
                     ErrorCode.TIMEOUT,
                     f"the index has not reached token {query.after} within {self._wait:g} s; retry later",
                 )
-        try:
-            index = self._runtime.index
-            (dense,) = await self._runtime.embedder.embed([query.query])
-        except EngramError:
-            raise
-        except Exception as e:
-            raise EngramError(ErrorCode.EMBEDDING_ERROR, f"cannot search right now: {e}") from None
-        match: dict[str, str | list[str]] = {
-            "record": MEMORY,
-            "status": ["active", "superseded"] if query.include_superseded else "active",
-        }
-        if query.category is not None:
-            match["category"] = query.category
-        if query.kind is not None:
-            match["kind"] = query.kind.value
-        if query.subject is not None:
-            match["subject"] = query.subject
-        scopes = [match]
-        if query.include_conversation:
-            # Without a session: every conversation the user has had (long-term memory).
-            said: dict[str, str | list[str]] = {"record": CONVERSATION}
-            if query.session_id is not None:
-                said["session_id"] = query.session_id
-            scopes.append(said)
-        sparse = sparse_query(query.query)
+        index = self._runtime.index
         window = TimeWindow(_ts(query.since), _ts(query.until))
-        found = await asyncio.gather(*(self._nearest(index, query, dense, sparse, m, window) for m in scopes))
+        # Several points of one note or turn may rank together; fetch enough to fill top_k.
+        asked = {"user_id": query.user_id, "limit": max(CANDIDATES, query.top_k * 10), "window": window}
+        dense = await self._embed(query.query)
+        sparse = sparse_query(query.query)
+        scopes = _scopes(query)
+        found = await index.nearest_many(
+            [NearestQuery(match=m, using=DENSE, dense=dense, fields=FIELDS, **asked) for m in scopes]  # type: ignore[arg-type]
+            + [NearestQuery(match=m, using=SPARSE, sparse=sparse, fields=FIELDS, **asked) for m in scopes]  # type: ignore[arg-type]
+        )
+        meaning, keyword = found[: len(scopes)], found[len(scopes) :]
         # Notes and messages compete in one fusion: each signal is scaled over all candidates.
-        dense_hits = [h for pair in found for h in pair[0]]
-        sparse_hits = [h for pair in found for h in pair[1]]
+        dense_hits = [h for hits in meaning for h in hits]
+        sparse_hits = [h for hits in keyword for h in hits]
         sources = {h.payload["note_id"]: h.payload.get("record", MEMORY) for h in dense_hits + sparse_hits}
         candidates = [(sources[n], (n, score, cos)) for n, score, cos in fuse(dense_hits, sparse_hits, self._policy)]
         wanted = query.top_k if query.ranking == "relevance" else query.top_k * 4
@@ -143,29 +149,20 @@ class SearchService:
             task.add_done_callback(self._touching.discard)
         return SearchReply(results=results)
 
+    async def _embed(self, text: str) -> list[float]:
+        try:
+            (dense,) = await self._runtime.embedder.embed([text])
+        except EngramError:
+            raise
+        except Exception as e:
+            raise EngramError(ErrorCode.EMBEDDING_ERROR, f"cannot search right now: {e}") from None
+        return dense
+
     async def _annotate(self, user_id: str, hits: list[SearchHit]) -> list[SearchHit]:
         assert self._access is not None
         notes = [h.note for h in hits if h.note is not None]
         annotated = {n.id: n for n in await self._access.annotate(user_id, notes)}
         return [msgspec.structs.replace(h, note=annotated[h.note_id]) if h.note else h for h in hits]
-
-    async def _nearest(
-        self,
-        index: VectorIndex,
-        query: SearchNotes,
-        dense: list[float],
-        sparse: Sparse,
-        match: dict[str, str | list[str]],
-        window: TimeWindow,
-    ) -> tuple[list[IndexHit], list[IndexHit]]:
-        # Several points of one note or turn may rank together; fetch enough to fill top_k.
-        limit = max(CANDIDATES, query.top_k * 10)
-        asked = {"user_id": query.user_id, "match": match, "limit": limit, "window": window}
-        dense_hits, sparse_hits = await asyncio.gather(
-            index.nearest(NearestQuery(using=DENSE, dense=dense, **asked)),  # type: ignore[arg-type]
-            index.nearest(NearestQuery(using=SPARSE, sparse=sparse, **asked)),  # type: ignore[arg-type]
-        )
-        return dense_hits, sparse_hits
 
     async def _hydrate(
         self, query: SearchNotes, candidates: list[tuple[str, tuple[str, float, float]]], wanted: int

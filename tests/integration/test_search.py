@@ -205,3 +205,27 @@ async def _log_length(client: EngramClient) -> int:
         return int(await redis.xlen("engram:{0}:log"))
     finally:
         await redis.aclose()
+
+
+async def test_a_note_is_indexed_with_its_subject_and_again_when_renamed(
+    service: RunningService, client: EngramClient
+) -> None:
+    from projections.index import sparse_query
+    from projections.vector_index import SPARSE, NearestQuery
+
+    written = await client.save("alice", "Loves omakase and always orders the uni", subject="Priya", advise=False)
+    other = await client.save("alice", "Prefers window seats on long flights", advise=False)
+    runtime = service.engram.index
+    assert runtime is not None
+
+    async def by_keyword(word: str) -> list[str]:
+        await client.search("alice", "sync", after=last)
+        ask = NearestQuery(user_id="alice", using=SPARSE, sparse=sparse_query(word), match={}, limit=10)
+        return [h.payload["note_id"] for h in await runtime.index.nearest(ask)]
+
+    last = other.token
+    assert await by_keyword("Priya") == [written.note_id], "the subject is part of what BM25 indexes"
+    last = (await client.update("alice", written.note_id, subject="Jonas")).token
+    assert await by_keyword("Jonas") == [written.note_id], "a new subject alone re-indexes the note"
+    assert await by_keyword("Priya") == []
+    assert await by_keyword("omakase") == [written.note_id], "with its content read back from the log"

@@ -9,12 +9,22 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from qdrant_edge import Bm25
 
 from projections.qdrant_edge import QdrantEdgeIndex
 from projections.qdrant_server import QdrantServerIndex
-from projections.vector_index import DENSE, SPARSE, IndexHit, IndexPoint, NearestQuery, Sparse, VectorIndex
+from projections.vector_index import (
+    DENSE,
+    SPARSE,
+    IndexHit,
+    IndexPoint,
+    NearestQuery,
+    Sparse,
+    TimeWindow,
+    VectorIndex,
+)
 
 DIM = 8
 bm25 = Bm25()
@@ -127,3 +137,30 @@ async def test_upsert_of_the_same_point_replaces_it(index: VectorIndex) -> None:
     assert await index.count("alice") == 4
     hits = await index.nearest(dense("alice", 50))
     assert notes(hits)[0] == "BBBBBBBB" and hits[0].payload["version"] == 2
+
+
+async def test_nearest_many_answers_each_query_in_order_as_nearest_does(index: VectorIndex) -> None:
+    queries = [dense("alice", 1), keyword("alice", "Friday due dates"), keyword("alice", "the of and"), dense("bob", 1)]
+    assert await index.nearest_many(queries) == [await index.nearest(q) for q in queries]
+
+
+async def test_a_query_can_ask_for_some_payload_fields_only(index: VectorIndex) -> None:
+    (hit, *_) = await index.nearest(msgspec.structs.replace(dense("alice", 1), fields=["note_id", "record"]))
+    assert hit.payload == {"note_id": "AAAAAAAA", "record": "memory"}
+
+
+async def test_a_time_window_keeps_the_points_whose_time_is_within_it(index: VectorIndex) -> None:
+    await index.upsert(
+        [
+            point("carol", "EEEEEEEE", 0, 5, "said in May", time=1_683_500_000.0),
+            point("carol", "FFFFFFFF", 0, 6, "said in June", time=1_687_000_000.0),
+            point("carol", "GGGGGGGG", 0, 7, "no time recorded"),
+        ]
+    )
+
+    def within(since: float | None, until: float | None) -> NearestQuery:
+        return msgspec.structs.replace(dense("carol", 5), window=TimeWindow(since, until))
+
+    assert set(notes(await index.nearest(dense("carol", 5)))) == {"EEEEEEEE", "FFFFFFFF", "GGGGGGGG"}
+    assert notes(await index.nearest(within(1_686_000_000.0, None))) == ["FFFFFFFF"]
+    assert notes(await index.nearest(within(None, 1_683_500_000.0))) == ["EEEEEEEE"], "bounds are inclusive"
