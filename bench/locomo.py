@@ -49,6 +49,9 @@ class Conversation:
     sessions: dict[int, list[Turn]] = field(default_factory=dict)
     facts: list[Fact] = field(default_factory=list)
     questions: list[Question] = field(default_factory=list)
+    # Category 5: the answer is not in the conversation (the evidence names what it is confused
+    # with); scored apart, never in the overall figures.
+    adversarial: list[Question] = field(default_factory=list)
 
     @property
     def turns(self) -> list[Turn]:
@@ -120,11 +123,10 @@ def load_conversation(path: Path) -> Conversation:
                 )
     for qa in raw["qa"]:
         category = int(qa["category"])
-        if category not in (1, 2, 3, 4):
-            continue
         ids = frozenset(i for i in evidence_ids(qa.get("evidence", [])) if i in known)
-        if ids:
-            conv.questions.append(Question(text=str(qa["question"]), category=category, evidence=ids))
+        if ids and category in (1, 2, 3, 4, 5):
+            scored = conv.questions if category != 5 else conv.adversarial
+            scored.append(Question(text=str(qa["question"]), category=category, evidence=ids))
     return conv
 
 

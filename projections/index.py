@@ -224,7 +224,7 @@ class IndexProjection:
                     created_at=_ts(event.at),
                     time=_ts(event.occurred_at or event.at),
                 )
-                texts[key] = (event.user_id, event.note_id, indexed_text(event.subject, event.content))
+                texts[key] = (event.user_id, event.note_id, event.content)
                 forgotten.discard(key)
             elif isinstance(event, MessageRecorded):
                 meta = NoteMeta(
@@ -251,7 +251,7 @@ class IndexProjection:
                 renamed = event.subject is not None and event.subject != meta.subject
                 meta.subject = event.subject if event.subject is not None else meta.subject
                 if event.content is not None:
-                    texts[key] = (event.user_id, event.note_id, indexed_text(meta.subject, event.content))
+                    texts[key] = (event.user_id, event.note_id, event.content)
                 elif renamed:
                     retext[key] = (event.user_id, event.note_id)
             elif isinstance(event, NoteSuperseded):
@@ -282,7 +282,11 @@ class IndexProjection:
         vectors = dict(zip(unique, await self._embedder.embed(unique), strict=True)) if unique else {}
         points = []
         for key, chunk, piece in pieces:
-            points.append(self._point(touched[key], metas[key], chunk, vectors[piece], sparse_document(piece)))
+            meta = metas[key]
+            # A note's subject is a keyword of every chunk; not of its vector, where it blurs
+            # the meaning of the text (measured: README). A turn's speaker is already in its text.
+            keywords = indexed_text(meta.subject if meta and meta.record == MEMORY else None, piece)
+            points.append(self._point(touched[key], meta, chunk, vectors[piece], sparse_document(keywords)))
         chunk_counts = Counter(p[0] for p in pieces)
         for key, first in firsts.items():
             window = [vectors[self._embedder.chunks(t)[0]] for t in contexts[key]] + [vectors[first]]
@@ -313,9 +317,10 @@ class IndexProjection:
         forgotten: set[str],
         metas: dict[str, NoteMeta | None],
     ) -> None:
-        """A note renamed (a new subject, the same content) is embedded again: its content comes
-        from the event store, as the index keeps no text. The store may be further on (a later
-        update or forget), whose own event then settles the note."""
+        """A note renamed (a new subject, the same content) is indexed again (its subject is one
+        of its keywords): its content comes from the event store, as the index keeps no text.
+        The store may be further on (a later update or forget), whose own event then settles
+        the note. The vectors come from the embedder's cache."""
         wanted = {k: ids for k, ids in retext.items() if k not in texts and k not in forgotten}
         for user_id in {u for u, _ in wanted.values()}:
             mine = {k: n for k, (u, n) in wanted.items() if u == user_id}
@@ -324,7 +329,7 @@ class IndexProjection:
                 meta = metas[key]
                 content = loaded[note_id].state.content
                 if content and meta is not None:
-                    texts[key] = (user_id, note_id, indexed_text(meta.subject, content))
+                    texts[key] = (user_id, note_id, content)
 
     @staticmethod
     def _point(
@@ -359,8 +364,8 @@ def _ts(at: datetime) -> float:
 
 
 def indexed_text(name: str | None, content: str) -> str:
-    """A note or turn as indexed: whom it is about (a note's subject) or who said it (a turn's
-    speaker), then the text; names carry much of the evidence (README: LoCoMo)."""
+    """A turn as embedded (who said it, then what was said), or a note's chunk as BM25 indexes
+    it (whom it is about, then the text): names carry much of the evidence (README: LoCoMo)."""
     return f"{name}: {content}" if name else content
 
 

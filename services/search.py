@@ -25,6 +25,7 @@ from projections.vector_index import (
     SPARSE,
     NearestQuery,
     TimeWindow,
+    VectorIndex,
 )
 from services.ranking import DEFAULT_POLICY, RankingPolicy, boost_named, fuse
 
@@ -112,17 +113,24 @@ class SearchService:
                     ErrorCode.TIMEOUT,
                     f"the index has not reached token {query.after} within {self._wait:g} s; retry later",
                 )
-        index = self._runtime.index
+        index, dense = await self._index_and_embedding(query.query)
+        sparse = sparse_query(query.query)
         window = TimeWindow(_ts(query.since), _ts(query.until))
         # Several points of one note or turn may rank together; fetch enough to fill top_k.
-        asked = {"user_id": query.user_id, "limit": max(CANDIDATES, query.top_k * 10), "window": window}
-        dense = await self._embed(query.query)
-        sparse = sparse_query(query.query)
+        limit = max(CANDIDATES, query.top_k * 10)
         scopes = _scopes(query)
-        found = await index.nearest_many(
-            [NearestQuery(match=m, using=DENSE, dense=dense, fields=FIELDS, **asked) for m in scopes]  # type: ignore[arg-type]
-            + [NearestQuery(match=m, using=SPARSE, sparse=sparse, fields=FIELDS, **asked) for m in scopes]  # type: ignore[arg-type]
-        )
+        asked = [
+            NearestQuery(
+                user_id=query.user_id, using=DENSE, dense=dense, match=m, limit=limit, window=window, fields=FIELDS
+            )
+            for m in scopes
+        ] + [
+            NearestQuery(
+                user_id=query.user_id, using=SPARSE, sparse=sparse, match=m, limit=limit, window=window, fields=FIELDS
+            )
+            for m in scopes
+        ]
+        found = await index.nearest_many(asked)
         meaning, keyword = found[: len(scopes)], found[len(scopes) :]
         # Notes and messages compete in one fusion: each signal is scaled over all candidates.
         dense_hits = [h for hits in meaning for h in hits]
@@ -149,14 +157,16 @@ class SearchService:
             task.add_done_callback(self._touching.discard)
         return SearchReply(results=results)
 
-    async def _embed(self, text: str) -> list[float]:
+    async def _index_and_embedding(self, text: str) -> tuple[VectorIndex, list[float]]:
+        """The live index (refused while it holds another model's vectors) and the query's vector."""
         try:
+            index = self._runtime.index
             (dense,) = await self._runtime.embedder.embed([text])
         except EngramError:
             raise
         except Exception as e:
             raise EngramError(ErrorCode.EMBEDDING_ERROR, f"cannot search right now: {e}") from None
-        return dense
+        return index, dense
 
     async def _annotate(self, user_id: str, hits: list[SearchHit]) -> list[SearchHit]:
         assert self._access is not None
@@ -170,8 +180,8 @@ class SearchService:
         """The text comes from the read model (the index holds none), read a slice at a time in
         one round trip; a hit the read model does not have (yet, or any more) is left out, and
         so is one superseded meanwhile. The first slice, where the best candidates are, is
-        re-ordered by the name boost: who a note is about, or who said a turn, is known only
-        here (the index keeps no names)."""
+        re-ordered by the name boost: who said a turn is known only here (the index keeps no
+        speakers), and a note's subject is read with it."""
         results: list[SearchHit] = []
         start, size = 0, max(wanted * 2, NAMED_WINDOW)
         while start < len(candidates) and len(results) < wanted:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -89,6 +89,21 @@ PROFILES: dict[str, list[ToolSpec]] = {
                     "top_k": _TOP_K,
                     "category": _CATEGORY,
                     "include_superseded": {"type": "boolean", "default": False},
+                    "include_conversations": {
+                        "type": "boolean",
+                        "default": False,
+                        "description": "also search what was said in every past conversation with the user",
+                    },
+                    "since": {
+                        "type": "string",
+                        "format": "date-time",
+                        "description": "only what happened (was said, or occurred) at or after this time",
+                    },
+                    "until": {
+                        "type": "string",
+                        "format": "date-time",
+                        "description": "only what happened at or before this time",
+                    },
                     "ranking": {
                         "type": "string",
                         "enum": ["relevance", "blended"],
@@ -410,6 +425,9 @@ class ToolDispatcher:
             top_k=a.get("top_k", 5),
             category=a.get("category"),
             include_superseded=a.get("include_superseded", False),
+            include_conversation=a.get("include_conversations", False),
+            since=_time(a.get("since")),
+            until=_time(a.get("until")),
             after=self._last_token,
             ranking=a.get("ranking", "relevance"),
         )
@@ -656,3 +674,11 @@ def _forget_result(reply: ForgetReply) -> dict[str, Any]:
     if reply.forgotten:
         out["deleted"] = reply.forgotten
     return out
+
+
+def _time(text: str | None) -> datetime | None:
+    """An ISO 8601 time from a tool call; one without a zone is taken as UTC."""
+    if text is None:
+        return None
+    at = datetime.fromisoformat(text)
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)

@@ -15,6 +15,7 @@ from contracts.errors import EngramError, ErrorCode
 from contracts.limits import MAX_BATCH_MESSAGES
 from contracts.queries import NotesWritten
 from services.client import EngramClient
+from services.tools import ToolDispatcher
 from tests.conftest import RunningService
 from tests.support import every_value
 
@@ -169,3 +170,21 @@ async def test_forgetting_a_session_asks_then_erases_it_provably_and_keeps_the_o
         await redis.aclose()
     replay = await client.forget_session("alice", "bread", command_id="never-seen")
     assert replay.status == "confirmation_required" and "0 messages" in replay.message
+
+
+async def test_the_engram_search_tool_reaches_past_conversations_and_time_windows(client: EngramClient) -> None:
+    ids, token = await import_sessions(client, "alice")
+    tools = ToolDispatcher(client, "alice", "engram")
+    await client.search("alice", "sync", include_conversation=True, after=token)
+    found = await tools.call("search", {"query": "Clint Yeastwood sourdough", "include_conversations": True})
+    assert found["results"][0]["note_id"] == ids["bread"][0]
+    assert found["results"][0]["message"]["speaker"] == "Bob"
+    notes_only = await tools.call("search", {"query": "Clint Yeastwood sourdough"})
+    assert notes_only["results"] == []
+    may = await tools.call(
+        "search",
+        {"query": "what happened?", "include_conversations": True, "until": "2023-05-09T00:00:00", "top_k": 20},
+    )
+    assert {r["note_id"] for r in may["results"]} == set(ids["hike"])
+    bad = await tools.call("search", {"query": "x", "since": "last tuesday"})
+    assert bad["error"]["code"] == "INVALID_PARAMETER"
