@@ -124,7 +124,10 @@ def build_modes(
                 turn_docs.append(
                     (c.name, t.dia_id, named(t.speaker, t.text), context_text(named(t.speaker, t.text), before))
                 )
-    fact_docs = [(c.name, f"F{j}", named(f.speaker, f.text), f.evidence) for c in convs for j, f in enumerate(c.facts)]
+    # A fact is a note: its subject (the speaker) is a BM25 keyword, not part of its vector.
+    fact_docs = [
+        (c.name, f"F{j}", f.text, f.evidence, named(f.speaker, f.text)) for c in convs for j, f in enumerate(c.facts)
+    ]
     own_vec = encode(model, [d[2] for d in turn_docs], cache)
     if context and mean_context:
         # The context point's vector: the mean of the turns' own vectors (nothing encoded twice).
@@ -145,7 +148,7 @@ def build_modes(
     q_vec = encode(model, [q.text for _, q in questions], cache)
     own_rows = bm25_docs([d[2] for d in turn_docs], avg_len)
     turn_rows = bm25_docs([d[3] for d in turn_docs], avg_len) if context else own_rows
-    fact_rows = bm25_docs([d[2] for d in fact_docs], avg_len)
+    fact_rows = bm25_docs([d[4] for d in fact_docs], avg_len)
     # One collection holds both points of every turn: the IDF counts both.
     turn_idf, fact_idf = idf_table(own_rows + (turn_rows if context else [])), idf_table(fact_rows)
 
@@ -348,6 +351,42 @@ def cross_validate(
     )
 
 
+def ablate(
+    convs: list[Conversation],
+    model,
+    cache: Path,
+    devset: list[Mode],
+    codewords: list[Mode],
+    say: Callable[[str], None],  # type: ignore[no-untyped-def]
+) -> None:
+    """The shipped ranking with one lever removed at a time, on all five conversations."""
+    from dataclasses import replace
+
+    shipped = RankingPolicy()
+    indexed = {
+        "as shipped": build_modes(convs, model, cache, 2, 256.0, True, True),
+        "no context": build_modes(convs, model, cache, 0, 256.0, True, True),
+        "no names in text": build_modes(convs, model, cache, 2, 256.0, False, True),
+    }
+    rows = [
+        ("as shipped", "as shipped", shipped),
+        ("score fusion (1.0, 0.1)", "as shipped", RankingPolicy(method="score", dense_weight=1.0, keyword_weight=0.1)),
+        ("no context points", "no context", shipped),
+        ("context weight 1.0", "as shipped", replace(shipped, context_weight=1.0)),
+        ("no names in the indexed text", "no names in text", shipped),
+        ("no name boost", "as shipped", replace(shipped, name_boost=0.0)),
+        ("no keyword floor", "as shipped", replace(shipped, keyword_floor=0.0)),
+        ("no dense span", "as shipped", replace(shipped, dense_span=0.0)),
+    ]
+    say(f"{'':<30} turns R@10 MRR   facts R@10 MRR   dev MRR  codewords R@1")
+    for label, variant, policy in rows:
+        tm, fm = indexed[variant]
+        t, f = score(tm, policy), score(fm, policy)
+        dev, rare = score(devset, policy)["MRR@10"], score(codewords, policy)["R@1"]
+        figures = f"{t['R@10']:.3f} {t['MRR@10']:.3f}    {f['R@10']:.3f} {f['MRR@10']:.3f}    {dev:.3f}    {rare:.3f}"
+        say(f"{label:<30} {figures}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True)
@@ -364,11 +403,15 @@ def main() -> None:
     )
     parser.add_argument("--avg-lens", default="256", help="BM25 avg_len (Qdrant's default 256), e.g. 256,24")
     parser.add_argument("--speaker", default="1", help="the name in a turn's or fact's indexed text: 1, 0 or 1,0")
+    parser.add_argument("--ablate", action="store_true", help="only: the shipped ranking with each lever removed")
     args = parser.parse_args()
     from services.embedder import load_model, model_path
 
     model = load_model(model_path())
     convs = load(args.data)
+    if args.ablate:
+        ablate(convs, model, args.cache, build_devset(model, args.cache), build_codewords(model, args.cache), print)
+        return
     variants = {}
     for context, avg_len, speaker in itertools.product(
         [int(x) for x in args.contexts.split(",")],
