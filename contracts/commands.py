@@ -18,6 +18,7 @@ from contracts.limits import (
     NOT_BLANK,
     SEARCH_TOP_K_DEFAULT,
     SEARCH_TOP_K_MAX,
+    AwareTime,
     Category,
     CommandId,
     Content,
@@ -122,7 +123,7 @@ class RecordMessage(Command, tag="record_message", frozen=True, kw_only=True):
     role: Role = "user"
     content: Content
     speaker: ShortText | None = None
-    sent_at: datetime | None = None
+    sent_at: AwareTime | None = None
 
 
 class MessageDraft(msgspec.Struct, frozen=True, kw_only=True):
@@ -131,7 +132,7 @@ class MessageDraft(msgspec.Struct, frozen=True, kw_only=True):
     role: Role = "user"
     content: Content
     speaker: ShortText | None = None
-    sent_at: datetime | None = None
+    sent_at: AwareTime | None = None
 
 
 class RecordMessages(Command, tag="record_messages", frozen=True, kw_only=True):

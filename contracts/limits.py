@@ -5,6 +5,7 @@ Patterns are ASCII-only on purpose: ids end up inside Redis keys and CLI argumen
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated
 
 import msgspec
@@ -88,6 +89,19 @@ LongText = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_EPISODE_FIEL
 ShortText = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
 UnitInterval = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Version = Annotated[int, msgspec.Meta(ge=0, description="A note's version; 0 means 'does not exist yet'.")]
+AwareTime = Annotated[
+    datetime,
+    msgspec.Meta(tz=True, description="A time with its zone (ISO 8601 with an offset or Z): naive times are refused."),
+]
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO 8601 time typed by a person or an LLM, made an ``AwareTime``: one without a zone
+    is taken as UTC."""
+    at = datetime.fromisoformat(text)
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
 Token = Annotated[
     str,
     msgspec.Meta(

@@ -20,6 +20,7 @@ from contracts.limits import (
     NOT_BLANK,
     SEARCH_TOP_K_DEFAULT,
     SEARCH_TOP_K_MAX,
+    AwareTime,
     Category,
     NoteId,
     ShortText,
@@ -82,8 +83,8 @@ class SearchNotes(Query, tag="search_notes", frozen=True, kw_only=True):
     session_id: ShortText | None = None
     # Only what happened within this time: a message's sent_at, a note's occurred_at, else when
     # it was saved (inclusive bounds, either may be left open).
-    since: datetime | None = None
-    until: datetime | None = None
+    since: AwareTime | None = None
+    until: AwareTime | None = None
     # "blended": relevance mixed with recency (of update or last access) and importance, weights
     # ENGRAM_RANKING_WEIGHTS; "relevance" (the default) is the plain fused score.
     ranking: Literal["relevance", "blended"] = "relevance"

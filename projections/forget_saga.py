@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from contracts import channels
-from contracts.events import ForgetExpired, ForgetRequested, NoteForgotten, UserForgotten
+from contracts.events import ForgetExpired, ForgetRequested, NoteForgotten, SessionForgotten, UserForgotten
 from projections.history import GenerationChanged, position_key
 from services.event_store import LogEntry, RedisEventStore
 from services.redis_conn import transaction_client
@@ -68,7 +68,7 @@ class ForgetSagaProjection:
                         score = event.expires_at.timestamp() * 1000
                         pipe.zadd(keys.deadlines, {member(event.user_id, event.note_id): score})
                         pipe.sadd(keys.pending(event.user_id), event.note_id)
-                    elif isinstance(event, ForgetExpired | NoteForgotten | UserForgotten):
+                    elif isinstance(event, ForgetExpired | NoteForgotten | UserForgotten | SessionForgotten):
                         pipe.zrem(keys.deadlines, member(event.user_id, event.note_id))
                         pipe.srem(keys.pending(event.user_id), event.note_id)
                 pipe.set(keys.checkpoint, batch[-1].position)

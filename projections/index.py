@@ -14,6 +14,7 @@ switches the pointer; queries keep using the old one until then.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from collections import Counter
@@ -34,6 +35,7 @@ from contracts.events import (
     NoteSaved,
     NoteSuperseded,
     NoteUpdated,
+    SessionForgotten,
     is_control_stream,
 )
 from projections.history import GenerationChanged, position_key
@@ -62,8 +64,10 @@ class IndexKeys:
         return f"{self.prefix}note:{user_id}:{note_id}"
 
     def session(self, user_id: str, session_id: str) -> str:
-        """The ids of a conversation's last turns (never their text): the next turn's context."""
-        return f"{self.prefix}session:{user_id}:{session_id}"
+        """The ids of a conversation's last turns (never their text): the next turn's context.
+        The session is named by a digest, so no caller-chosen name is left in a key."""
+        digest = hashlib.blake2b(session_id.encode(), digest_size=12).hexdigest()
+        return f"{self.prefix}session:{user_id}:{digest}"
 
 
 GENERATIONS_KEY = "engram:index:generations"
@@ -105,8 +109,8 @@ class NoteMeta(msgspec.Struct, kw_only=True):
             fields["subject"] = self.subject
         if self.session_id is not None:
             fields["session_id"] = self.session_id
-        if self.time is not None:
-            fields["time"] = self.time
+        # Indexed before times were: when it was saved.
+        fields["time"] = self.time if self.time is not None else self.created_at
         return fields
 
     def filter_fields(self) -> dict[str, Any]:
@@ -180,14 +184,17 @@ class IndexProjection:
                 metas = {
                     k: (_meta_decoder.decode(r) if r is not None else None) for k, r in zip(note_keys, raw, strict=True)
                 }
-                turns = _Turns(self, batch)
+                turns = _Turns(self._redis, self._store, keys, batch)
                 await turns.load()
                 changed = await self._write_index(batch, metas, turns)
                 pipe.multi()
                 for key in changed:
                     pipe.set(key, msgspec.json.encode(metas[key]))
                 for key, tail in turns.tails().items():
-                    pipe.set(key, msgspec.json.encode(tail))
+                    if tail:
+                        pipe.set(key, msgspec.json.encode(tail))
+                    else:
+                        pipe.delete(key)
                 pipe.set(keys.checkpoint, batch[-1].position)
                 await pipe.execute()
             except WatchError as e:
@@ -206,6 +213,8 @@ class IndexProjection:
         old_chunks: dict[str, int] = {}
         for entry in batch:
             event = entry.event
+            if isinstance(event, SessionForgotten):
+                turns.forget(event.user_id, event.session_id)
             if is_control_stream(event.note_id):
                 continue  # an erased user's or session's notes each had their own NoteForgotten
             key = self.keys.note(event.user_id, event.note_id)
@@ -272,12 +281,14 @@ class IndexProjection:
         # A turn is indexed twice: its own words, and its words after the turns before it (so
         # "what did she say about it?" can match); either point finds the one turn. The context
         # point's vector is the mean of the turns' own vectors, so no text is embedded twice.
+        chunked = {t: self._embedder.chunks(t) for _, _, t in texts.values() if t}  # a tokenizer run each
+        chunked |= {t: self._embedder.chunks(t) for key in contexts for t in contexts[key] if t not in chunked}
         pieces: list[tuple[str, int, str]] = []  # (note key, chunk, text)
         for key, (_, _, text) in texts.items():
             if text:  # empty when read after its note was forgotten: the content is shredded
-                pieces += [(key, i, piece) for i, piece in enumerate(self._embedder.chunks(text))]
-        firsts = {key: self._embedder.chunks(texts[key][2])[0] for key in contexts if key in texts and texts[key][2]}
-        earlier = {self._embedder.chunks(t)[0] for key in firsts for t in contexts[key]}
+                pieces += [(key, i, piece) for i, piece in enumerate(chunked[text])]
+        firsts = {key: chunked[texts[key][2]][0] for key in contexts if key in texts and texts[key][2]}
+        earlier = {chunked[t][0] for key in firsts for t in contexts[key]}
         unique = list(dict.fromkeys([p[2] for p in pieces] + sorted(earlier)))
         vectors = dict(zip(unique, await self._embedder.embed(unique), strict=True)) if unique else {}
         points = []
@@ -289,7 +300,7 @@ class IndexProjection:
             points.append(self._point(touched[key], meta, chunk, vectors[piece], sparse_document(keywords)))
         chunk_counts = Counter(p[0] for p in pieces)
         for key, first in firsts.items():
-            window = [vectors[self._embedder.chunks(t)[0]] for t in contexts[key]] + [vectors[first]]
+            window = [vectors[chunked[t][0]] for t in contexts[key]] + [vectors[first]]
             sparse = sparse_document(context_text(texts[key][2], contexts[key]))
             point = self._point(touched[key], metas[key], chunk_counts[key], context_vector(window), sparse)
             points.append(msgspec.structs.replace(point, payload=point.payload | {"context": True}))
@@ -374,8 +385,10 @@ class _Turns:
     ids are kept per session in the projection's state (``IndexKeys.session``); their text is
     read from the event store (the index keeps none), so a rebuild sees the same context."""
 
-    def __init__(self, projection: IndexProjection, batch: Sequence[LogEntry]) -> None:
-        self._projection = projection
+    def __init__(self, redis: Redis, store: RedisEventStore, keys: IndexKeys, batch: Sequence[LogEntry]) -> None:
+        self._redis = redis
+        self._store = store
+        self._keys = keys
         self._sessions = list(
             dict.fromkeys((e.event.user_id, e.event.session_id) for e in batch if isinstance(e.event, MessageRecorded))
         )
@@ -385,11 +398,10 @@ class _Turns:
     async def load(self) -> None:
         if not self._sessions:
             return
-        keys = self._projection.keys
-        raw = await self._projection._redis.mget([keys.session(u, s) for u, s in self._sessions])
+        raw = await self._redis.mget([self._keys.session(u, s) for u, s in self._sessions])
         for (user_id, session_id), value in zip(self._sessions, raw, strict=True):
             ids = _tail_decoder.decode(value) if value is not None else []
-            loaded = await self._projection._store.load(user_id, ids) if ids else {}
+            loaded = await self._store.load(user_id, ids) if ids else {}
             self._recent[(user_id, session_id)] = [
                 (i, indexed_text(loaded[i].state.speaker, loaded[i].state.content))
                 for i in ids
@@ -397,7 +409,11 @@ class _Turns:
             ]
 
     def before(self, event: MessageRecorded) -> list[str]:
-        """The text of the turns before this one in its session; then this one joins them."""
+        """The text of the turns before this one in its session; then this one joins them. A
+        turn read after its session was erased (its content shredded) is no context, as when
+        the live projection reads it back from the store."""
+        if not event.content:
+            return []
         session = (event.user_id, event.session_id)
         recent = self._recent.setdefault(session, [])
         texts = [text for _, text in recent]
@@ -406,9 +422,14 @@ class _Turns:
         self._changed.add(session)
         return texts
 
+    def forget(self, user_id: str, session_id: str) -> None:
+        """The session was erased: a turn recorded in it later starts afresh."""
+        self._recent[(user_id, session_id)] = []
+        self._changed.add((user_id, session_id))
+
     def tails(self) -> dict[str, list[str]]:
-        keys = self._projection.keys
-        return {keys.session(u, s): [i for i, _ in self._recent[(u, s)]] for u, s in self._changed}
+        """Each changed session's last turn ids by key (empty: drop the key)."""
+        return {self._keys.session(u, s): [i for i, _ in self._recent[(u, s)]] for u, s in self._changed}
 
 
 def generation_dir(data_dir: Path, generation: int) -> Path:

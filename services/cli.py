@@ -10,7 +10,6 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ import msgspec
 
 from contracts import channels
 from contracts.errors import EngramError, ErrorCode
+from contracts.limits import parse_time
 from contracts.model import NoteKind, NoteSource
 from services.config import ROLES, Settings, parse_roles
 from services.redis_conn import close_redis, open_redis
@@ -237,11 +237,6 @@ async def cmd_list(client: Any, args: argparse.Namespace) -> None:
 async def cmd_recent(client: Any, args: argparse.Namespace) -> None:
     reply = await client.list_recent(args.user, limit=args.limit, after=args.after)
     _print(args, {"notes": reply.notes, "total": reply.total}, lambda o: _human_notes(o["notes"]))
-
-
-def _utc_time(text: str) -> datetime:
-    at = datetime.fromisoformat(text)
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
 async def cmd_search(client: Any, args: argparse.Namespace) -> None:
@@ -656,8 +651,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("query")
     p.add_argument("--session", help="also search this conversation's recorded messages")
     p.add_argument("--conversations", action="store_true", help="also search every past conversation")
-    p.add_argument("--since", type=_utc_time, help="only what happened from this time (ISO 8601; UTC if no zone)")
-    p.add_argument("--until", type=_utc_time, help="only what happened up to this time (ISO 8601; UTC if no zone)")
+    p.add_argument("--since", type=parse_time, help="only what happened from this time (ISO 8601; UTC if no zone)")
+    p.add_argument("--until", type=parse_time, help="only what happened up to this time (ISO 8601; UTC if no zone)")
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--category")
     p.add_argument("--kind", choices=[k.value for k in NoteKind])

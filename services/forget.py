@@ -38,7 +38,15 @@ from contracts.queries import ForgetCandidate, ForgetReply, PendingForget, Searc
 from projections.access import AccessLog
 from projections.forget_saga import pending_notes
 from projections.history import HistoryReader
-from services.domain.decider import decide, decide_forget_session, decide_forget_user, forgettable, note_ids_for
+from services.domain.decider import (
+    decide,
+    decide_forget_session,
+    decide_forget_user,
+    erasable,
+    forgettable,
+    note_ids_for,
+    session_messages,
+)
 from services.event_store import Appended, Outcome, RedisEventStore
 from services.periodic import every
 from services.reclaimer import group_info
@@ -161,21 +169,21 @@ class ForgetService:
     async def request_user(self, command: RequestForgetUser) -> ForgetReply:
         """Erase a whole user: pending on the account stream first, then every note at once.
         (Always two calls, whatever ENGRAM_FORGET_CONFIRMATION says.)"""
+        user = command.user_id
         return await self._erase(
-            command, ACCOUNT, f"ALL {{count}} memories (notes and conversation messages) of {command.user_id}"
+            command, ACCOUNT, lambda count: f"ALL {count} memories (notes and conversation messages) of {user}"
         )
 
     async def request_session(self, command: RequestForgetSession) -> ForgetReply:
         """Erase one conversation: pending on the session's stream first, then every message of
         the session at once, with a receipt. (Always two calls, as for a user.)"""
+        user, session = command.user_id, command.session_id
         return await self._erase(
-            command,
-            session_stream(command.session_id),
-            f"all {{count}} messages of conversation {command.session_id} of {command.user_id}",
+            command, session_stream(session), lambda count: f"all {count} messages of conversation {session} of {user}"
         )
 
     async def _erase(
-        self, command: RequestForgetUser | RequestForgetSession, control_id: str, what: str
+        self, command: RequestForgetUser | RequestForgetSession, control_id: str, what: Callable[[int], str]
     ) -> ForgetReply:
         store = self._store
         partition = store.partition_of(command.user_id)
@@ -187,27 +195,29 @@ class ForgetService:
             loaded = await store.load(command.user_id, [control_id, *ids])
             notes = {i: loaded[i].state for i in ids}
             control = loaded[control_id].state
-            if isinstance(command, RequestForgetSession):
-                appends = decide_forget_session(command, control, notes, self._clock(), self._ttl)
-            else:
-                appends = decide_forget_user(command, control, notes, self._clock(), self._ttl)
+            try:
+                if isinstance(command, RequestForgetSession):
+                    targets = session_messages(command.session_id, notes)
+                    appends = decide_forget_session(command, control, notes, self._clock(), self._ttl)
+                else:
+                    targets = notes
+                    appends = decide_forget_user(command, control, notes, self._clock(), self._ttl)
+            except EngramError:
+                # A copy of this very request may have just erased the session: its outcome answers.
+                if (first := await store.outcome(command.user_id, command.command_id)) is not None:
+                    return await self._replay_erase(first, partition, control_id, what)
+                raise
             last = appends[-1].events[-1]
             summary: dict[str, Any]
             if isinstance(last, UserForgotten | SessionForgotten):
                 summary = {"status": "forgotten", "erased": last.erased, "at": last.at.isoformat()}
             else:
                 assert isinstance(last, ForgetRequested)
-                session = command.session_id if isinstance(command, RequestForgetSession) else None
-                live = sum(
-                    1
-                    for s in notes.values()
-                    if s.exists and not s.forgotten and (session is None or s.session_id == session)
-                )
                 summary = {
                     "status": "pending",
                     "count": last.request_count,
                     "expires": last.expires_at.isoformat(),
-                    "notes": live,
+                    "notes": len(erasable(targets)),
                 }
             result = await store.append(command.user_id, command.command_id, appends, {"user": summary})
             if isinstance(result, Appended) and result.replayed:
@@ -223,7 +233,9 @@ class ForgetService:
             await asyncio.sleep(random.uniform(0, 0.005))  # lost a race: spread the retries
         raise EngramError(ErrorCode.VERSION_CONFLICT, "the memory kept changing under this request; retry it")
 
-    async def _replay_erase(self, first: Outcome, partition: int, control_id: str, what: str) -> ForgetReply:
+    async def _replay_erase(
+        self, first: Outcome, partition: int, control_id: str, what: Callable[[int], str]
+    ) -> ForgetReply:
         token = channels.format_token(partition, first.position)
         reply = _erase_reply(control_id, what, first.extra.get("user", {}), token, True)
         if reply.status == "forgotten":
@@ -311,20 +323,20 @@ def _reply(summary: list[list], contents: dict[str, str], token: str) -> ForgetR
     return ForgetReply(status=status, message=message, pending=pending, forgotten=forgotten, token=token)  # type: ignore[arg-type]
 
 
-def _erase_reply(control_id: str, what: str, summary: dict, token: str, replayed: bool) -> ForgetReply:  # type: ignore[type-arg]
+def _erase_reply(control_id: str, what: Callable[[int], str], summary: dict, token: str, replayed: bool) -> ForgetReply:  # type: ignore[type-arg]
     """The reply to erasing a user or a session: the receipt, or the confirmation to ask for.
-    ``what`` names what is erased, with ``{count}`` for how many."""
+    ``what`` names what is erased, given how many."""
     if summary.get("status") == "forgotten":
         erased = list(summary["erased"])
         return ForgetReply(
             status="forgotten",
-            message=f"Erased {what.format(count=len(erased))}. This cannot be undone.",
+            message=f"Erased {what(len(erased))}. This cannot be undone.",
             forgotten=erased,
             erased_at=datetime.fromisoformat(summary["at"]),
             token=token,
             replayed=replayed,
         )
-    described = what.format(count=summary.get("notes", 0))
+    described = what(int(summary.get("notes", 0)))
     pending = PendingForget(
         note_id=control_id,
         preview=described,

@@ -114,6 +114,7 @@ def fuse(
     """(note id, fused score, cosine) per candidate note, best first (ties by id)."""
     cosine = best_per_note(dense, policy.context_weight)
     keyword = best_per_note(sparse, policy.context_weight)
+    plain = best_per_note(dense)  # what ``similarity`` reports: the cosine of the best point
     if policy.method in ("score", "mixed"):
         d = {n: max(c, 0.0) for n, c in cosine.items()} if policy.method == "score" else _scaled(cosine, "minmax")
         k = {n: s / (s + policy.saturation) for n, s in keyword.items()}
@@ -126,7 +127,7 @@ def fuse(
     else:
         d, k = _scaled(cosine, policy.method), _scaled(keyword, policy.method)
     fused = [
-        (n, policy.dense_weight * d.get(n, 0.0) + policy.keyword_weight * k.get(n, 0.0), cosine.get(n, 0.0))
+        (n, policy.dense_weight * d.get(n, 0.0) + policy.keyword_weight * k.get(n, 0.0), plain.get(n, 0.0))
         for n in set(cosine) | set(keyword)
     ]
     return sorted(fused, key=lambda item: (-item[1], item[0]))

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import msgspec
 
 from contracts.commands import NoteDraft
 from contracts.errors import EngramError, ErrorCode
+from contracts.limits import parse_time
 from contracts.model import NoteKind, NoteSource, NoteStatus, NoteView
 from contracts.queries import ForgetReply
 from services.client import EngramClient
@@ -426,8 +427,8 @@ class ToolDispatcher:
             category=a.get("category"),
             include_superseded=a.get("include_superseded", False),
             include_conversation=a.get("include_conversations", False),
-            since=_time(a.get("since")),
-            until=_time(a.get("until")),
+            since=parse_time(a["since"]) if "since" in a else None,
+            until=parse_time(a["until"]) if "until" in a else None,
             after=self._last_token,
             ranking=a.get("ranking", "relevance"),
         )
@@ -674,11 +675,3 @@ def _forget_result(reply: ForgetReply) -> dict[str, Any]:
     if reply.forgotten:
         out["deleted"] = reply.forgotten
     return out
-
-
-def _time(text: str | None) -> datetime | None:
-    """An ISO 8601 time from a tool call; one without a zone is taken as UTC."""
-    if text is None:
-        return None
-    at = datetime.fromisoformat(text)
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)

@@ -354,7 +354,9 @@ def decide_forget_session(
     """Erasing one conversation, as a user is erased: pending on the session's control stream,
     then every message of the session forgotten (``messages``: the user's messages, any session;
     only this session's are touched) with a receipt."""
-    mine = {i: s for i, s in messages.items() if s.is_message and s.session_id == command.session_id}
+    mine = session_messages(command.session_id, messages)
+    if not erasable(mine):
+        raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"Conversation {command.session_id} not found")
     return _erase(
         command,
         session_stream(command.session_id),
@@ -364,6 +366,16 @@ def decide_forget_session(
         ttl,
         lambda erased, header: SessionForgotten(session_id=command.session_id, erased=erased, **header),
     )
+
+
+def session_messages(session_id: str, states: Mapping[str, NoteState]) -> dict[str, NoteState]:
+    """The user's messages said in this conversation."""
+    return {i: s for i, s in states.items() if s.is_message and s.session_id == session_id}
+
+
+def erasable(states: Mapping[str, NoteState]) -> list[str]:
+    """The notes and messages an erasure would forget: those still readable, in id order."""
+    return sorted(i for i, s in states.items() if s.exists and not s.forgotten)
 
 
 def _erase(
@@ -382,11 +394,9 @@ def _erase(
         control_events.append(ForgetRequested(request_count=count, expires_at=now + ttl, **header))
         return [StreamAppend(note_id=control_id, expected_version=control.version, events=control_events)]
     appends = []
-    erased = []
-    for note_id, state in sorted(targets.items()):
-        if not state.exists or state.forgotten:
-            continue
-        erased.append(note_id)
+    erased = erasable(targets)
+    for note_id in erased:
+        state = targets[note_id]
         event = NoteForgotten(request_count=0, **_header(command, note_id, state.version + 1, now))
         releases = [] if state.is_message else [content_digest(state.content)]
         appends.append(

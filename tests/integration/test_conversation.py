@@ -74,9 +74,10 @@ async def test_a_transcript_imports_in_order_with_ids_speakers_and_times(client:
     assert summit.message.sent_at == MAY + timedelta(minutes=2)
 
 
-async def test_an_oversized_or_empty_transcript_is_refused_and_nothing_is_recorded(client: EngramClient) -> None:
+async def test_an_oversized_empty_or_naively_timed_transcript_is_refused_and_nothing_is_recorded(client: EngramClient) -> None:
     too_many = [MessageDraft(content=f"turn {i}") for i in range(MAX_BATCH_MESSAGES + 1)]
-    for messages in (too_many, []):
+    naive = [MessageDraft(content="turn 7", sent_at=datetime(2023, 5, 8, 13, 56))]  # no zone: ambiguous
+    for messages in (too_many, [], naive):
         with pytest.raises(EngramError) as refused:
             await client.record_messages("alice", "s1", messages)
         assert refused.value.code is ErrorCode.INVALID_PARAMETER
@@ -168,8 +169,23 @@ async def test_forgetting_a_session_asks_then_erases_it_provably_and_keeps_the_o
         assert leaks == [], f"plaintext left in {leaks}"
     finally:
         await redis.aclose()
-    replay = await client.forget_session("alice", "bread", command_id="never-seen")
-    assert replay.status == "confirmation_required" and "0 messages" in replay.message
+    with pytest.raises(EngramError) as again:
+        await client.forget_session("alice", "bread", command_id="never-seen")
+    assert again.value.code is ErrorCode.MEMORY_NOT_FOUND, "an erased (or unknown) conversation is not found"
+    with pytest.raises(EngramError) as odd:
+        await client.forget_session("alice", "s{0} {count}")
+    assert odd.value.code is ErrorCode.MEMORY_NOT_FOUND
+    weird = await client.record_messages("alice", "s{0} {count}", [MessageDraft(content="braces in a session id")])
+    asked_odd = await client.forget_session("alice", "s{0} {count}")
+    assert asked_odd.status == "confirmation_required" and "s{0} {count}" in asked_odd.message
+    erased = await client.forget_session("alice", "s{0} {count}")
+    assert erased.forgotten == [weird.notes[0].note_id]
+    async with aioredis.Redis.from_url(service.settings.redis_url) as probe:
+        for _ in range(100):  # the saga drops the session's deadline with its receipt
+            if not await probe.zcard("engram:{0}:forget:deadlines"):
+                break
+            await asyncio.sleep(0.05)
+        assert await probe.zcard("engram:{0}:forget:deadlines") == 0
 
 
 async def test_the_engram_search_tool_reaches_past_conversations_and_time_windows(client: EngramClient) -> None:
