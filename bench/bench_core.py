@@ -24,9 +24,9 @@ import redis.asyncio as aioredis
 
 from contracts import channels
 from projections.history import HistoryReader
-from services.bus import BusRequester
-from services.client import EngramClient
-from services.redis_server import RedisServer
+from services.adapters.redis_server import RedisServer
+from services.bus.client import EngramClient
+from services.bus.requester import BusRequester
 from tests.support import ROOT, ServeProcess, engram_env
 
 

@@ -26,9 +26,9 @@ from bench.bench_core import summary
 from bench.bench_search import rss_mb, warm_up
 from bench.corpus import notes, question_text
 from contracts import channels
-from services.client import EngramClient
-from services.redis_conn import open_redis
-from services.redis_server import RedisServer
+from services.adapters.redis_conn import open_redis
+from services.adapters.redis_server import RedisServer
+from services.bus.client import EngramClient
 from tests.support import ServeProcess, engram_env
 
 

@@ -56,13 +56,13 @@ from contracts import channels
 from contracts.commands import MessageDraft, NoteDraft
 from contracts.queries import NotesWritten, SearchNotes, SearchReply
 from projections.index import indexed_text
-from services.app import build
-from services.client import EngramClient
+from services.adapters.embedder import load_model, model_path
+from services.adapters.redis_server import RedisServer
+from services.application.ranking import RankingPolicy
+from services.application.search import SearchService
+from services.bootstrap import build
+from services.bus.client import EngramClient
 from services.config import Settings
-from services.embedder import load_model, model_path
-from services.ranking import RankingPolicy
-from services.redis_server import RedisServer
-from services.search import SearchService
 
 MODES = ("turns", "facts", "notes")
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}

@@ -6,7 +6,7 @@ ranking, the BM25 ranking and the fused one the service answers with.
 Runs the real service in this process (private redis-server, Qdrant Edge in a temporary data
 dir, MiniLM), saves the dev set through the bus (updates as supersedes), buries each user's
 facts among ``--filler`` synthetic notes, then asks every question through ``SearchService``
-with three rankings (services/ranking.py): dense only ``minmax(1, 0)``, BM25 only
+with three rankings (services/application/ranking.py): dense only ``minmax(1, 0)``, BM25 only
 ``score(0, 1)`` (BM25's own order) and the configured policy; ``--also METHOD:W_DENSE,W_BM25`` (e.g.
 ``score:1.0,0.1``, Engram's ranking before LoCoMo) adds more.
 """
@@ -24,12 +24,12 @@ from bench.corpus import notes as filler_notes
 from contracts.commands import NoteDraft
 from contracts.errors import EngramError, ErrorCode
 from contracts.queries import SearchNotes
-from services.app import build
-from services.client import EngramClient
+from services.adapters.redis_server import RedisServer
+from services.application.ranking import FUSION_METHODS, RankingPolicy
+from services.application.search import SearchService
+from services.bootstrap import build
+from services.bus.client import EngramClient
 from services.config import Settings
-from services.ranking import FUSION_METHODS, RankingPolicy
-from services.redis_server import RedisServer
-from services.search import SearchService
 
 DEVSET = Path(__file__).parent / "data" / "devset.json"
 

@@ -37,9 +37,9 @@ from contracts.commands import NoteDraft
 from contracts.errors import EngramError
 from projections.history import position_key
 from projections.index import IndexKeys, live_index_generation
-from services.client import EngramClient
-from services.embedder import load_model, model_path
-from services.redis_server import RedisServer
+from services.adapters.embedder import load_model, model_path
+from services.adapters.redis_server import RedisServer
+from services.bus.client import EngramClient
 from tests.support import ServeProcess, engram_env
 
 

@@ -10,7 +10,7 @@ from faststream import AckPolicy
 from faststream.redis import StreamSub
 from faststream.redis.annotations import RedisStreamMessage
 
-from services.app import make_broker
+from services.bootstrap import make_broker
 
 
 async def main(url: str) -> None:

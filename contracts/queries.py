@@ -179,7 +179,7 @@ class NotesReply(Message, tag="notes", frozen=True, kw_only=True):
 
 class SearchHit(msgspec.Struct, frozen=True, kw_only=True):
     """One note (``source: memory``) or conversation message (``source: conversation``) found
-    by a search. ``score`` is the fused score that orders results (see ``services/ranking.py``);
+    by a search. ``score`` is the fused score that orders results (see ``services/application/ranking.py``);
     ``similarity`` the cosine of the query and the best chunk. A conversation hit's ``message``
     says its session, speaker and time."""
 

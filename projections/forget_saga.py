@@ -2,7 +2,7 @@
 event log like every projection (checkpoint stored with the state, ``rebuild()`` from zero).
 
 ``ForgetRequested`` adds (or moves) a deadline; ``ForgetExpired`` and ``NoteForgotten`` remove
-it. The expiry timer (``services/forget_timer.py``) reads the due ones and sends ``ExpireForget``.
+it. The expiry timer (``services/application/forget_timer.py``) reads the due ones and sends ``ExpireForget``.
 Deadlines are in Redis, so they survive restarts; one that passed while the service was down is
 due at once when it starts.
 """
@@ -17,8 +17,8 @@ from redis.exceptions import WatchError
 from contracts import channels
 from contracts.events import ForgetExpired, ForgetRequested, NoteForgotten, SessionForgotten, UserForgotten
 from projections.history import GenerationChanged, position_key
-from services.event_store import LogEntry, RedisEventStore
-from services.redis_conn import transaction_client
+from services.adapters.event_store import LogEntry, RedisEventStore
+from services.adapters.redis_conn import transaction_client
 
 
 class SagaKeys:

@@ -27,8 +27,8 @@ from projections.history_model import (
     recent_score,
     version_entry,
 )
-from services.event_store import LogEntry, RedisEventStore
-from services.redis_conn import transaction_client
+from services.adapters.event_store import LogEntry, RedisEventStore
+from services.adapters.redis_conn import transaction_client
 
 _view_decoder = msgspec.json.Decoder(NoteView)
 _version_decoder = msgspec.json.Decoder(VersionView)

@@ -40,10 +40,10 @@ from contracts.events import (
 )
 from projections.history import GenerationChanged, position_key
 from projections.vector_index import CONVERSATION, MEMORY, IndexPoint, Sparse, VectorIndex
-from services.embedder import Embedder
-from services.event_store import LogEntry, RedisEventStore
-from services.ranking import CONTEXT_TURNS, context_text, context_vector
-from services.redis_conn import transaction_client
+from services.adapters.embedder import Embedder
+from services.adapters.event_store import LogEntry, RedisEventStore
+from services.adapters.redis_conn import transaction_client
+from services.application.ranking import CONTEXT_TURNS, context_text, context_vector
 
 _POINT_NAMESPACE = uuid.UUID("0b6d7c55-5c7e-4b0e-8d6f-6a2f4e1c9b21")
 

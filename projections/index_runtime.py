@@ -18,7 +18,7 @@ from contracts import channels
 from projections.history import position_key
 from projections.index import IndexKeys, live_index_generation
 from projections.vector_index import VectorIndex
-from services.embedder import Embedder
+from services.adapters.embedder import Embedder
 
 log = logging.getLogger("engram.index")
 

@@ -12,7 +12,7 @@ from typing import Protocol
 from redis.asyncio import Redis
 
 from projections.history import GenerationChanged
-from services.event_store import LogEntry, RedisEventStore
+from services.adapters.event_store import LogEntry, RedisEventStore
 
 log = logging.getLogger("engram.projections")
 

@@ -19,11 +19,11 @@ from contracts import channels
 from contracts.errors import EngramError, ErrorCode
 from contracts.limits import parse_time
 from contracts.model import NoteKind, NoteSource
+from services.adapters.redis_conn import close_redis, open_redis
 from services.config import ROLES, Settings, parse_roles
-from services.redis_conn import close_redis, open_redis
 
 if TYPE_CHECKING:
-    from services.client import EngramClient
+    from services.bus.client import EngramClient
 
 log = logging.getLogger("engram")
 
@@ -56,7 +56,7 @@ def _print(args: argparse.Namespace, obj: Any, human: Callable[[Any], str] | Non
 def resolve_url(settings: Settings) -> str:
     """The configured URL; else the default if it answers; else the private redis-server an
     `engram serve` on the same data dir started (it leaves its URL in the data dir)."""
-    from services.redis_server import answers
+    from services.adapters.redis_server import answers
 
     if settings.redis_url_configured or answers(settings.redis_url):
         return settings.redis_url
@@ -79,7 +79,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.error("bad configuration: %s", e)
         return 2
     private = None
-    from services.redis_server import RedisServer, answers
+    from services.adapters.redis_server import RedisServer, answers
 
     if not settings.redis_url_configured and not answers(settings.redis_url):
         private = RedisServer(settings.data_dir / "redis").start()
@@ -100,7 +100,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 async def _serve(settings: Settings) -> int:
-    from services.app import ConfigurationError, build
+    from services.bootstrap import ConfigurationError, build
 
     try:
         engram = build(settings)
@@ -130,7 +130,7 @@ def _redis(settings: Settings, url: str | None = None, **options: Any) -> Any:
 
 
 def _client(settings: Settings, timeout: float | None = None) -> EngramClient:
-    from services.client import EngramClient  # the client pulls in FastStream: not at import
+    from services.bus.client import EngramClient  # the client pulls in FastStream: not at import
 
     return EngramClient(
         resolve_url(settings), timeout=timeout or settings.request_timeout_seconds, cluster=settings.redis_cluster
@@ -290,7 +290,7 @@ def _human_notes(notes: list[Any]) -> str:
 
 def cmd_tail(args: argparse.Namespace) -> int:
     async def go() -> None:
-        from services.app import PARTITIONS_KEY
+        from services.bootstrap import PARTITIONS_KEY
 
         settings = Settings.from_env()
         url = resolve_url(settings)
@@ -337,9 +337,9 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         from tqdm import tqdm
 
         from projections.history import HistoryKeys, HistoryProjection, live_generation
-        from services.app import PARTITIONS_KEY
-        from services.crypto import load_master_key
-        from services.event_store import RedisEventStore
+        from services.adapters.crypto import load_master_key
+        from services.adapters.event_store import RedisEventStore
+        from services.bootstrap import PARTITIONS_KEY
 
         settings = Settings.from_env()
         url = resolve_url(settings)
@@ -378,9 +378,9 @@ async def _rebuild_index(args: argparse.Namespace) -> dict[str, Any]:
 
     from projections.index import GENERATIONS_KEY, IndexKeys, IndexProjection, live_index_generation
     from projections.index_runtime import record_model, switch_generation
-    from services.app import PARTITIONS_KEY, build_index_runtime
-    from services.crypto import load_master_key
-    from services.event_store import RedisEventStore
+    from services.adapters.crypto import load_master_key
+    from services.adapters.event_store import RedisEventStore
+    from services.bootstrap import PARTITIONS_KEY, build_index_runtime
 
     settings = Settings.from_env()
     url = resolve_url(settings)
@@ -432,7 +432,7 @@ def _write_document(args: argparse.Namespace, document: dict[str, Any]) -> int:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    from services.health import health
+    from services.ops.health import health
 
     async def go() -> dict[str, Any]:
         settings = Settings.from_env()
@@ -448,7 +448,7 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from services.portable import export_log
+    from services.ops.portable import export_log
 
     async def go() -> dict[str, int]:
         settings = Settings.from_env()
@@ -466,9 +466,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from services.crypto import load_master_key
-    from services.event_store import RedisEventStore
-    from services.portable import import_log
+    from services.adapters.crypto import load_master_key
+    from services.adapters.event_store import RedisEventStore
+    from services.ops.portable import import_log
 
     settings = Settings.from_env()
 
@@ -500,7 +500,7 @@ def cmd_docs(args: argparse.Namespace) -> int:
 
 
 def cmd_tools(args: argparse.Namespace) -> int:
-    from services.tools import PROFILES, profile
+    from services.agents.tools import PROFILES, profile
 
     specs = profile(args.profile) if args.profile else [t for p in PROFILES for t in profile(p)]
     if args.format == "openai":
@@ -517,7 +517,7 @@ def cmd_tools(args: argparse.Namespace) -> int:
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
-    from services.mcp_server import serve_http, serve_stdio
+    from services.agents.mcp_server import serve_http, serve_stdio
 
     client = _client(Settings.from_env())
     if args.http is not None:
@@ -668,7 +668,7 @@ def _parser() -> argparse.ArgumentParser:
     p = add("rebuild", cmd_rebuild, "rebuild a projection from the event log, then switch to it")
     p.add_argument("projection", choices=["history", "index"])
 
-    from services.tools import PROFILES
+    from services.agents.tools import PROFILES
 
     p = add("tools", cmd_tools, "the tool definitions of a profile, for an LLM API")
     p.add_argument("--profile", choices=list(PROFILES))

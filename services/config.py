@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.ranking import DEFAULT_POLICY, FUSION_METHODS, RankingPolicy
+from services.application.ranking import DEFAULT_POLICY, FUSION_METHODS, RankingPolicy
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -77,7 +77,7 @@ class Settings:
     index_enabled: bool = True
     qdrant_url: str | None = None
     qdrant_api_key: str | None = None
-    # How dense and BM25 candidates are fused, and their weights; see services/ranking.py.
+    # How dense and BM25 candidates are fused, and their weights; see services/application/ranking.py.
     search_policy: RankingPolicy = DEFAULT_POLICY
     # Cosine from which an active note is reported as similar to one just saved.
     similar_threshold: float = 0.5

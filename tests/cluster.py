@@ -12,7 +12,7 @@ from pathlib import Path
 
 import redis
 
-from services.redis_server import RedisServer
+from services.adapters.redis_server import RedisServer
 
 
 def free_cluster_port() -> int:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from services.app import Engram, build
-from services.client import EngramClient
+from services.bootstrap import Engram, build
+from services.bus.client import EngramClient
 from services.config import Settings
 from tests.support import TEST_MASTER_KEY_B64
 

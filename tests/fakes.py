@@ -9,9 +9,9 @@ from typing import Any
 import msgspec
 
 from contracts import channels
+from services.adapters.event_store import Appended, Conflict, ContentTaken, LoadedNote, LogEntry, Outcome, decode_event
 from services.domain.decider import StreamAppend
 from services.domain.note import ABSENT, fold
-from services.event_store import Appended, Conflict, ContentTaken, LoadedNote, LogEntry, Outcome, decode_event
 
 
 class InMemoryEventStore:

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from services.crypto import MasterKey
+from services.adapters.crypto import MasterKey
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_MASTER_KEY_B64 = base64.b64encode(bytes(range(32))).decode()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from contracts import channels
-from services.redis_server import free_port
+from services.adapters.redis_server import free_port
 from tests.support import ROOT, ServeProcess, cli, cli_text, engram_env, wait_until
 
 

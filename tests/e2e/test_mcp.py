@@ -74,7 +74,7 @@ async def test_streamable_http_serves_several_users_each_in_their_own_memory(env
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared._httpx_utils import create_mcp_http_client
 
-    from services.redis_server import free_port
+    from services.adapters.redis_server import free_port
 
     port = free_port()
     server = subprocess.Popen(

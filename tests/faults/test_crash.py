@@ -14,9 +14,9 @@ import redis.asyncio as aioredis
 from contracts import channels
 from contracts.commands import SaveNote, UpdateNote
 from contracts.errors import EngramError
-from services.client import EngramClient
-from services.event_store import decode_event
-from services.redis_server import RedisServer
+from services.adapters.event_store import decode_event
+from services.adapters.redis_server import RedisServer
+from services.bus.client import EngramClient
 from tests.support import ServeProcess, engram_env
 
 COMMANDS = 300

@@ -15,8 +15,8 @@ import redis.asyncio as aioredis
 from contracts import channels
 from contracts.commands import UpdateNote
 from contracts.queries import NoteWritten
-from services.client import EngramClient
-from services.redis_server import RedisServer
+from services.adapters.redis_server import RedisServer
+from services.bus.client import EngramClient
 from tests.faults.workload import log_events
 from tests.support import ServeProcess, engram_env
 

@@ -18,11 +18,11 @@ from contracts.queries import ForgetReply, NoteWritten
 from projections.index import IndexProjection, live_index_generation
 from projections.index_runtime import edge_directory
 from projections.qdrant_edge import QdrantEdgeIndex
-from services.client import EngramClient
-from services.crypto import load_master_key
-from services.embedder import MiniLMEmbedder
-from services.event_store import RedisEventStore
-from services.redis_server import RedisServer
+from services.adapters.crypto import load_master_key
+from services.adapters.embedder import MiniLMEmbedder
+from services.adapters.event_store import RedisEventStore
+from services.adapters.redis_server import RedisServer
+from services.bus.client import EngramClient
 from tests.faults.workload import RETRYABLE
 from tests.integration.test_index_projection import shape
 from tests.support import ServeProcess, engram_env

@@ -32,13 +32,13 @@ from contracts.commands import RequestForget, SaveNote, UpdateNote
 from contracts.queries import ForgetReply, NoteWritten
 from projections.forget_saga import ForgetSagaProjection, member
 from projections.history import HistoryProjection, drop_generation, live_generation
-from services.client import EngramClient
-from services.crypto import load_master_key
-from services.event_store import RedisEventStore
-from services.forget import SCRUB_OWED_KEY
-from services.redis_conn import close_redis, open_redis
-from services.redis_conn import servers as each_server
-from services.redis_server import RedisServer
+from services.adapters.crypto import load_master_key
+from services.adapters.event_store import RedisEventStore
+from services.adapters.redis_conn import close_redis, open_redis
+from services.adapters.redis_conn import servers as each_server
+from services.adapters.redis_server import RedisServer
+from services.application.forget import SCRUB_OWED_KEY
+from services.bus.client import EngramClient
 from tests.cluster import LocalCluster
 from tests.faults.workload import Actor, check_log, check_read_model, retry_read, run_actor
 from tests.integration.test_history_projection import dump

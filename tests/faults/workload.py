@@ -23,8 +23,8 @@ from contracts import channels
 from contracts.commands import AnyCommand, RequestForget, SaveNote, UpdateNote
 from contracts.errors import EngramError, ErrorCode
 from contracts.queries import ForgetReply, NoteWritten
-from services.client import EngramClient
-from services.event_store import decode_event
+from services.adapters.event_store import decode_event
+from services.bus.client import EngramClient
 
 # Errors that mean "no answer": the command may or may not have been applied; retry it as it is.
 RETRYABLE = {ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE}

@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 from contracts import channels
 from contracts.errors import EngramError, ErrorCode
 from contracts.model import NoteStatus
-from services.client import EngramClient, EngramSession
+from services.bus.client import EngramClient, EngramSession
 from tests.conftest import RunningService, service_settings
 
 
@@ -177,7 +177,7 @@ async def test_a_token_the_read_model_cannot_reach_times_out_with_a_typed_error(
 async def test_health_reports_lag_groups_and_pending_deletions(client: EngramClient, redis_url: str) -> None:
     import redis.asyncio as aioredis
 
-    from services.health import health
+    from services.ops.health import health
 
     written = await client.save("alice", "health check note")
     await client.get_note("alice", written.note_id, after=written.token)
@@ -208,7 +208,7 @@ async def test_health_reports_lag_groups_and_pending_deletions(client: EngramCli
 async def test_prometheus_metrics_cover_the_bus_and_the_projections(redis_url: str) -> None:
     import urllib.request
 
-    from services.redis_server import free_port
+    from services.adapters.redis_server import free_port
 
     port = free_port()
     running = await RunningService(service_settings(redis_url, metrics_port=port, index_enabled=False)).start()

@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 
 from contracts import channels
-from services.client import EngramClient
+from services.bus.client import EngramClient
 from tests.unit.test_fuzz_decoders import bodies
 
 STREAMS = [

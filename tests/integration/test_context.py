@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 import pytest
 
 from contracts.model import NoteKind
-from services.client import EngramClient
-from services.context import count_tokens
+from services.application.context import count_tokens
+from services.bus.client import EngramClient
 
 pytestmark = pytest.mark.integration
 

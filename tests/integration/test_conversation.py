@@ -14,8 +14,8 @@ from contracts.commands import MessageDraft
 from contracts.errors import EngramError, ErrorCode
 from contracts.limits import MAX_BATCH_MESSAGES
 from contracts.queries import NotesWritten
-from services.client import EngramClient
-from services.tools import ToolDispatcher
+from services.agents.tools import ToolDispatcher
+from services.bus.client import EngramClient
 from tests.conftest import RunningService
 from tests.support import every_value
 
@@ -74,7 +74,9 @@ async def test_a_transcript_imports_in_order_with_ids_speakers_and_times(client:
     assert summit.message.sent_at == MAY + timedelta(minutes=2)
 
 
-async def test_an_oversized_empty_or_naively_timed_transcript_is_refused_and_nothing_is_recorded(client: EngramClient) -> None:
+async def test_an_oversized_empty_or_naively_timed_transcript_is_refused_and_nothing_is_recorded(
+    client: EngramClient,
+) -> None:
     too_many = [MessageDraft(content=f"turn {i}") for i in range(MAX_BATCH_MESSAGES + 1)]
     naive = [MessageDraft(content="turn 7", sent_at=datetime(2023, 5, 8, 13, 56))]  # no zone: ambiguous
     for messages in (too_many, [], naive):

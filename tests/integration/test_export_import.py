@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from services.client import EngramClient
-from services.crypto import load_master_key
-from services.event_store import RedisEventStore
-from services.portable import export_log, import_log
-from services.redis_server import RedisServer
+from services.adapters.crypto import load_master_key
+from services.adapters.event_store import RedisEventStore
+from services.adapters.redis_server import RedisServer
+from services.bus.client import EngramClient
+from services.ops.portable import export_log, import_log
 from tests.conftest import RunningService, service_settings
 
 

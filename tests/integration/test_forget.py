@@ -13,9 +13,9 @@ import redis.asyncio as aioredis
 from contracts.errors import EngramError, ErrorCode
 from projections.forget_saga import ForgetSagaProjection
 from projections.history import HistoryProjection, drop_generation, live_generation
-from services.client import EngramClient
-from services.crypto import load_master_key
-from services.event_store import RedisEventStore
+from services.adapters.crypto import load_master_key
+from services.adapters.event_store import RedisEventStore
+from services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
 from tests.support import every_value
 

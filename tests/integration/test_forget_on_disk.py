@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from services.client import EngramClient
-from services.redis_server import RedisServer
+from services.adapters.redis_server import RedisServer
+from services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
 
 

@@ -10,8 +10,8 @@ import redis.asyncio as aioredis
 
 from contracts.errors import EngramError
 from projections.history import HistoryKeys, HistoryProjection, live_generation
-from services.client import EngramClient
-from services.event_store import RedisEventStore
+from services.adapters.event_store import RedisEventStore
+from services.bus.client import EngramClient
 from tests.support import master_key_for_tests
 
 

@@ -11,8 +11,8 @@ from contracts import channels
 from contracts.commands import RequestForget, SaveNote, UpdateNote
 from contracts.errors import EngramError, ErrorCode
 from contracts.queries import ForgetReply, NoteWritten
-from services.client import EngramClient
-from services.event_store import decode_event
+from services.adapters.event_store import decode_event
+from services.bus.client import EngramClient
 
 
 async def log_events(url: str, partition: int = 0) -> list:  # type: ignore[type-arg]

@@ -11,8 +11,8 @@ from contracts.commands import MessageDraft
 from projections.index import IndexProjection, live_index_generation
 from projections.qdrant_edge import QdrantEdgeIndex
 from projections.vector_index import DENSE, NearestQuery
-from services.client import EngramClient
-from services.event_store import RedisEventStore
+from services.adapters.event_store import RedisEventStore
+from services.bus.client import EngramClient
 from tests.conftest import RunningService
 from tests.integration.test_history_projection import mixed_workload
 from tests.support import master_key_for_tests

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from contracts import channels
-from services.app import ConfigurationError
-from services.client import EngramClient
+from services.bootstrap import ConfigurationError
+from services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from services import redis_server
-from services.redis_server import RedisServer
+from services.adapters import redis_server
+from services.adapters.redis_server import RedisServer
 
 
 def test_without_redis_server_on_path_the_wheels_binary_is_used(

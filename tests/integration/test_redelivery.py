@@ -12,9 +12,9 @@ import redis.asyncio as aioredis
 from contracts import channels
 from contracts.commands import SaveNote
 from contracts.errors import EngramError, ErrorCode
-from services.app import PARTITIONS_KEY
-from services.client import EngramClient
-from services.reclaimer import ATTEMPT_FIELD
+from services.bootstrap import PARTITIONS_KEY
+from services.bus.client import EngramClient
+from services.bus.reclaimer import ATTEMPT_FIELD
 from tests.conftest import RunningService, service_settings
 from tests.integration.test_idempotency_and_concurrency import log_events
 

@@ -3,7 +3,7 @@ note for an exact duplicate (seed 004), through the real bus and index."""
 
 from __future__ import annotations
 
-from services.client import EngramClient
+from services.bus.client import EngramClient
 
 
 async def test_a_save_names_the_similar_notes_it_may_outdate(client: EngramClient) -> None:

@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from contracts.errors import EngramError, ErrorCode
-from services.client import EngramClient, EngramSession
+from services.bus.client import EngramClient, EngramSession
 from tests.conftest import TEST_REDIS_URL, RunningService
 
 FACTS = [

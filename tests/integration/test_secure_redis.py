@@ -19,8 +19,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from contracts.errors import EngramError, ErrorCode
-from services.client import EngramClient
-from services.redis_server import find_redis_server, free_port
+from services.adapters.redis_server import find_redis_server, free_port
+from services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
 
 PASSWORD = "s3cret-for-tests"

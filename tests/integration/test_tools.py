@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from services.client import EngramClient
-from services.tools import PROFILES, ToolDispatcher
+from services.agents.tools import PROFILES, ToolDispatcher
+from services.bus.client import EngramClient
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import pytest
 
 from contracts.commands import SaveNote, UpdateNote
 from contracts.errors import EngramError, ErrorCode
-from services.commands import CommandService
+from services.application.commands import CommandService
 from services.domain.ids import new_note_id
 from tests.fakes import InMemoryEventStore
 

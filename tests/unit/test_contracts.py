@@ -13,8 +13,8 @@ from contracts.events import AnyEvent
 from contracts.limits import MAX_CONTENT_CHARS
 from contracts.queries import AnyQuery, AnyReply
 from contracts.schema import json_schema
-from services.commands import decode_command
-from services.queries import decode_query
+from services.application.commands import decode_command
+from services.application.queries import decode_query
 
 ALL = [t for union in (AnyCommand, AnyEvent, AnyQuery, AnyReply) for t in typing.get_args(union)]
 
@@ -104,7 +104,7 @@ def test_blended_ranking_mixes_relevance_recency_and_importance() -> None:
     from datetime import UTC, datetime, timedelta
 
     from contracts.model import NoteKind, NoteSource, NoteStatus, NoteView
-    from services.search import BlendPolicy
+    from services.application.search import BlendPolicy
 
     now = datetime(2026, 6, 1, tzinfo=UTC)
 

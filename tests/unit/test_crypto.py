@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from cryptography.exceptions import InvalidTag
 
-from services.crypto import MasterKey, MasterKeyError, NoteCipher, is_sealed, load_master_key, shredded
+from services.adapters.crypto import MasterKey, MasterKeyError, NoteCipher, is_sealed, load_master_key, shredded
 from tests.unit.test_decider import saved
 
 

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from services.embedder import MiniLMEmbedder
+from services.adapters.embedder import MiniLMEmbedder
 
 pytestmark = pytest.mark.unit
 
@@ -85,7 +85,7 @@ async def test_callers_arriving_while_the_model_loads_share_that_one_load(monkey
     (twice 6-9 s: past a client's 10 s timeout)."""
     import time
 
-    from services import embedder as module
+    from services.adapters import embedder as module
 
     loads: list[str] = []
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.commands import CommandService
-from services.queries import QueryService
+from services.application.commands import CommandService
+from services.application.queries import QueryService
 from tests.fakes import InMemoryEventStore
 
 pytestmark = pytest.mark.unit

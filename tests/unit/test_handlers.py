@@ -9,10 +9,10 @@ from faststream.redis import TestRedisBroker
 from contracts import channels
 from contracts.errors import EngramError, ErrorCode
 from contracts.queries import NoteWritten
-from services.app import _subscribe, make_broker
-from services.commands import CommandService
+from services.application.commands import CommandService
+from services.application.queries import QueryService
+from services.bootstrap import _subscribe, make_broker
 from services.config import Settings
-from services.queries import QueryService
 
 
 class FakeCommands(CommandService):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.app import ConfigurationError, build, check_roles
+from services.bootstrap import ConfigurationError, build, check_roles
 from services.config import ROLES, Settings, parse_roles
 
 

@@ -49,9 +49,9 @@ from contracts.queries import (
     SearchNotes,
     SearchReply,
 )
-from services.app import PARTITIONS_KEY
-from services.bus import BusRequester
-from services.redis_conn import open_redis
+from services.adapters.redis_conn import open_redis
+from services.bootstrap import PARTITIONS_KEY
+from services.bus.requester import BusRequester
 
 R = TypeVar("R")
 _reply_decoder = msgspec.json.Decoder(AnyReply)

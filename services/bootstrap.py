@@ -44,18 +44,18 @@ from projections.access import AccessLog
 from projections.history import HistoryReader
 from projections.index_runtime import IndexRuntime
 from projections.runner import ProjectionRunner, forget_saga_runner, history_runner, index_runner
-from services.advice import SaveAdvisor
-from services.commands import CommandService, utc_now
+from services.adapters.crypto import load_master_key
+from services.adapters.event_store import RedisEventStore
+from services.adapters.redis_conn import close_redis, open_redis
+from services.application.advice import SaveAdvisor
+from services.application.commands import CommandService, utc_now
+from services.application.forget import ForgetService, Scrubber
+from services.application.forget_timer import ForgetExpiryTimer
+from services.application.queries import QueryService
+from services.application.search import BlendPolicy, SearchService
+from services.bus.reclaimer import PendingReclaimer
 from services.config import Settings
-from services.crypto import load_master_key
-from services.event_store import RedisEventStore
-from services.forget import ForgetService, Scrubber
-from services.forget_timer import ForgetExpiryTimer
-from services.metrics import EngramGauges
-from services.queries import QueryService
-from services.reclaimer import PendingReclaimer
-from services.redis_conn import close_redis, open_redis
-from services.search import BlendPolicy, SearchService
+from services.ops.metrics import EngramGauges
 
 log = logging.getLogger("engram")
 
@@ -99,7 +99,7 @@ class Engram:
     reclaimers: list[PendingReclaimer]
     index: IndexRuntime | None
     forget_timer: ForgetExpiryTimer | None
-    # Settles the scrub owed after forgets (services/forget.py); runs where commands are handled.
+    # Settles the scrub owed after forgets (services/application/forget.py); runs where commands are handled.
     scrubber: Scrubber | None
     registry: CollectorRegistry | None = None
     gauges: EngramGauges | None = None
@@ -274,7 +274,7 @@ def build(settings: Settings) -> Engram:
 def build_index_runtime(redis: Redis, settings: Settings) -> IndexRuntime:
     """Qdrant Edge under the data dir by default; a Qdrant server when ENGRAM_QDRANT_URL is set."""
     from projections.index_runtime import drop_edge_directory, edge_directory
-    from services.embedder import MiniLMEmbedder
+    from services.adapters.embedder import MiniLMEmbedder
 
     embedder = MiniLMEmbedder()
     if settings.qdrant_url:

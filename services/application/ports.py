@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from services.adapters.event_store import Appended, Conflict, ContentTaken, LoadedNote, LogEntry, Outcome
 from services.domain.decider import StreamAppend
-from services.event_store import Appended, Conflict, ContentTaken, LoadedNote, LogEntry, Outcome
 
 
 class EventStore(Protocol):

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from contracts import channels
-from services.periodic import every
+from services.ops.periodic import every
 
 log = logging.getLogger("engram.reclaimer")
 

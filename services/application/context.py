@@ -17,7 +17,7 @@ from xml.sax.saxutils import escape, quoteattr
 from contracts.model import NoteKind, NoteView
 from contracts.queries import BuildContext, ContextReply, SearchNotes
 from projections.history import HistoryReader
-from services.search import SearchService
+from services.application.search import SearchService
 
 MARKDOWN_HEADER = (
     "## Your Memory\n\n"
@@ -139,7 +139,7 @@ def count_tokens(text: str) -> int:
         if _tokenizer is None:
             from transformers import AutoTokenizer
 
-            from services.embedder import model_path
+            from services.adapters.embedder import model_path
 
             _tokenizer = AutoTokenizer.from_pretrained(model_path(), local_files_only=True)
     return len(_tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])

@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 
 from contracts.commands import ExpireForget
 from projections.forget_saga import due
-from services.periodic import every
+from services.ops.periodic import every
 
 log = logging.getLogger("engram.forget")
 

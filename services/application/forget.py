@@ -38,6 +38,10 @@ from contracts.queries import ForgetCandidate, ForgetReply, PendingForget, Searc
 from projections.access import AccessLog
 from projections.forget_saga import pending_notes
 from projections.history import HistoryReader
+from services.adapters.event_store import Appended, Outcome, RedisEventStore
+from services.adapters.redis_conn import servers
+from services.application.search import SearchService
+from services.bus.reclaimer import group_info
 from services.domain.decider import (
     decide,
     decide_forget_session,
@@ -47,11 +51,7 @@ from services.domain.decider import (
     note_ids_for,
     session_messages,
 )
-from services.event_store import Appended, Outcome, RedisEventStore
-from services.periodic import every
-from services.reclaimer import group_info
-from services.redis_conn import servers
-from services.search import SearchService
+from services.ops.periodic import every
 
 log = logging.getLogger("engram.forget")
 

@@ -16,7 +16,7 @@ from projections.forget_saga import SagaKeys
 from projections.history import HistoryKeys, live_generation, position_key
 from projections.index import IndexKeys, live_index_generation
 from projections.index_runtime import model_key
-from services.reclaimer import group_info
+from services.bus.reclaimer import group_info
 
 LAG_ENTRIES_LIMIT = 1000  # more than this behind the log: degraded
 OVERDUE_SECONDS = 30  # a deletion deadline passed this long ago and still pending: degraded

@@ -1,6 +1,6 @@
 """Tool profiles: the LLM's surface, one profile per seed (and Engram's own), and one
 dispatcher that runs any profile's tool call over the bus and answers in the shape its seed
-specifies. The MCP server (``services/mcp_server.py``) and ``engram tools`` are views of this.
+specifies. The MCP server (``services/agents/mcp_server.py``) and ``engram tools`` are views of this.
 
 Every tool has a JSON Schema for its arguments, a description that teaches the LLM when and
 how to use it (the seeds' own words where they give them), a read-only or side-effecting mark
@@ -22,7 +22,7 @@ from contracts.errors import EngramError, ErrorCode
 from contracts.limits import parse_time
 from contracts.model import NoteKind, NoteSource, NoteStatus, NoteView
 from contracts.queries import ForgetReply
-from services.client import EngramClient
+from services.bus.client import EngramClient
 
 READ_TIMEOUT = 15.0
 WRITE_TIMEOUT = 10.0

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 
 from contracts import channels
 from contracts.events import AnyEvent, is_control_stream
-from services.crypto import MasterKey, NoteCipher, is_sealed, needs_key, shredded
+from services.adapters.crypto import MasterKey, NoteCipher, is_sealed, needs_key, shredded
 from services.domain.decider import StreamAppend
 from services.domain.note import ABSENT, NoteState, fold
 
@@ -129,7 +129,7 @@ def _open(event: AnyEvent, cipher: NoteCipher | None) -> AnyEvent:
 
 class RedisEventStore:
     """Content fields are sealed under each note's data key on the way in and opened on the way
-    out (``services.crypto``): callers see plaintext, Redis holds ciphertext. A forgotten note's
+    out (``services.adapters.crypto``): callers see plaintext, Redis holds ciphertext. A forgotten note's
     events read with their content empty."""
 
     def __init__(self, redis: Redis, partitions: int, idempotency_ttl_seconds: int, master: MasterKey) -> None:

@@ -27,7 +27,7 @@ from projections.vector_index import (
     TimeWindow,
     VectorIndex,
 )
-from services.ranking import DEFAULT_POLICY, RankingPolicy, boost_named, fuse
+from services.application.ranking import DEFAULT_POLICY, RankingPolicy, boost_named, fuse
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from redis.asyncio import Redis
 
 from contracts import channels
 from contracts.base import SCHEMA_VERSION
+from services.adapters.event_store import RedisEventStore, decode_event
+from services.adapters.redis_conn import transaction_client
 from services.domain.decider import content_digest, forgettable
-from services.event_store import RedisEventStore, decode_event
-from services.redis_conn import transaction_client
 
 FORMAT = 1
 

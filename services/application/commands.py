@@ -30,13 +30,13 @@ from contracts.commands import (
 from contracts.errors import EngramError, ErrorCode, ErrorReply
 from contracts.limits import MAX_MESSAGE_BYTES
 from contracts.queries import CommandReply, NotesWritten, NoteWritten, WrittenNote
-from services.advice import SaveAdvisor
+from services.adapters.event_store import Appended, ContentTaken, Outcome
+from services.application.advice import SaveAdvisor
+from services.application.ports import EventStore
 from services.domain.decider import IdCollision, decide, first_of_each_content, note_ids_for
-from services.event_store import Appended, ContentTaken, Outcome
-from services.ports import EventStore
 
 if TYPE_CHECKING:
-    from services.forget import ForgetService
+    from services.application.forget import ForgetService
 
 log = logging.getLogger("engram.commands")
 

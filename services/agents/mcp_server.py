@@ -17,8 +17,8 @@ from typing import Any
 import mcp_types as types
 from mcp.server.lowlevel import Server
 
-from services.client import EngramClient
-from services.tools import ToolDispatcher, ToolSpec, profile
+from services.agents.tools import ToolDispatcher, ToolSpec, profile
+from services.bus.client import EngramClient
 
 log = logging.getLogger("engram.mcp")
 

@@ -26,9 +26,9 @@ from contracts.queries import (
 )
 from projections.access import AccessLog
 from projections.history import HistoryReader
-from services.commands import refuse_oversized
-from services.context import ContextService
-from services.search import SearchService
+from services.application.commands import refuse_oversized
+from services.application.context import ContextService
+from services.application.search import SearchService
 
 _query_decoder = msgspec.json.Decoder(AnyQuery)
 _encoder = msgspec.json.Encoder()

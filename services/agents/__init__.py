@@ -1,0 +1,1 @@
+"""The agent's surface: tool profiles and their dispatcher, the MCP server."""

@@ -1,0 +1,1 @@
+"""Operations: health, metrics, export and import, the loop of background workers."""
