@@ -10,6 +10,8 @@ from __future__ import annotations
 import zlib
 
 PREFIX = "engram"
+# How many partitions the log has: set by the first service to start, read by every client.
+PARTITIONS_KEY = f"{PREFIX}:partitions"
 
 
 def partition_of(user_id: str, partitions: int) -> int:

@@ -59,7 +59,6 @@ from services.ops.metrics import EngramGauges
 
 log = logging.getLogger("engram")
 
-PARTITIONS_KEY = "engram:partitions"
 # The request streams, by the role that consumes them, with their consumer group.
 REQUEST_STREAMS = (
     ("commands", channels.command_stream, channels.COMMAND_GROUP),
@@ -172,8 +171,8 @@ class Engram:
     async def _check_partitions(self) -> None:
         """The partition count routes every user; changing it under existing data would split a
         user's history across partitions, so a mismatch refuses to start."""
-        await self.redis.set(PARTITIONS_KEY, self.settings.partitions, nx=True)
-        stored = int(await self.redis.get(PARTITIONS_KEY))
+        await self.redis.set(channels.PARTITIONS_KEY, self.settings.partitions, nx=True)
+        stored = int(await self.redis.get(channels.PARTITIONS_KEY))
         if stored != self.settings.partitions:
             raise ConfigurationError(
                 f"this Redis holds data for ENGRAM_PARTITIONS={stored}, not {self.settings.partitions}; "

@@ -290,13 +290,12 @@ def _human_notes(notes: list[Any]) -> str:
 
 def cmd_tail(args: argparse.Namespace) -> int:
     async def go() -> None:
-        from services.bootstrap import PARTITIONS_KEY
 
         settings = Settings.from_env()
         url = resolve_url(settings)
         redis = _redis(settings, url)
         try:
-            partitions = int(await redis.get(PARTITIONS_KEY) or settings.partitions)
+            partitions = int(await redis.get(channels.PARTITIONS_KEY) or settings.partitions)
         except OSError as e:
             raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {url}: {e}") from None
         positions = {channels.event_log(p): ("0" if args.from_start else "$") for p in range(partitions)}
@@ -339,13 +338,12 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         from projections.history import HistoryKeys, HistoryProjection, live_generation
         from services.adapters.crypto import load_master_key
         from services.adapters.event_store import RedisEventStore
-        from services.bootstrap import PARTITIONS_KEY
 
         settings = Settings.from_env()
         url = resolve_url(settings)
         redis = _redis(settings, url)
         try:
-            partitions = int(await redis.get(PARTITIONS_KEY) or settings.partitions)
+            partitions = int(await redis.get(channels.PARTITIONS_KEY) or settings.partitions)
         except OSError as e:
             raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {url}: {e}") from None
         store = RedisEventStore(redis, partitions, settings.idempotency_ttl_seconds, load_master_key(settings.data_dir))
@@ -380,13 +378,13 @@ async def _rebuild_index(args: argparse.Namespace) -> dict[str, Any]:
     from projections.index_runtime import record_model, switch_generation
     from services.adapters.crypto import load_master_key
     from services.adapters.event_store import RedisEventStore
-    from services.bootstrap import PARTITIONS_KEY, build_index_runtime
+    from services.bootstrap import build_index_runtime
 
     settings = Settings.from_env()
     url = resolve_url(settings)
     redis = _redis(settings, url)
     try:
-        partitions = int(await redis.get(PARTITIONS_KEY) or settings.partitions)
+        partitions = int(await redis.get(channels.PARTITIONS_KEY) or settings.partitions)
     except OSError as e:
         raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {url}: {e}") from None
     settings = Settings(**{**settings.__dict__, "partitions": partitions, "redis_url": url})
@@ -454,7 +452,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         settings = Settings.from_env()
         redis = _redis(settings)
         try:
-            partitions = int(await redis.get("engram:partitions") or 1)
+            partitions = int(await redis.get(channels.PARTITIONS_KEY) or 1)
             with open(args.out, "w") as out:
                 return await export_log(redis, partitions, out)
         finally:

@@ -50,7 +50,6 @@ from contracts.queries import (
     SearchReply,
 )
 from services.adapters.redis_conn import open_redis
-from services.bootstrap import PARTITIONS_KEY
 from services.bus.requester import BusRequester
 
 R = TypeVar("R")
@@ -82,7 +81,7 @@ class EngramClient:
 
     async def connect(self) -> None:
         try:
-            stored = await self._redis.get(PARTITIONS_KEY)
+            stored = await self._redis.get(channels.PARTITIONS_KEY)
             await self._bus.start()
         except UNREACHABLE as e:
             await self.close()

@@ -37,7 +37,7 @@ async def _lag(redis: Redis, partition: int, checkpoint: bytes | None, head: tup
 async def health(redis: Redis, partitions: int | None = None) -> dict[str, Any]:
     try:
         await redis.ping()
-        partitions = partitions or int(await redis.get("engram:partitions") or 1)
+        partitions = partitions or int(await redis.get(channels.PARTITIONS_KEY) or 1)
     except (RedisError, OSError) as e:
         return {"status": "down", "error": str(e)}
     report: dict[str, Any] = {"status": "ok", "partitions": []}

@@ -66,12 +66,12 @@ async def import_log(redis: Redis, store: RedisEventStore, source: IO[str]) -> d
     if not header or header.get("engram_export") != FORMAT:
         raise ValueError("not an engram export (format 1)")
     partitions = int(header["partitions"])
-    if int(await redis.get("engram:partitions") or partitions) != partitions:
+    if int(await redis.get(channels.PARTITIONS_KEY) or partitions) != partitions:
         raise ValueError(f"this Redis is set up for another partition count than the export's {partitions}")
     for p in range(partitions):
         if await redis.xlen(channels.event_log(p)):
             raise ValueError("the target store is not empty: import only into an empty one")
-    await redis.set("engram:partitions", partitions)
+    await redis.set(channels.PARTITIONS_KEY, partitions)
     events = keys = 0
     notes: set[tuple[str, str]] = set()
     for item in lines:

@@ -10,9 +10,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from contracts import channels
+from contracts.channels import PARTITIONS_KEY
 from contracts.commands import SaveNote
 from contracts.errors import EngramError, ErrorCode
-from services.bootstrap import PARTITIONS_KEY
 from services.bus.client import EngramClient
 from services.bus.reclaimer import ATTEMPT_FIELD
 from tests.conftest import RunningService, service_settings
