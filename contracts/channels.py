@@ -14,6 +14,12 @@ PREFIX = "engram"
 PARTITIONS_KEY = f"{PREFIX}:partitions"
 
 
+def matching(prefix: str) -> str:
+    """A SCAN pattern for every key that starts with ``prefix`` (its glob characters escaped:
+    user ids may hold them)."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in prefix) + "*"
+
+
 def partition_of(user_id: str, partitions: int) -> int:
     return zlib.crc32(user_id.encode()) % partitions
 

@@ -77,7 +77,7 @@ class ForgetSagaProjection:
                 raise GenerationChanged() from e
 
     async def rebuild(self, store: RedisEventStore, batch_size: int = 500) -> int:
-        stale = [k async for k in self._redis.scan_iter(match=f"{_glob_escape(self.keys.pending(''))}*")]
+        stale = [k async for k in self._redis.scan_iter(match=channels.matching(self.keys.pending("")))]
         await self._redis.delete(self.keys.checkpoint, self.keys.deadlines, *stale)
         after, read = "0", 0
         while batch := await store.read_log(self.partition, after, batch_size):
@@ -99,10 +99,6 @@ async def due(redis: Redis, partition: int, now_ms: float, limit: int = 100) -> 
 
 async def pending_notes(redis: Redis, partition: int, user_id: str) -> list[str]:
     return sorted(m.decode() for m in await redis.smembers(SagaKeys(partition).pending(user_id)))
-
-
-def _glob_escape(text: str) -> str:
-    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
 async def pending_count(redis: Redis, partition: int) -> int:

@@ -28,7 +28,7 @@ from projections.history_model import (
     version_entry,
 )
 from services.adapters.event_store import LogEntry, RedisEventStore
-from services.adapters.redis_conn import transaction_client
+from services.adapters.redis_conn import transaction_client, unlink_prefix
 
 _view_decoder = msgspec.json.Decoder(NoteView)
 _version_decoder = msgspec.json.Decoder(VersionView)
@@ -170,23 +170,9 @@ class HistoryProjection:
         return True
 
 
-async def drop_generation(redis: Redis, partition: int, generation: int, prefix: str | None = None) -> int:
-    """Delete every key of an old generation (the history's by default, or any ``prefix``)."""
-    prefix = prefix or HistoryKeys(partition, generation).prefix
-    dropped = 0
-    batch: list[bytes] = []
-    async for key in redis.scan_iter(match=f"{_glob_escape(prefix)}*", count=1000):
-        batch.append(key)
-        if len(batch) >= 500:
-            dropped += await redis.unlink(*batch)
-            batch = []
-    if batch:
-        dropped += await redis.unlink(*batch)
-    return dropped
-
-
-def _glob_escape(text: str) -> str:
-    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
+async def drop_generation(redis: Redis, partition: int, generation: int) -> int:
+    """Delete every key of an old generation of the read model."""
+    return await unlink_prefix(redis, HistoryKeys(partition, generation).prefix)
 
 
 def _note_keys(keys: HistoryKeys, batch: Sequence[LogEntry]) -> list[str]:

@@ -5,7 +5,6 @@ generation (opening the new one before closing the old, so queries never stop)."
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import shutil
@@ -19,6 +18,7 @@ from projections.history import position_key
 from projections.index import IndexKeys, live_index_generation
 from projections.vector_index import VectorIndex
 from services.adapters.embedder import Embedder
+from services.ops.periodic import every
 
 log = logging.getLogger("engram.index")
 
@@ -90,11 +90,8 @@ class IndexRuntime:
                     self._drop_index(previous_generation)
 
     async def watch(self, stop: asyncio.Event, interval: float = 1.0) -> None:
-        while not stop.is_set():
-            with contextlib.suppress(Exception):
-                await self.sync()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval)
+        """Follow generation switches and model changes; a failed check is logged, not hidden."""
+        await every(interval, stop, self.sync, "index generation check", log)
 
     async def close(self) -> None:
         if self._index is not None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -127,6 +128,22 @@ async def _serve(settings: Settings) -> int:
 def _redis(settings: Settings, url: str | None = None, **options: Any) -> Any:
     """A Redis client for the CLI's direct reads (one server or a cluster, as configured)."""
     return open_redis(url or resolve_url(settings), settings.redis_cluster, **options)
+
+
+@contextlib.asynccontextmanager
+async def _operator_redis(settings: Settings) -> AsyncIterator[tuple[Any, int]]:
+    """Redis as configured for an operator command, and the log's partitions (as the service
+    recorded them); closed however the command ends."""
+    url = resolve_url(settings)
+    redis = _redis(settings, url)
+    try:
+        try:
+            partitions = int(await redis.get(channels.PARTITIONS_KEY) or settings.partitions)
+        except OSError as e:
+            raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {url}: {e}") from None
+        yield redis, partitions
+    finally:
+        await close_redis(redis)
 
 
 def _client(settings: Settings, timeout: float | None = None) -> EngramClient:
@@ -290,14 +307,11 @@ def _human_notes(notes: list[Any]) -> str:
 
 def cmd_tail(args: argparse.Namespace) -> int:
     async def go() -> None:
-
         settings = Settings.from_env()
-        url = resolve_url(settings)
-        redis = _redis(settings, url)
-        try:
-            partitions = int(await redis.get(channels.PARTITIONS_KEY) or settings.partitions)
-        except OSError as e:
-            raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {url}: {e}") from None
+        async with _operator_redis(settings) as (redis, partitions):
+            await follow(redis, settings, partitions)
+
+    async def follow(redis: Any, settings: Settings, partitions: int) -> None:
         positions = {channels.event_log(p): ("0" if args.from_start else "$") for p in range(partitions)}
         shown = 0
         while args.count is None or shown < args.count:
@@ -318,99 +332,36 @@ def cmd_tail(args: argparse.Namespace) -> int:
                     shown += 1
                     if args.count is not None and shown >= args.count:
                         break
-        await close_redis(redis)
 
     asyncio.run(go())
     return 0
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
+    from services.ops.rebuild import rebuild_history, rebuild_index
+
+    rebuild = rebuild_index if args.projection == "index" else rebuild_history
+
+    def progress(what: str, total: int) -> Any:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=what, unit="event", file=sys.stderr, disable=args.json)
+
+    async def go() -> dict[str, Any]:
+        settings = Settings.from_env()
+        async with _operator_redis(settings) as (redis, partitions):
+            return await rebuild(redis, settings, partitions, progress)
+
+    result = asyncio.run(go())
     if args.projection == "index":
-        result = asyncio.run(_rebuild_index(args))
         _print(
             args, result, lambda r: f"rebuilt the index from {r['events']} events; generation {r['generation']} is live"
         )
-        return 0
-
-    async def go() -> dict[str, Any]:
-        from tqdm import tqdm
-
-        from projections.history import HistoryKeys, HistoryProjection, live_generation
-        from services.adapters.crypto import load_master_key
-        from services.adapters.event_store import RedisEventStore
-
-        settings = Settings.from_env()
-        url = resolve_url(settings)
-        redis = _redis(settings, url)
-        try:
-            partitions = int(await redis.get(channels.PARTITIONS_KEY) or settings.partitions)
-        except OSError as e:
-            raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {url}: {e}") from None
-        store = RedisEventStore(redis, partitions, settings.idempotency_ttl_seconds, load_master_key(settings.data_dir))
-        total = 0
-        generations = {}
-        for p in range(partitions):
-            _, length = await store.log_head(p)
-            previous = await live_generation(redis, p)
-            generation = int(await redis.incr(HistoryKeys(p, 0).generations))
-            projection = HistoryProjection(redis, p, generation)
-            with tqdm(
-                total=length, desc=f"history partition {p}", unit="event", file=sys.stderr, disable=args.json
-            ) as bar:
-                total += await projection.rebuild(store, progress=bar.update)
-            if not await projection.make_live(previous):
-                raise EngramError(ErrorCode.STORAGE_ERROR, f"another rebuild of partition {p} finished first")
-            generations[str(p)] = generation
-        await close_redis(redis)
-        return {"projection": "history", "events": total, "generations": generations}
-
-    result = asyncio.run(go())
-    _print(args, result, lambda r: f"rebuilt history from {r['events']} events; live generations {r['generations']}")
+    else:
+        _print(
+            args, result, lambda r: f"rebuilt history from {r['events']} events; live generations {r['generations']}"
+        )
     return 0
-
-
-async def _rebuild_index(args: argparse.Namespace) -> dict[str, Any]:
-    """Embed the whole log into a fresh generation (a new shard directory or collection), then
-    switch every partition to it; a running `engram serve` follows within a second."""
-    from tqdm import tqdm
-
-    from projections.index import GENERATIONS_KEY, IndexKeys, IndexProjection, live_index_generation
-    from projections.index_runtime import record_model, switch_generation
-    from services.adapters.crypto import load_master_key
-    from services.adapters.event_store import RedisEventStore
-    from services.bootstrap import build_index_runtime
-
-    settings = Settings.from_env()
-    url = resolve_url(settings)
-    redis = _redis(settings, url)
-    try:
-        partitions = int(await redis.get(channels.PARTITIONS_KEY) or settings.partitions)
-    except OSError as e:
-        raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {url}: {e}") from None
-    settings = Settings(**{**settings.__dict__, "partitions": partitions, "redis_url": url})
-    store = RedisEventStore(redis, partitions, settings.idempotency_ttl_seconds, load_master_key(settings.data_dir))
-    previous = await live_index_generation(redis, 0)
-    generation = max(int(await redis.incr(GENERATIONS_KEY)), previous + 1)
-    runtime = build_index_runtime(redis, settings)
-    await record_model(redis, generation, runtime.embedder)
-    index = runtime.open_index(generation)
-    await index.ensure(runtime.embedder.dimension)
-    total = sum([(await store.log_head(p))[1] for p in range(partitions)])
-    read = 0
-    try:
-        with tqdm(total=total, desc="index", unit="event", file=sys.stderr, disable=args.json) as bar:
-            for p in range(partitions):
-                projection = IndexProjection(redis, index, runtime.embedder, p, generation, store=store)
-                read += await projection.rebuild(store, progress=bar.update)
-    finally:
-        await index.close()
-    await switch_generation(redis, partitions, generation)
-    for p in range(partitions):
-        from projections.history import drop_generation
-
-        await drop_generation(redis, p, previous, IndexKeys(p, previous).prefix)
-    await close_redis(redis)
-    return {"projection": "index", "events": read, "generation": generation, "previous": previous}
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -449,14 +400,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from services.ops.portable import export_log
 
     async def go() -> dict[str, int]:
-        settings = Settings.from_env()
-        redis = _redis(settings)
-        try:
-            partitions = int(await redis.get(channels.PARTITIONS_KEY) or 1)
+        async with _operator_redis(Settings.from_env()) as (redis, partitions):
             with open(args.out, "w") as out:
                 return await export_log(redis, partitions, out)
-        finally:
-            await close_redis(redis)
 
     counts = asyncio.run(go())
     _print(args, {"written": args.out, **counts}, lambda o: f"exported {o['events']} events to {o['written']}")

@@ -15,6 +15,8 @@ from typing import Any
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 
+from contracts import channels
+
 
 def open_redis(url: str, cluster: bool = False, **options: Any) -> Redis:
     """Constructs the client; nothing connects until the first command."""
@@ -60,3 +62,18 @@ async def close_redis(redis: Redis) -> None:
         for client in _node_clients.pop(redis, {}).values():
             await client.aclose()
     await redis.aclose()
+
+
+async def unlink_prefix(redis: Redis, prefix: str) -> int:
+    """Delete every key that starts with ``prefix`` (an old generation of a projection), in
+    batches; returns how many were deleted."""
+    dropped = 0
+    batch: list[bytes] = []
+    async for key in redis.scan_iter(match=channels.matching(prefix), count=1000):
+        batch.append(key)
+        if len(batch) >= 500:
+            dropped += await redis.unlink(*batch)
+            batch = []
+    if batch:
+        dropped += await redis.unlink(*batch)
+    return dropped

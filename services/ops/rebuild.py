@@ -1,0 +1,71 @@
+"""Rebuilding a projection from the log (`engram rebuild history|index`): a fresh generation is
+filled from position zero, then made live; queries use the old one until the switch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from redis.asyncio import Redis
+
+from contracts.errors import EngramError, ErrorCode
+from services.adapters.crypto import load_master_key
+from services.adapters.event_store import RedisEventStore
+from services.adapters.redis_conn import unlink_prefix
+from services.config import Settings
+
+# (what, how many events) -> a callback told how many were applied, and a closer
+Progress = Callable[[str, int], Any]
+
+
+def event_store(redis: Redis, settings: Settings, partitions: int) -> RedisEventStore:
+    return RedisEventStore(redis, partitions, settings.idempotency_ttl_seconds, load_master_key(settings.data_dir))
+
+
+async def rebuild_history(redis: Redis, settings: Settings, partitions: int, progress: Progress) -> dict[str, Any]:
+    from projections.history import HistoryKeys, HistoryProjection, live_generation
+
+    store = event_store(redis, settings, partitions)
+    total = 0
+    generations = {}
+    for p in range(partitions):
+        _, length = await store.log_head(p)
+        previous = await live_generation(redis, p)
+        generation = int(await redis.incr(HistoryKeys(p, 0).generations))
+        projection = HistoryProjection(redis, p, generation)
+        with progress(f"history partition {p}", length) as bar:
+            total += await projection.rebuild(store, progress=bar.update)
+        if not await projection.make_live(previous):
+            raise EngramError(ErrorCode.STORAGE_ERROR, f"another rebuild of partition {p} finished first")
+        generations[str(p)] = generation
+    return {"projection": "history", "events": total, "generations": generations}
+
+
+async def rebuild_index(redis: Redis, settings: Settings, partitions: int, progress: Progress) -> dict[str, Any]:
+    """Embed the whole log into a fresh generation (a new shard directory or collection), then
+    switch every partition to it; a running `engram serve` follows within a second."""
+    from projections.index import GENERATIONS_KEY, IndexKeys, IndexProjection, live_index_generation
+    from projections.index_runtime import record_model, switch_generation
+    from services.bootstrap import build_index_runtime
+
+    settings = Settings(**{**settings.__dict__, "partitions": partitions})
+    store = event_store(redis, settings, partitions)
+    previous = await live_index_generation(redis, 0)
+    generation = max(int(await redis.incr(GENERATIONS_KEY)), previous + 1)
+    runtime = build_index_runtime(redis, settings)
+    await record_model(redis, generation, runtime.embedder)
+    index = runtime.open_index(generation)
+    await index.ensure(runtime.embedder.dimension)
+    total = sum([(await store.log_head(p))[1] for p in range(partitions)])
+    read = 0
+    try:
+        with progress("index", total) as bar:
+            for p in range(partitions):
+                projection = IndexProjection(redis, index, runtime.embedder, p, generation, store=store)
+                read += await projection.rebuild(store, progress=bar.update)
+    finally:
+        await index.close()
+    await switch_generation(redis, partitions, generation)
+    for p in range(partitions):
+        await unlink_prefix(redis, IndexKeys(p, previous).prefix)
+    return {"projection": "index", "events": read, "generation": generation, "previous": previous}
