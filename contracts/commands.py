@@ -45,7 +45,7 @@ class Command(Message, frozen=True, kw_only=True):
 
 class NoteDraft(msgspec.Struct, frozen=True, kw_only=True):
     """The content of a new note. Episodes may carry summary, narrative, occurred_at and links
-    (the ids of facts they gave rise to, seed 004); procedures carry trigger and action."""
+    (the ids of facts they gave rise to, requirements §5); procedures carry trigger and action."""
 
     content: Content
     kind: NoteKind = NoteKind.FACT
@@ -66,7 +66,7 @@ class SaveNote(NoteDraft, tag_field="type", tag="save_note", frozen=True, kw_onl
     """Save a new note. The reply names the note id (8 chars) and version 1.
     ``expected_version``, if given, must be 0 (the note does not exist yet)."""
 
-    # Reply with the similar notes and hints (seeds 002-004). It costs an embedding and a wait
+    # Reply with the similar notes and hints (requirements §3-§5). It costs an embedding and a wait
     # for the index to catch up (tens of ms); bulk writers turn it off.
     advise: bool = True
     # msgspec allows one field-carrying base only, so the Command fields are repeated here.
@@ -114,7 +114,7 @@ Role = Annotated[str, msgspec.Meta(pattern="^(user|assistant|system|tool)$")]
 
 class RecordMessage(Command, tag="record_message", frozen=True, kw_only=True):
     """Record one turn of a conversation, so that later searches (in this session, or across all
-    of the user's conversations) can find what was said (seed 001's ``include_conversation``).
+    of the user's conversations) can find what was said (requirements §2's ``include_conversation``).
     Messages are not notes: they are never listed, updated or superseded, and are searched only
     with ``include_conversation``. ``speaker``: who said it, by name (e.g. in a group chat);
     ``sent_at``: when it was said (a past time when importing; default: now)."""
@@ -146,7 +146,7 @@ class RecordMessages(Command, tag="record_messages", frozen=True, kw_only=True):
 
 
 class RequestForget(Command, tag="request_forget", frozen=True, kw_only=True):
-    """Forget in two calls (seed 000). With ``query``: answers candidates (ids, previews,
+    """Forget in two calls (requirements §1). With ``query``: answers candidates (ids, previews,
     similarity) and deletes nothing. With ``note_ids``: the first request for an id makes it
     pending and answers with a confirmation to relay; the same id requested again while pending
     (``ENGRAM_FORGET_TTL_SECONDS``, 300 s by default) deletes it for good. Each id is tracked on

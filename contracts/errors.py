@@ -8,7 +8,7 @@ from contracts.base import Message
 
 
 class ErrorCode(enum.StrEnum):
-    """Stable, documented error codes (seed 003's vocabulary plus Engram's own)."""
+    """Stable, documented error codes (requirements §4's vocabulary plus Engram's own)."""
 
     INVALID_PARAMETER = "INVALID_PARAMETER"
     MEMORY_NOT_FOUND = "MEMORY_NOT_FOUND"

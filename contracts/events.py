@@ -72,7 +72,7 @@ class MessageRecorded(Event, tag="message_recorded", frozen=True, kw_only=True):
 
 
 class ForgetRequested(Event, tag="forget_requested", frozen=True, kw_only=True):
-    """Deletion of the note was requested and awaits confirmation (seed 000): the same request
+    """Deletion of the note was requested and awaits confirmation (requirements §1): the same request
     again before ``expires_at`` deletes it. ``request_count``: requests since it became pending."""
 
     request_count: int

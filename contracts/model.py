@@ -71,7 +71,7 @@ class NoteView(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class MessageView(msgspec.Struct, frozen=True, kw_only=True):
-    """A recorded conversation turn (seed 001): its session, who said it and when
+    """A recorded conversation turn (requirements §2): its session, who said it and when
     (``sent_at``: when it was said; ``created_at``: when it was recorded)."""
 
     id: str

@@ -91,8 +91,8 @@ class SearchNotes(Query, tag="search_notes", frozen=True, kw_only=True):
 
 
 class BuildContext(Query, tag="build_context", frozen=True, kw_only=True):
-    """The user's memory as a block for a system prompt: ``markdown`` (seed 002: grouped by
-    category, ``- [id:xxxxxxxx] [subject] content``) or ``xml`` (seed 004: ``<user_memory>``
+    """The user's memory as a block for a system prompt: ``markdown`` (requirements §3: grouped by
+    category, ``- [id:xxxxxxxx] [subject] content``) or ``xml`` (requirements §5: ``<user_memory>``
     with the profile and the facts as plain sentences, procedures as rules, and, given a
     ``query``, the most relevant episodes). The same memory state renders to the same bytes.
     With ``max_tokens`` (MiniLM word pieces) the most relevant to ``query`` and most important
@@ -108,7 +108,7 @@ AnyQuery = GetNote | GetHistory | ListNotes | ListRecent | SearchNotes | BuildCo
 
 class WrittenNote(msgspec.Struct, frozen=True, kw_only=True):
     """A note a command wrote and the version it is at now. ``duplicate``: the text was already
-    held by this (existing, active) note, so no new note was made (seed 004)."""
+    held by this (existing, active) note, so no new note was made (requirements §5)."""
 
     note_id: str
     version: int
@@ -116,7 +116,7 @@ class WrittenNote(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class SimilarNote(msgspec.Struct, frozen=True, kw_only=True):
-    """An active note close in meaning to one just saved: it may be outdated by it (seed 003)."""
+    """An active note close in meaning to one just saved: it may be outdated by it (requirements §4)."""
 
     note_id: str
     content: str
@@ -140,7 +140,7 @@ class NoteWritten(Message, tag="note_written", frozen=True, kw_only=True):
     superseded_by: str | None = None
     # SaveNote only. duplicate: the same text (case and spacing aside) is already this active
     # note, and no new note was made. similar: active notes close in meaning (cosine at least
-    # ENGRAM_SIMILAR_THRESHOLD). same_subject: active notes about the same subject (seed 002).
+    # ENGRAM_SIMILAR_THRESHOLD). same_subject: active notes about the same subject (requirements §3).
     # action_required: what the caller should consider doing about them.
     duplicate: bool = False
     similar: list[SimilarNote] = msgspec.field(default_factory=list)
@@ -217,7 +217,7 @@ class PendingForget(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ForgetReply(Message, tag="forget", frozen=True, kw_only=True):
-    """The answer to ``RequestForget`` (seed 000). ``status``: ``candidates`` (a query found
+    """The answer to ``RequestForget`` (requirements §1). ``status``: ``candidates`` (a query found
     these notes; nothing was deleted), ``confirmation_required`` (some requested notes are now
     pending: ``pending``), or ``forgotten`` (every requested note was deleted: ``forgotten``).
     ``message`` says it in words for the LLM or the human to relay."""

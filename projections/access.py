@@ -1,4 +1,4 @@
-"""How often and how recently each note was read (seed 004's importance and decay), kept beside
+"""How often and how recently each note was read (requirements §5's importance and decay), kept beside
 the read model rather than in the event log: a read is not a change of memory, and one event per
 search hit would flood the log. Per user: a hash of counts and a hash of last-access times (ms).
 Lost counts on a crash only make the recency signal a little older; nothing depends on them."""

@@ -119,7 +119,7 @@ def version_entry(view: NoteView, event: AnyEvent) -> VersionView:
 
 def order_member(view: NoteView) -> bytes:
     """Lexicographic member of the listing index: category, then created_at (ms, zero-padded),
-    then id. Sorting these bytes is the deterministic order seed 002 needs for prompt caching."""
+    then id. Sorting these bytes is the deterministic order requirements §3 needs for prompt caching."""
     ms = int(view.created_at.timestamp() * 1000)
     return f"{view.category}\x00{ms:015d}\x00{view.id}".encode()
 

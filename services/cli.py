@@ -484,7 +484,7 @@ async def cmd_context(client: Any, args: argparse.Namespace) -> None:
 
 
 async def cmd_memory(client: Any, args: argparse.Namespace) -> None:
-    """Seed 002's /memory for humans: the list, and deletion at once (a person typed it)."""
+    """Requirements §3's /memory for humans: the list, and deletion at once (a person typed it)."""
     if args.action == "list":
         reply = await client.list_notes(args.user)
         if args.json:
@@ -612,14 +612,14 @@ def _parser() -> argparse.ArgumentParser:
     p = add("rebuild", cmd_rebuild, "rebuild a projection from the event log, then switch to it")
     p.add_argument("projection", choices=["history", "index"])
 
-    from services.agents.tools import PROFILES
+    from services.agents.tools import PROFILE_NAMES
 
     p = add("tools", cmd_tools, "the tool definitions of a profile, for an LLM API")
-    p.add_argument("--profile", choices=list(PROFILES))
+    p.add_argument("--profile", choices=PROFILE_NAMES)
     p.add_argument("--format", choices=["openai", "anthropic", "engram"], default="engram")
 
     p = add("mcp", cmd_mcp, "serve a tool profile over MCP (stdio for one user, or streamable HTTP)")
-    p.add_argument("--profile", choices=list(PROFILES), default="engram")
+    p.add_argument("--profile", choices=PROFILE_NAMES, default="engram")
     p.add_argument("--user", help="the user (stdio)")
     p.add_argument("--session", help="the conversation, for include_conversation")
     p.add_argument("--http", type=int, metavar="PORT", help="streamable HTTP on this port (user per request)")
@@ -631,7 +631,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, help="token budget (MiniLM word pieces)")
     p.add_argument("--after", help="consistency token to wait for")
 
-    memory = sub.add_parser("memory", help="seed 002's /memory: list, or delete ID at once")
+    memory = sub.add_parser("memory", help="requirements §3's /memory: list, or delete ID at once")
     actions = memory.add_subparsers(dest="action", required=True)
     for action, help in (("list", "the user's memories, by category"), ("delete", "delete one memory at once")):
         p = actions.add_parser(action, help=help, description=help)

@@ -81,7 +81,7 @@ class Settings:
     search_policy: RankingPolicy = DEFAULT_POLICY
     # Cosine from which an active note is reported as similar to one just saved.
     similar_threshold: float = 0.5
-    # How long a requested deletion waits for its confirmation (seed 000: 5 minutes).
+    # How long a requested deletion waits for its confirmation (requirements §1: 5 minutes).
     forget_ttl_seconds: float = 300.0
     # Prometheus metrics on this port; 0: off.
     metrics_port: int = 0

@@ -4,7 +4,7 @@
 ``engram mcp --profile P --http PORT`` serves several users over streamable HTTP; the user is
 then named per request by the ``X-Engram-User`` header. Tool results are JSON text content (and
 the same JSON as structured content); a tool's own errors are results with ``is_error`` set, in
-seed 003's ``{"error": {...}}`` shape, so the LLM can read and correct them.
+requirements §4's ``{"error": {...}}`` shape, so the LLM can read and correct them.
 """
 
 from __future__ import annotations

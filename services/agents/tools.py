@@ -1,10 +1,10 @@
-"""Tool profiles: the LLM's surface, one profile per seed (and Engram's own), and one
-dispatcher that runs any profile's tool call over the bus and answers in the shape its seed
+"""Tool profiles: the LLM's surface, one profile per origin in docs/requirements.md (and Engram's own), and one
+dispatcher that runs any profile's tool call over the bus and answers in the shape its origin
 specifies. The MCP server (``services/agents/mcp_server.py``) and ``engram tools`` are views of this.
 
 Every tool has a JSON Schema for its arguments, a description that teaches the LLM when and
-how to use it (the seeds' own words where they give them), a read-only or side-effecting mark
-and a timeout (seed 001: searches 15 s, writes 10 s). Errors are seed 003's object:
+how to use it (the requirements' own words where they give them), a read-only or side-effecting mark
+and a timeout (requirements §2: searches 15 s, writes 10 s). Errors are requirements §4's object:
 ``{"error": {"code": ..., "message": ...}}``.
 """
 
@@ -233,7 +233,7 @@ PROFILES: dict[str, list[ToolSpec]] = {
             read_only=False,
         ),
     ],
-    "prd29": [
+    "versioned": [
         ToolSpec(
             "add_to_memory",
             "Store important information for future conversations. Use this when the user shares facts about "
@@ -342,10 +342,21 @@ PROFILES: dict[str, list[ToolSpec]] = {
 }
 
 
-def profile(name: str) -> list[ToolSpec]:
+# Names profiles had before they said what they are; configurations using them keep working.
+PROFILE_ALIASES = {"prd29": "versioned"}
+PROFILE_NAMES = [*PROFILES, *PROFILE_ALIASES]
+
+
+def profile_name(name: str) -> str:
+    """The profile's name, an alias resolved."""
+    name = PROFILE_ALIASES.get(name, name)
     if name not in PROFILES:
-        raise EngramError(ErrorCode.INVALID_PARAMETER, f"unknown profile {name!r}; one of {', '.join(PROFILES)}")
-    return PROFILES[name]
+        raise EngramError(ErrorCode.INVALID_PARAMETER, f"unknown profile {name!r}; one of {', '.join(PROFILE_NAMES)}")
+    return name
+
+
+def profile(name: str) -> list[ToolSpec]:
+    return PROFILES[profile_name(name)]
 
 
 def error(code: ErrorCode | str, message: str) -> dict[str, Any]:
@@ -357,7 +368,7 @@ def _builtins(value: Any) -> Any:
 
 
 def memento_memory(note: NoteView, relevance: float | None = None) -> dict[str, Any]:
-    """Seed 003's Memory object."""
+    """Requirements §4's Memory object."""
     out: dict[str, Any] = {
         "id": note.id,
         "content": note.content,
@@ -388,6 +399,9 @@ class ToolDispatcher:
     profile_name: str
     session_id: str | None = None
     _last_token: str | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.profile_name = profile_name(self.profile_name)
 
     def specs(self) -> list[ToolSpec]:
         return profile(self.profile_name)
@@ -489,7 +503,7 @@ class ToolDispatcher:
         )
         return {"text": reply.text, "tokens": reply.tokens, "note_ids": reply.note_ids, "truncated": reply.truncated}
 
-    # forget (seed 000) -------------------------------------------------------------------------
+    # forget (requirements §1) -------------------------------------------------------------------------
 
     async def _forget_forget(self, a: dict[str, Any]) -> dict[str, Any]:
         ids = list(a.get("memory_ids") or []) + ([a["memory_id"]] if a.get("memory_id") else [])
@@ -498,7 +512,7 @@ class ToolDispatcher:
             return error(ErrorCode.INVALID_PARAMETER, "give memory_id to delete, or query to find candidates")
         return await self._forget(ids, None if ids else query)
 
-    # runtime (seed 001) ------------------------------------------------------------------------
+    # runtime (requirements §2) ------------------------------------------------------------------------
 
     async def _runtime_memory_search(self, a: dict[str, Any]) -> dict[str, Any]:
         conversation = bool(a.get("include_conversation", False)) and self.session_id is not None
@@ -534,9 +548,9 @@ class ToolDispatcher:
             result["note_id"] = a["note_id"]
         return result
 
-    # prd29 (seed 002) --------------------------------------------------------------------------
+    # versioned (requirements §3) --------------------------------------------------------------------------
 
-    async def _prd29_add_to_memory(self, a: dict[str, Any]) -> dict[str, Any]:
+    async def _versioned_add_to_memory(self, a: dict[str, Any]) -> dict[str, Any]:
         content, category, subject = a["content"], a["category"], a.get("subject")
         if not 5 <= len(content) <= 500:
             return error(ErrorCode.INVALID_PARAMETER, "content must be 5-500 characters")
@@ -558,7 +572,7 @@ class ToolDispatcher:
             return {"created": False, "id": written.note_id, "message": f"Already remembered as [id:{written.note_id}]"}
         return {"created": True, "id": written.note_id, "message": f"Remembered [id:{written.note_id}]: {content}"}
 
-    async def _prd29_update_memory(self, a: dict[str, Any]) -> dict[str, Any]:
+    async def _versioned_update_memory(self, a: dict[str, Any]) -> dict[str, Any]:
         content = a["content"]
         if not 5 <= len(content) <= 500:
             return error(ErrorCode.INVALID_PARAMETER, "content must be 5-500 characters")
@@ -573,7 +587,7 @@ class ToolDispatcher:
             "message": f"Updated [id:{written.note_id}]: {before.content} -> {content}",
         }
 
-    # memento (seed 003) ------------------------------------------------------------------------
+    # memento (requirements §4) ------------------------------------------------------------------------
 
     async def _memento_store_memory(self, a: dict[str, Any]) -> dict[str, Any]:
         written = await self.client.save(
@@ -619,7 +633,7 @@ class ToolDispatcher:
         reply = await self.client.list_recent(self.user_id, limit=a.get("limit", 10), after=self._last_token)
         return {"memories": [memento_memory(n) for n in reply.notes]}
 
-    # assistant (seed 004) ----------------------------------------------------------------------
+    # assistant (requirements §5) ----------------------------------------------------------------------
 
     async def _assistant_extract_memory(self, a: dict[str, Any]) -> dict[str, Any]:
         drafts = [NoteDraft(content=f["content"], category=f.get("category", "general")) for f in a["facts"]]
@@ -656,7 +670,7 @@ class ToolDispatcher:
 
 
 def _forget_result(reply: ForgetReply) -> dict[str, Any]:
-    """Seed 000's answers: candidates, a confirmation to relay, or the deletion."""
+    """Requirements §1's answers: candidates, a confirmation to relay, or the deletion."""
     out: dict[str, Any] = {"status": reply.status, "message": reply.message}
     if reply.status == "candidates":
         out["candidates"] = [

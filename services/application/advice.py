@@ -1,4 +1,4 @@
-"""Advice on a save (seeds 002 and 003): which active notes the new one may contradict or
+"""Advice on a save (requirements §3 and §4): which active notes the new one may contradict or
 repeat, and what to do about them. It enriches the reply after the append; the save has already
 succeeded, so a failure here (the model still loading, say) leaves the reply without advice."""
 

@@ -1,4 +1,4 @@
-"""Memory blocks for prompts (seeds 002 and 004): the same memory state always renders to the
+"""Memory blocks for prompts (requirements §3 and §5): the same memory state always renders to the
 same bytes (prompt caching), and a token budget keeps the most relevant and important notes.
 
 Rendering is pure (``render_markdown``, ``render_xml``); ``select`` picks what fits the budget,
@@ -42,7 +42,7 @@ def markdown_line(note: NoteView) -> str:
 
 
 def render_markdown(notes: Sequence[NoteView]) -> str:
-    """Seed 002's block: grouped by category, ``- [id:xxxxxxxx] [subject] content``."""
+    """Requirements §3's block: grouped by category, ``- [id:xxxxxxxx] [subject] content``."""
     if not notes:
         return ""
     lines = [MARKDOWN_HEADER]
@@ -63,7 +63,7 @@ def sentence(text: str) -> str:
 
 
 def profile_of(notes: Sequence[NoteView]) -> dict[str, str]:
-    """Seed 004's profile: notes of category ``profile`` whose subject is a profile field."""
+    """Requirements §5's profile: notes of category ``profile`` whose subject is a profile field."""
     found: dict[str, NoteView] = {}
     for note in notes:
         field = (note.subject or "").strip().lower()
@@ -80,7 +80,7 @@ def render_xml(
     procedures: Sequence[NoteView] = (),
     episodes: Sequence[NoteView] = (),
 ) -> str:
-    """Seed 004's block: ``<user_memory>`` with the profile and the facts joined as plain
+    """Requirements §5's block: ``<user_memory>`` with the profile and the facts joined as plain
     sentences; procedures as rules; ``<relevant_episodes>`` only when episodes are given."""
     lines = ["<user_memory>", "  <profile>"]
     lines += [f"    <{field}>{escape(profile[field])}</{field}>" for field in PROFILE_FIELDS if field in profile]

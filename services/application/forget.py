@@ -1,4 +1,4 @@
-"""Forgetting (seed 000): the two-call ``RequestForget``, and the scrubbing that makes a forget
+"""Forgetting (requirements §1): the two-call ``RequestForget``, and the scrubbing that makes a forget
 physical beyond the crypto-shredding.
 
 A query finds candidates and deletes nothing. Ids go through the pure decider: the first request
@@ -278,7 +278,7 @@ class ForgetService:
         return ForgetReply(status="candidates", message=message, candidates=candidates)
 
     async def _not_found_message(self, user_id: str, missing: list[str]) -> str:
-        """Seed 000: an unknown id is 'Memory not found' with suggestions (ids close in spelling,
+        """Requirements §1: an unknown id is 'Memory not found' with suggestions (ids close in spelling,
         else the most recent notes), so the caller can correct a mistyped or made-up id."""
         notes = await self._history.list_notes(user_id, None, True)
         by_id = {n.id: n for n in notes}

@@ -34,7 +34,7 @@ from services.application.ranking import DEFAULT_POLICY, RankingPolicy, boost_na
 class BlendPolicy:
     """``ranking="blended"``: ``relevance * fused + recency * 0.5 ** (age / half_life) +
     importance * note.importance``, where age runs from the note's last update or last access,
-    whichever is later (seed 004's decay: what is used stays fresh)."""
+    whichever is later (requirements §5's decay: what is used stays fresh)."""
 
     relevance: float = 0.7
     recency: float = 0.15

@@ -241,7 +241,7 @@ class EngramClient:
         command_id: str | None = None,
         after: str | None = None,
     ) -> ForgetReply:
-        """Seed 000's two calls: a query answers candidates; ids answer ``confirmation_required``
+        """Requirements §1's two calls: a query answers candidates; ids answer ``confirmation_required``
         the first time and ``forgotten`` the second (or at once with ``confirmed``)."""
         command = RequestForget(
             command_id=command_id or new_command_id(),

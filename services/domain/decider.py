@@ -66,7 +66,7 @@ class StreamAppend(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def content_digest(content: str) -> str:
-    """Case- and whitespace-insensitive identity of a text (seed 004's duplicate detection)."""
+    """Case- and whitespace-insensitive identity of a text (requirements §5's duplicate detection)."""
     normal = " ".join(content.casefold().split())
     return hashlib.blake2b(normal.encode(), digest_size=16).hexdigest()
 
@@ -115,7 +115,7 @@ def decide(
     """``ids`` is what ``note_ids_for`` returned and ``states`` their current states. ``skip``:
     drafts of a batch to leave out (their text is already an existing note). ``forget_ttl``: how
     long a requested deletion waits for its confirmation; ``pending_elsewhere``: the user's other
-    notes with a pending deletion, which a RequestForget naming other ids lapses (seed 000)."""
+    notes with a pending deletion, which a RequestForget naming other ids lapses (requirements §1)."""
     if isinstance(command, SaveNote):
         _expect_new(command.expected_version)
         return [
@@ -292,7 +292,7 @@ def _request_forget(
     ttl: timedelta,
     elsewhere: Mapping[str, NoteState],
 ) -> list[StreamAppend]:
-    """Seed 000's two calls, per id: not pending -> pending (ask); pending -> forgotten; pending
+    """Requirements §1's two calls, per id: not pending -> pending (ask); pending -> forgotten; pending
     but past its deadline -> lapsed, then pending again (ask again). A pending deletion of a
     note this request does not name lapses: "user requests a different ID on the second call:
     treated as a new first call for the new ID, the old pending expires"."""

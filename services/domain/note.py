@@ -38,7 +38,7 @@ class NoteState(msgspec.Struct, frozen=True, kw_only=True):
     is_message: bool = False
     session_id: str | None = None
     speaker: str | None = None
-    # A deletion awaiting confirmation (seed 000): until when, and how many requests so far.
+    # A deletion awaiting confirmation (requirements §1): until when, and how many requests so far.
     forget_expires_at: datetime | None = None
     forget_requests: int = 0
 

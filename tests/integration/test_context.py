@@ -1,4 +1,4 @@
-"""Memory blocks for prompts: seed 002's markdown and seed 004's XML, byte-identical for the
+"""Memory blocks for prompts: requirements §3's markdown and requirements §5's XML, byte-identical for the
 same memory state, within a token budget (counted with a real tokenizer), most relevant kept."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Store returns what it may contradict (seed 003), the subject clash hint (seed 002), and no new
-note for an exact duplicate (seed 004), through the real bus and index."""
+"""Store returns what it may contradict (requirements §4), the subject clash hint (requirements §3), and no new
+note for an exact duplicate (requirements §5), through the real bus and index."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Every tool of every profile through the dispatcher, over the real bus, with result shapes
-checked against the seeds; and the seeds' example conversations replayed as tool calls."""
+checked against docs/requirements.md; and its example conversations replayed as tool calls."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from services.agents.tools import PROFILES, ToolDispatcher
+from services.agents.tools import PROFILES, ToolDispatcher, profile
 from services.bus.client import EngramClient
 
 pytestmark = pytest.mark.integration
@@ -18,7 +18,8 @@ def tools(client: EngramClient, profile: str, user: str = "alice", session: str 
 
 
 def test_every_profile_has_schemas_marks_and_timeouts() -> None:
-    assert set(PROFILES) == {"engram", "forget", "runtime", "prd29", "memento", "assistant"}
+    assert set(PROFILES) == {"engram", "forget", "runtime", "versioned", "memento", "assistant"}
+    assert profile("prd29") == profile("versioned"), "the old name stays an alias"
     for specs in PROFILES.values():
         for spec in specs:
             assert spec.parameters["type"] == "object" and spec.description
@@ -37,7 +38,7 @@ async def test_unknown_tools_and_bad_arguments_are_error_objects(client: EngramC
 
 
 async def test_runtime_profile(client: EngramClient) -> None:
-    """Seed 001: save returns a stable note_id, update keeps it, search finds notes and (with
+    """Requirements §2: save returns a stable note_id, update keeps it, search finds notes and (with
     include_conversation) the current session, delete goes through the two calls."""
     t = tools(client, "runtime", session="chat-1")
     saved = await t.call("memory_save", {"content": "User's name is Shantanu"})
@@ -66,10 +67,10 @@ async def test_runtime_profile(client: EngramClient) -> None:
     assert (await t.call("memory_delete", {"note_id": note}))["error"]["code"] == "MEMORY_NOT_FOUND"
 
 
-async def test_prd29_alec_is_my_boss_and_sarah_moved_to_design(client: EngramClient) -> None:
-    """Seed 002: add_to_memory with categories and subjects; a known subject suggests
+async def test_versioned_alec_is_my_boss_and_sarah_moved_to_design(client: EngramClient) -> None:
+    """Requirements §3: add_to_memory with categories and subjects; a known subject suggests
     update_memory; update keeps the id and reports old -> new; /memory-style context block."""
-    t = tools(client, "prd29")
+    t = tools(client, "prd29")  # by its old name: configurations that use it keep working
     alec = await t.call(
         "add_to_memory", {"content": "Alec is the user's boss at TechCorp", "category": "person", "subject": "Alec"}
     )
@@ -98,7 +99,7 @@ async def test_prd29_alec_is_my_boss_and_sarah_moved_to_design(client: EngramCli
 
 
 async def test_memento_the_austin_supersede(client: EngramClient) -> None:
-    """Seed 003: store_memory answers created / similar / action_required; supersede_memory;
+    """Requirements §4: store_memory answers created / similar / action_required; supersede_memory;
     search_memories hides the superseded one and carries relevance_score."""
     t = tools(client, "memento")
     seattle = await t.call("store_memory", {"content": "User lives in Seattle", "confidence": 0.9})
@@ -120,7 +121,7 @@ async def test_memento_the_austin_supersede(client: EngramClient) -> None:
 
 
 async def test_assistant_batch_extraction_with_a_duplicate(client: EngramClient) -> None:
-    """Seed 004: extract_memory in a batch, exact duplicates (case and spacing) caught, and
+    """Requirements §5: extract_memory in a batch, exact duplicates (case and spacing) caught, and
     memory_updated: true; update, list, remove (two calls)."""
     t = tools(client, "assistant")
     first = await t.call(
@@ -154,7 +155,7 @@ async def test_assistant_batch_extraction_with_a_duplicate(client: EngramClient)
 
 
 async def test_forget_profile_the_san_francisco_forget(client: EngramClient) -> None:
-    """Seed 000's conversation: query -> candidates with ids; the chosen id -> please confirm;
+    """Requirements §1's conversation: query -> candidates with ids; the chosen id -> please confirm;
     the same id -> deleted; the other candidate stays."""
     t = tools(client, "forget")
     lives = await client.save("alice", "User lives in San Francisco", advise=False)

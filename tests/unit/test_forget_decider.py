@@ -1,4 +1,4 @@
-"""Given events / when RequestForget or ExpireForget / then events: seed 000's rules, pure."""
+"""Given events / when RequestForget or ExpireForget / then events: requirements §1's rules, pure."""
 
 from __future__ import annotations
 
