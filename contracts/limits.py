@@ -98,7 +98,12 @@ AwareTime = Annotated[
 def parse_time(text: str) -> datetime:
     """An ISO 8601 time typed by a person or an LLM, made an ``AwareTime``: one without a zone
     is taken as UTC."""
-    at = datetime.fromisoformat(text)
+    from contracts.errors import EngramError, ErrorCode
+
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, f"{text!r} is not an ISO 8601 time") from None
     return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 

@@ -130,6 +130,13 @@ def _redis(settings: Settings, url: str | None = None, **options: Any) -> Any:
     return open_redis(url or resolve_url(settings), settings.redis_cluster, **options)
 
 
+def _time_argument(text: str) -> Any:
+    try:
+        return parse_time(text)
+    except EngramError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
+
+
 @contextlib.asynccontextmanager
 async def _operator_redis(settings: Settings) -> AsyncIterator[tuple[Any, int]]:
     """Redis as configured for an operator command, and the log's partitions (as the service
@@ -595,8 +602,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("query")
     p.add_argument("--session", help="also search this conversation's recorded messages")
     p.add_argument("--conversations", action="store_true", help="also search every past conversation")
-    p.add_argument("--since", type=parse_time, help="only what happened from this time (ISO 8601; UTC if no zone)")
-    p.add_argument("--until", type=parse_time, help="only what happened up to this time (ISO 8601; UTC if no zone)")
+    p.add_argument("--since", type=_time_argument, help="only what happened from this time (ISO 8601; UTC if no zone)")
+    p.add_argument("--until", type=_time_argument, help="only what happened up to this time (ISO 8601; UTC if no zone)")
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--category")
     p.add_argument("--kind", choices=[k.value for k in NoteKind])

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import msgspec
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
 
 from contracts.commands import NoteDraft
 from contracts.errors import EngramError, ErrorCode
@@ -359,6 +360,25 @@ def profile(name: str) -> list[ToolSpec]:
     return PROFILES[profile_name(name)]
 
 
+_VALIDATORS: dict[int, Draft202012Validator] = {}
+
+
+def _validator(spec: ToolSpec) -> Draft202012Validator:
+    # Specs are module constants that live as long as the process: their id names them.
+    if id(spec) not in _VALIDATORS:
+        _VALIDATORS[id(spec)] = Draft202012Validator(spec.parameters)
+    return _VALIDATORS[id(spec)]
+
+
+def _invalid(spec: ToolSpec, arguments: dict[str, Any]) -> str | None:
+    """Why the arguments do not fit the tool's schema, or None."""
+    found = best_match(_validator(spec).iter_errors(arguments))
+    if found is None:
+        return None
+    where = ".".join(str(p) for p in found.absolute_path)
+    return f"{where}: {found.message}" if where else found.message
+
+
 def error(code: ErrorCode | str, message: str) -> dict[str, Any]:
     return {"error": {"code": str(code), "message": message}}
 
@@ -407,16 +427,20 @@ class ToolDispatcher:
         return profile(self.profile_name)
 
     async def call(self, name: str, arguments: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Arguments are checked against the tool's schema first: what the LLM got wrong is an
+        ``INVALID_PARAMETER`` it can correct; a failure past that is Engram's, and raises."""
         spec = next((t for t in self.specs() if t.name == name), None)
         if spec is None:
             return error(ErrorCode.INVALID_PARAMETER, f"unknown tool {name!r} in profile {self.profile_name!r}")
+        args = dict(arguments or {})
+        problem = _invalid(spec, args)
+        if problem is not None:
+            return error(ErrorCode.INVALID_PARAMETER, f"bad arguments for {name}: {problem}")
         handler: Handler = getattr(self, f"_{self.profile_name}_{name}")
         try:
-            return await handler(dict(arguments or {}))
+            return await handler(args)
         except EngramError as e:
             return error(e.code, e.message)
-        except (KeyError, TypeError, ValueError) as e:
-            return error(ErrorCode.INVALID_PARAMETER, f"bad arguments for {name}: {e}")
 
     # Reads pass the token of this dispatcher's last write: the LLM always reads its own writes.
     def _track(self, token: str | None) -> None:
@@ -451,7 +475,7 @@ class ToolDispatcher:
     async def _engram_save(self, a: dict[str, Any]) -> dict[str, Any]:
         extra: dict[str, Any] = {k: a[k] for k in ("summary", "narrative", "trigger", "action", "links") if k in a}
         if "occurred_at" in a:
-            extra["occurred_at"] = datetime.fromisoformat(a["occurred_at"])
+            extra["occurred_at"] = parse_time(a["occurred_at"])
         written = await self.client.save(
             self.user_id,
             a["content"],
