@@ -83,8 +83,8 @@ async def test_a_rebuild_gives_every_turn_the_same_context_as_live(
     lines = ["I finally went hiking", "Where did you go?", "Mount Tamalpais", "The summit view was unreal"]
     first = await client.record_messages("alice", "hike", [MessageDraft(content=t, speaker="Ann") for t in lines[:2]])
     await client.record_message("alice", "hike", lines[2], speaker="Bob")
-    last = await client.record_messages("alice", "hike", [MessageDraft(content=lines[3], speaker="Ann")])
-    await client.record_messages("alice", "other", [MessageDraft(content="Unrelated small talk")])
+    await client.record_messages("alice", "hike", [MessageDraft(content=lines[3], speaker="Ann")])
+    last = await client.record_messages("alice", "other", [MessageDraft(content="Unrelated small talk")])
     await caught_up(client, last.token)
     runtime = service.engram.index
     assert runtime is not None
