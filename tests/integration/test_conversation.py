@@ -101,9 +101,11 @@ async def test_a_search_without_a_session_finds_every_past_conversation(client: 
 
 
 async def test_another_users_conversations_are_never_found(client: EngramClient) -> None:
-    _, token = await import_sessions(client, "alice")
+    await import_sessions(client, "alice")
     written = await client.record_messages("bob", "x", [MessageDraft(content="nothing about bread here")])
-    hits = await client.search("bob", "sourdough starter Clint Yeastwood", include_conversation=True, after=token)
+    hits = await client.search(
+        "bob", "sourdough starter Clint Yeastwood", include_conversation=True, after=written.token
+    )
     assert [h.note_id for h in hits.results] == [written.notes[0].note_id]
 
 
