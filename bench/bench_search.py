@@ -33,10 +33,11 @@ from tqdm import tqdm
 from bench.bench_core import pct, summary
 from bench.corpus import notes, question_text
 from contracts import channels
+from contracts.channels import IndexKeys
 from contracts.commands import NoteDraft
 from contracts.errors import EngramError
-from projections.history import position_key
-from projections.index import IndexKeys, live_index_generation
+from projections.index import live_index_generation
+from projections.tracking import position_key
 from services.adapters.embedder import load_model, model_path
 from services.adapters.redis_server import RedisServer
 from services.bus.client import EngramClient

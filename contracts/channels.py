@@ -7,11 +7,19 @@ Redis Cluster keeps one partition's keys in one slot and a Lua script may touch 
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 
 PREFIX = "engram"
 # How many partitions the log has: set by the first service to start, read by every client.
 PARTITIONS_KEY = f"{PREFIX}:partitions"
+# A counter of forgets whose scrub has not yet been made in a quiet moment (see the Scrubber).
+SCRUB_OWED_KEY = f"{PREFIX}:scrub:owed"
+
+
+def reply_channel(requester: str) -> str:
+    """The pub/sub channel a requester's replies come back on."""
+    return f"{PREFIX}:replies:{requester}"
 
 
 def matching(prefix: str) -> str:
@@ -92,3 +100,99 @@ def parse_entry_id(entry_id: str | bytes) -> tuple[int, int]:
         entry_id = entry_id.decode()
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
+
+
+# Projections' keys. Their strings are the stored layout: changing one orphans existing data.
+
+
+class GenerationKeys:
+    """A projection rebuilt into fresh generations keeps each one's state under one prefix (so
+    an old one is dropped by prefix) and names the live one in a pointer readers follow."""
+
+    def __init__(self, partition: int, generation: int, name: str) -> None:
+        base = f"{tag(partition)}:{name}"
+        self.live = f"{base}:live"
+        # Who applies the log (projections/runner.py); one lease for every generation.
+        self.lease = f"{base}:lease"
+        self.prefix = f"{base}:{generation}:"
+        self.checkpoint = f"{self.prefix}checkpoint"
+
+
+class HistoryKeys(GenerationKeys):
+    """The history read model (projections/history.py) of one partition and generation."""
+
+    def __init__(self, partition: int, generation: int) -> None:
+        super().__init__(partition, generation, "hist")
+        # A counter: each rebuild's fresh generation number.
+        self.generations = f"{tag(partition)}:hist:generations"
+
+    def note(self, user_id: str, note_id: str) -> str:
+        return f"{self.prefix}note:{user_id}:{note_id}"
+
+    def versions(self, user_id: str, note_id: str) -> str:
+        return f"{self.prefix}versions:{user_id}:{note_id}"
+
+    def order(self, user_id: str, include_superseded: bool) -> str:
+        return f"{self.prefix}{'order-all' if include_superseded else 'order'}:{user_id}"
+
+    def recent(self, user_id: str) -> str:
+        return f"{self.prefix}recent:{user_id}"
+
+    def message(self, user_id: str, message_id: str) -> str:
+        return f"{self.prefix}msg:{user_id}:{message_id}"
+
+
+class IndexKeys(GenerationKeys):
+    """The vector index projection's own state (projections/index.py) of one partition and
+    generation; the points themselves live in the vector index."""
+
+    def __init__(self, partition: int, generation: int) -> None:
+        super().__init__(partition, generation, "idx")
+
+    def note(self, user_id: str, note_id: str) -> str:
+        return f"{self.prefix}note:{user_id}:{note_id}"
+
+    def session(self, user_id: str, session_id: str) -> str:
+        """The ids of a conversation's last turns (never their text): the next turn's context.
+        The session is named by a digest, so no caller-chosen name is left in a key."""
+        digest = hashlib.blake2b(session_id.encode(), digest_size=12).hexdigest()
+        return f"{self.prefix}session:{user_id}:{digest}"
+
+
+# One index generation serves every partition (one shard directory or collection), so these
+# two keys carry no partition tag.
+GENERATIONS_KEY = f"{PREFIX}:index:generations"
+
+
+def model_key(generation: int) -> str:
+    """Which embedding model and dimension an index generation was built with."""
+    return f"{PREFIX}:index:model:{generation}"
+
+
+class SagaKeys:
+    """The forget saga's pending deletions and deadlines (projections/forget_saga.py): one
+    state per partition, rebuilt in place."""
+
+    def __init__(self, partition: int) -> None:
+        base = f"{tag(partition)}:forget"
+        self.checkpoint = f"{base}:checkpoint"
+        self.deadlines = f"{base}:deadlines"
+        self.lease = f"{base}:lease"
+        self._base = base
+
+    def pending(self, user_id: str) -> str:
+        """The user's notes with a pending deletion."""
+        return f"{self._base}:pending:{user_id}"
+
+
+class AccessKeys:
+    """Read counts and last-read times (projections/access.py); not fed from the log."""
+
+    def __init__(self, partition: int) -> None:
+        self._base = f"{tag(partition)}:access"
+
+    def counts(self, user_id: str) -> str:
+        return f"{self._base}:count:{user_id}"
+
+    def times(self, user_id: str) -> str:
+        return f"{self._base}:at:{user_id}"

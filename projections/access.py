@@ -12,18 +12,8 @@ import msgspec
 from redis.asyncio import Redis
 
 from contracts import channels
+from contracts.channels import AccessKeys
 from contracts.model import NoteView
-
-
-class AccessKeys:
-    def __init__(self, partition: int) -> None:
-        self._base = f"{channels.tag(partition)}:access"
-
-    def counts(self, user_id: str) -> str:
-        return f"{self._base}:count:{user_id}"
-
-    def times(self, user_id: str) -> str:
-        return f"{self._base}:at:{user_id}"
 
 
 class AccessLog:

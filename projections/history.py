@@ -4,154 +4,90 @@ per-user listing and a recency listing.
 Keys live under a *generation* (``engram:{p}:hist:<gen>:...``); ``engram:{p}:hist:live`` names the
 generation queries read. A rebuild fills a fresh generation from position zero and switches the
 pointer, so queries never see a half-built model. Every write transaction WATCHes the live pointer
-and the checkpoint: a stale writer (an old generation after a switch, or a second worker that
-lost its lease) aborts instead of writing.
+and the checkpoint (``projections/tracking.py``): a stale writer (an old generation after a
+switch, or a second worker that lost its lease) aborts instead of writing.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import msgspec
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
 from contracts import channels
+from contracts.channels import HistoryKeys
 from contracts.events import MessageRecorded, NoteForgotten, NoteSaved, NoteSuperseded, UserForgotten, is_control_stream
 from contracts.model import MessageView, NoteStatus, NoteView, VersionView
 from projections.history_model import (
     add_supersedes,
     evolve_view,
+    message_view,
     order_member,
     recent_score,
     version_entry,
 )
-from services.adapters.event_store import LogEntry, RedisEventStore
+from projections.tracking import CheckpointReader, GenerationalProjection, read_generation, read_position
 from services.adapters.redis_conn import transaction_client, unlink_prefix
+from services.application.ports import LogEntry
 
 _view_decoder = msgspec.json.Decoder(NoteView)
 _version_decoder = msgspec.json.Decoder(VersionView)
 _message_decoder = msgspec.json.Decoder(MessageView)
 
 
-class GenerationChanged(Exception):
-    """The live generation moved (a rebuild switched) or another writer advanced the checkpoint."""
-
-
-class HistoryKeys:
-    def __init__(self, partition: int, generation: int) -> None:
-        base = f"{channels.tag(partition)}:hist"
-        self.live = f"{base}:live"
-        self.generations = f"{base}:generations"
-        self.lease = f"{base}:lease"
-        self.prefix = f"{base}:{generation}:"
-        self.checkpoint = f"{self.prefix}checkpoint"
-
-    def note(self, user_id: str, note_id: str) -> str:
-        return f"{self.prefix}note:{user_id}:{note_id}"
-
-    def versions(self, user_id: str, note_id: str) -> str:
-        return f"{self.prefix}versions:{user_id}:{note_id}"
-
-    def order(self, user_id: str, include_superseded: bool) -> str:
-        return f"{self.prefix}{'order-all' if include_superseded else 'order'}:{user_id}"
-
-    def recent(self, user_id: str) -> str:
-        return f"{self.prefix}recent:{user_id}"
-
-    def message(self, user_id: str, message_id: str) -> str:
-        return f"{self.prefix}msg:{user_id}:{message_id}"
-
-
 async def live_generation(redis: Redis, partition: int) -> int:
-    raw = await redis.get(HistoryKeys(partition, 0).live)
-    return int(raw) if raw is not None else 0
+    return await read_generation(redis, HistoryKeys(partition, 0).live)
 
 
-def position_key(position: str | bytes) -> tuple[int, int]:
-    return channels.parse_entry_id(position)
+class _Writes(msgspec.Struct):
+    views: dict[str, NoteView]
+    versions: dict[str, dict[str, bytes]]
+    # Listing members a category change left behind, per user.
+    stale_members: dict[str, set[bytes]]
+    messages: dict[str, MessageView]
+    # Version histories of forgotten notes: deleted, content and all.
+    dropped: set[str] = msgspec.field(default_factory=set)
+    # Every key of an erased user's notes and messages, and their listings (RequestForgetUser).
+    erased: set[str] = msgspec.field(default_factory=set)
 
 
-class HistoryProjection:
-    """Writes one generation of one partition's history read model."""
+class HistoryProjection(GenerationalProjection[_Writes]):
+    """Writes one generation of one partition's history read model. Besides the checkpoint, an
+    event whose note is already at its version or later is skipped, so a replay from a lost
+    checkpoint, or out of order, changes nothing either."""
 
     name = "history"
 
     def __init__(self, redis: Redis, partition: int, generation: int) -> None:
-        self._redis = redis
-        self.partition = partition
-        self.generation = generation
         self.keys = HistoryKeys(partition, generation)
+        super().__init__(redis, partition, generation, self.keys)
 
-    async def checkpoint(self) -> str | None:
-        raw = await self._redis.get(self.keys.checkpoint)
-        return raw.decode() if raw is not None else None
+    def _state_keys(self, batch: Sequence[LogEntry]) -> list[str]:
+        return _note_keys(self.keys, batch)
 
-    async def apply(self, batch: Sequence[LogEntry], *, live: bool = True) -> None:
-        """Apply a batch of log entries, in order, with the checkpoint, in one transaction.
-        Entries at or before the checkpoint are skipped, and so is an event whose note is already
-        at that version or later: redelivery and replays change nothing."""
+    async def _plan(self, batch: Sequence[LogEntry], state: dict[str, bytes | None]) -> _Writes:
+        views = {k: (_view_decoder.decode(r) if r is not None else None) for k, r in state.items()}
+        return _fold(batch, views, self.keys)
+
+    def _queue(self, pipe: Pipeline, writes: _Writes) -> None:
         keys = self.keys
-        redis = await transaction_client(self._redis, keys.checkpoint)
-        async with redis.pipeline(transaction=True) as pipe:
-            try:
-                watched = [keys.checkpoint] + ([keys.live] if live else [])
-                await pipe.watch(*watched)
-                # One round trip for everything the batch reads (all keys share the {p} slot).
-                note_keys = _note_keys(keys, batch)
-                checkpoint, generation, *raw_views = await pipe.mget([keys.checkpoint, keys.live, *note_keys])
-                if live and int(generation or 0) != self.generation:
-                    raise GenerationChanged()
-                done = position_key(checkpoint) if checkpoint else (0, 0)
-                batch = [e for e in batch if position_key(e.position) > done]
-                if not batch:
-                    return
-                views = {
-                    k: (_view_decoder.decode(r) if r is not None else None)
-                    for k, r in zip(note_keys, raw_views, strict=True)
-                }
-                writes = _plan(batch, views, keys)
-                pipe.multi()
-                for user_id, members in writes.stale_members.items():
-                    pipe.zrem(keys.order(user_id, True), *members)
-                    pipe.zrem(keys.order(user_id, False), *members)
-                for key, view in writes.views.items():
-                    pipe.set(key, msgspec.json.encode(view))
-                    _index(pipe, keys, view)
-                for key, message in writes.messages.items():
-                    pipe.set(key, msgspec.json.encode(message))
-                for key, entries in writes.versions.items():
-                    pipe.hset(key, mapping=entries)
-                for key in writes.dropped:
-                    pipe.delete(key)
-                if writes.erased:
-                    pipe.delete(*writes.erased)
-                pipe.set(keys.checkpoint, batch[-1].position)
-                await pipe.execute()
-            except WatchError as e:
-                raise GenerationChanged() from e
-
-    async def rebuild(
-        self, store: RedisEventStore, progress: Callable[[int], None] | None = None, batch_size: int = 500
-    ) -> int:
-        """Fill this (fresh) generation from position zero up to the log's head when called.
-        Returns how many events were read."""
-        head, _ = await store.log_head(self.partition)
-        if head is None:
-            await self._redis.set(self.keys.checkpoint, "0-0")
-            return 0
-        after, read = "0", 0
-        while position_key(after) < position_key(head):
-            batch = await store.read_log(self.partition, after, batch_size)
-            if not batch:
-                break
-            await self.apply(batch, live=False)
-            after = batch[-1].position
-            read += len(batch)
-            if progress:
-                progress(len(batch))
-        return read
+        for user_id, members in writes.stale_members.items():
+            pipe.zrem(keys.order(user_id, True), *members)
+            pipe.zrem(keys.order(user_id, False), *members)
+        for key, view in writes.views.items():
+            pipe.set(key, msgspec.json.encode(view))
+            _index(pipe, keys, view)
+        for key, message in writes.messages.items():
+            pipe.set(key, msgspec.json.encode(message))
+        for key, entries in writes.versions.items():
+            pipe.hset(key, mapping=entries)
+        for key in writes.dropped:
+            pipe.delete(key)
+        if writes.erased:
+            pipe.delete(*writes.erased)
 
     async def make_live(self, previous: int) -> bool:
         """Switch queries to this generation if ``previous`` is still live; then drop the old one."""
@@ -186,19 +122,7 @@ def _note_keys(keys: HistoryKeys, batch: Sequence[LogEntry]) -> list[str]:
     return list(found)
 
 
-class _Writes(msgspec.Struct):
-    views: dict[str, NoteView]
-    versions: dict[str, dict[str, bytes]]
-    # Listing members a category change left behind, per user.
-    stale_members: dict[str, set[bytes]]
-    messages: dict[str, MessageView]
-    # Version histories of forgotten notes: deleted, content and all.
-    dropped: set[str] = msgspec.field(default_factory=set)
-    # Every key of an erased user's notes and messages, and their listings (RequestForgetUser).
-    erased: set[str] = msgspec.field(default_factory=set)
-
-
-def _plan(batch: Sequence[LogEntry], views: dict[str, NoteView | None], keys: HistoryKeys) -> _Writes:
+def _fold(batch: Sequence[LogEntry], views: dict[str, NoteView | None], keys: HistoryKeys) -> _Writes:
     """The writes a batch makes, computed in memory in log order."""
     writes = _Writes(views={}, versions={}, stale_members={}, messages={})
     for entry in batch:
@@ -218,16 +142,7 @@ def _plan(batch: Sequence[LogEntry], views: dict[str, NoteView | None], keys: Hi
         if is_control_stream(event.note_id):
             continue  # an account or session stream: pending erasures live in the forget saga
         if isinstance(event, MessageRecorded):
-            writes.messages[keys.message(event.user_id, event.note_id)] = MessageView(
-                id=event.note_id,
-                user_id=event.user_id,
-                session_id=event.session_id,
-                role=event.role,
-                content=event.content,
-                created_at=event.at,
-                speaker=event.speaker,
-                sent_at=event.sent_at,
-            )
+            writes.messages[keys.message(event.user_id, event.note_id)] = message_view(event)
             continue
         if isinstance(event, NoteForgotten):
             # A forgotten message (its session or its user erased) leaves the read model too.
@@ -267,7 +182,7 @@ def _plan(batch: Sequence[LogEntry], views: dict[str, NoteView | None], keys: Hi
     return writes
 
 
-def _index(pipe, keys: HistoryKeys, view: NoteView) -> None:  # type: ignore[no-untyped-def]
+def _index(pipe: Pipeline, keys: HistoryKeys, view: NoteView) -> None:
     member = order_member(view)
     if view.status is NoteStatus.FORGOTTEN:
         pipe.zrem(keys.order(view.user_id, True), member)
@@ -283,10 +198,11 @@ def _index(pipe, keys: HistoryKeys, view: NoteView) -> None:  # type: ignore[no-
         pipe.zrem(keys.recent(view.user_id), view.id)
 
 
-class HistoryReader:
+class HistoryReader(CheckpointReader):
     """Reads the live generation for the query responders."""
 
     def __init__(self, redis: Redis, partitions: int) -> None:
+        super().__init__(partitions)
         self._redis = redis
         self.partitions = partitions
 
@@ -296,21 +212,7 @@ class HistoryReader:
 
     async def checkpoint(self, partition: int) -> tuple[int, int]:
         keys = HistoryKeys(partition, await live_generation(self._redis, partition))
-        raw = await self._redis.get(keys.checkpoint)
-        return position_key(raw) if raw else (0, 0)
-
-    async def wait_for(self, token: str, timeout: float, poll: float = 0.002) -> bool:
-        """Wait until the live generation has applied the token's position."""
-        partition, position = channels.parse_token(token)
-        if partition >= self.partitions:
-            return False
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while await self.checkpoint(partition) < position:
-            if loop.time() >= deadline:
-                return False
-            await asyncio.sleep(poll)
-        return True
+        return await read_position(self._redis, keys.checkpoint)
 
     async def get_note(self, user_id: str, note_id: str) -> NoteView | None:
         keys = await self._keys(user_id)

@@ -8,12 +8,27 @@ from contracts.events import (
     AnyEvent,
     ForgetExpired,
     ForgetRequested,
+    MessageRecorded,
     NoteForgotten,
     NoteSaved,
     NoteSuperseded,
     NoteUpdated,
 )
-from contracts.model import NoteStatus, NoteView, VersionView
+from contracts.model import MessageView, NoteStatus, NoteView, VersionView
+
+
+def message_view(event: MessageRecorded) -> MessageView:
+    """A conversation message as the read model shows it."""
+    return MessageView(
+        id=event.note_id,
+        user_id=event.user_id,
+        session_id=event.session_id,
+        role=event.role,
+        content=event.content,
+        created_at=event.at,
+        speaker=event.speaker,
+        sent_at=event.sent_at,
+    )
 
 
 def evolve_view(view: NoteView | None, event: AnyEvent) -> NoteView:

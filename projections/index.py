@@ -14,7 +14,6 @@ switches the pointer; queries keep using the old one until then.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import uuid
 from collections import Counter
@@ -26,9 +25,9 @@ from typing import Any
 import msgspec
 from qdrant_edge import Bm25
 from redis.asyncio import Redis
-from redis.exceptions import WatchError
+from redis.asyncio.client import Pipeline
 
-from contracts import channels
+from contracts.channels import IndexKeys
 from contracts.events import (
     MessageRecorded,
     NoteForgotten,
@@ -38,11 +37,10 @@ from contracts.events import (
     SessionForgotten,
     is_control_stream,
 )
-from projections.history import GenerationChanged, position_key
+from projections.tracking import GenerationalProjection, read_generation
 from projections.vector_index import CONVERSATION, MEMORY, IndexPoint, Sparse, VectorIndex
 from services.adapters.embedder import Embedder
-from services.adapters.event_store import LogEntry, RedisEventStore
-from services.adapters.redis_conn import transaction_client
+from services.application.ports import EventStore, LogEntry
 from services.application.ranking import CONTEXT_TURNS, context_text, context_vector
 
 _POINT_NAMESPACE = uuid.UUID("0b6d7c55-5c7e-4b0e-8d6f-6a2f4e1c9b21")
@@ -52,30 +50,8 @@ def point_id(user_id: str, note_id: str, chunk: int) -> str:
     return str(uuid.uuid5(_POINT_NAMESPACE, f"{user_id}/{note_id}/{chunk}"))
 
 
-class IndexKeys:
-    def __init__(self, partition: int, generation: int) -> None:
-        base = f"{channels.tag(partition)}:idx"
-        self.live = f"{base}:live"
-        self.lease = f"{base}:lease"
-        self.prefix = f"{base}:{generation}:"
-        self.checkpoint = f"{self.prefix}checkpoint"
-
-    def note(self, user_id: str, note_id: str) -> str:
-        return f"{self.prefix}note:{user_id}:{note_id}"
-
-    def session(self, user_id: str, session_id: str) -> str:
-        """The ids of a conversation's last turns (never their text): the next turn's context.
-        The session is named by a digest, so no caller-chosen name is left in a key."""
-        digest = hashlib.blake2b(session_id.encode(), digest_size=12).hexdigest()
-        return f"{self.prefix}session:{user_id}:{digest}"
-
-
-GENERATIONS_KEY = "engram:index:generations"
-
-
 async def live_index_generation(redis: Redis, partition: int) -> int:
-    raw = await redis.get(IndexKeys(partition, 0).live)
-    return int(raw) if raw is not None else 0
+    return await read_generation(redis, IndexKeys(partition, 0).live)
 
 
 class NoteMeta(msgspec.Struct, kw_only=True):
@@ -142,8 +118,13 @@ def sparse_query(text: str) -> Sparse:
     return Sparse(list(vector.indices), list(vector.values))
 
 
-class IndexProjection:
+class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
+    """The vector index is written while planning, before the transaction: its writes are
+    idempotent, so a transaction that then fails replays them harmlessly. The plan is what is
+    left: the projection's own keys to set (None: delete)."""
+
     name = "index"
+    rebuild_batch = 256
 
     def __init__(
         self,
@@ -153,52 +134,33 @@ class IndexProjection:
         partition: int,
         generation: int,
         *,
-        store: RedisEventStore,
+        store: EventStore,
     ) -> None:
-        self._redis = redis
+        self.keys = IndexKeys(partition, generation)
+        super().__init__(redis, partition, generation, self.keys)
         self._store = store
         self.index = index
         self._embedder = embedder
-        self.partition = partition
-        self.generation = generation
-        self.keys = IndexKeys(partition, generation)
 
-    async def checkpoint(self) -> str | None:
-        raw = await self._redis.get(self.keys.checkpoint)
-        return raw.decode() if raw is not None else None
+    def _state_keys(self, batch: Sequence[LogEntry]) -> list[str]:
+        return list(dict.fromkeys(self.keys.note(e.event.user_id, e.event.note_id) for e in batch))
 
-    async def apply(self, batch: Sequence[LogEntry], *, live: bool = True) -> None:
-        keys = self.keys
-        note_keys = list(dict.fromkeys(keys.note(e.event.user_id, e.event.note_id) for e in batch))
-        redis = await transaction_client(self._redis, keys.checkpoint)
-        async with redis.pipeline(transaction=True) as pipe:
-            try:
-                await pipe.watch(keys.checkpoint, *([keys.live] if live else []))
-                checkpoint, generation, *raw = await pipe.mget([keys.checkpoint, keys.live, *note_keys])
-                if live and int(generation or 0) != self.generation:
-                    raise GenerationChanged()
-                done = position_key(checkpoint) if checkpoint else (0, 0)
-                batch = [e for e in batch if position_key(e.position) > done]
-                if not batch:
-                    return
-                metas = {
-                    k: (_meta_decoder.decode(r) if r is not None else None) for k, r in zip(note_keys, raw, strict=True)
-                }
-                turns = _Turns(self._redis, self._store, keys, batch)
-                await turns.load()
-                changed = await self._write_index(batch, metas, turns)
-                pipe.multi()
-                for key in changed:
-                    pipe.set(key, msgspec.json.encode(metas[key]))
-                for key, tail in turns.tails().items():
-                    if tail:
-                        pipe.set(key, msgspec.json.encode(tail))
-                    else:
-                        pipe.delete(key)
-                pipe.set(keys.checkpoint, batch[-1].position)
-                await pipe.execute()
-            except WatchError as e:
-                raise GenerationChanged() from e
+    async def _plan(self, batch: Sequence[LogEntry], state: dict[str, bytes | None]) -> dict[str, bytes | None]:
+        metas = {k: (_meta_decoder.decode(r) if r is not None else None) for k, r in state.items()}
+        turns = _Turns(self._redis, self._store, self.keys, batch)
+        await turns.load()
+        changed = await self._write_index(batch, metas, turns)
+        writes: dict[str, bytes | None] = {key: msgspec.json.encode(metas[key]) for key in changed}
+        for key, tail in turns.tails().items():
+            writes[key] = msgspec.json.encode(tail) if tail else None
+        return writes
+
+    def _queue(self, pipe: Pipeline, writes: dict[str, bytes | None]) -> None:
+        for key, value in writes.items():
+            if value is None:
+                pipe.delete(key)
+            else:
+                pipe.set(key, value)
 
     async def _write_index(
         self, batch: Sequence[LogEntry], metas: dict[str, NoteMeta | None], turns: _Turns
@@ -351,24 +313,6 @@ class IndexProjection:
         payload = meta.payload(user_id, note_id, chunk)
         return IndexPoint(id=point_id(user_id, note_id, chunk), dense=dense, sparse=sparse, payload=payload)
 
-    async def rebuild(self, store: RedisEventStore, progress=None, batch_size: int = 256) -> int:  # type: ignore[no-untyped-def]
-        """Fill this (fresh) generation from position zero up to the log's head when called."""
-        head, _ = await store.log_head(self.partition)
-        if head is None:
-            await self._redis.set(self.keys.checkpoint, "0-0")
-            return 0
-        after, read = "0", 0
-        while position_key(after) < position_key(head):
-            batch = await store.read_log(self.partition, after, batch_size)
-            if not batch:
-                break
-            await self.apply(batch, live=False)
-            after = batch[-1].position
-            read += len(batch)
-            if progress:
-                progress(len(batch))
-        return read
-
 
 def _ts(at: datetime) -> float:
     return at.timestamp()
@@ -385,7 +329,7 @@ class _Turns:
     ids are kept per session in the projection's state (``IndexKeys.session``); their text is
     read from the event store (the index keeps none), so a rebuild sees the same context."""
 
-    def __init__(self, redis: Redis, store: RedisEventStore, keys: IndexKeys, batch: Sequence[LogEntry]) -> None:
+    def __init__(self, redis: Redis, store: EventStore, keys: IndexKeys, batch: Sequence[LogEntry]) -> None:
         self._redis = redis
         self._store = store
         self._keys = keys

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from contracts import channels
-from projections.history import position_key
-from projections.index import IndexKeys, live_index_generation
+from contracts.channels import IndexKeys, model_key
+from projections.index import live_index_generation
+from projections.tracking import CheckpointReader, read_position
 from projections.vector_index import VectorIndex
 from services.adapters.embedder import Embedder
 from services.ops.periodic import every
@@ -25,10 +25,6 @@ log = logging.getLogger("engram.index")
 
 class ModelMismatch(RuntimeError):
     """The live index was built with another embedding model than the one configured."""
-
-
-def model_key(generation: int) -> str:
-    return f"engram:index:model:{generation}"
 
 
 async def record_model(redis: Redis, generation: int, embedder: Embedder) -> None:
@@ -99,25 +95,15 @@ class IndexRuntime:
             self._index = None
 
 
-class IndexReader:
+class IndexReader(CheckpointReader):
     def __init__(self, runtime: IndexRuntime) -> None:
+        super().__init__()
         self.runtime = runtime
 
     async def checkpoint(self, partition: int) -> tuple[int, int]:
         redis = self.runtime.redis
         keys = IndexKeys(partition, await live_index_generation(redis, partition))
-        raw = await redis.get(keys.checkpoint)
-        return position_key(raw) if raw else (0, 0)
-
-    async def wait_for(self, token: str, timeout: float, poll: float = 0.002) -> bool:
-        partition, position = channels.parse_token(token)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while await self.checkpoint(partition) < position:
-            if loop.time() >= deadline:
-                return False
-            await asyncio.sleep(poll)
-        return True
+        return await read_position(redis, keys.checkpoint)
 
 
 async def switch_generation(redis: Redis, partitions: int, generation: int) -> None:

@@ -7,12 +7,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from redis.asyncio import Redis
 
-from projections.history import GenerationChanged
-from services.adapters.event_store import LogEntry, RedisEventStore
+from contracts.channels import HistoryKeys, IndexKeys, SagaKeys
+from projections.tracking import StaleProjection
+from services.application.ports import EventStore, LogEntry
+
+if TYPE_CHECKING:
+    from projections.index_runtime import IndexRuntime
 
 log = logging.getLogger("engram.projections")
 
@@ -34,14 +38,15 @@ class Projection(Protocol):
     async def checkpoint(self) -> str | None: ...
 
     async def apply(self, batch: Sequence[LogEntry]) -> None:
-        """Raises GenerationChanged when it is no longer the live generation."""
+        """Raises StaleProjection when another writer moved it on (GenerationChanged: it is no
+        longer the live generation); the runner then reopens it from its checkpoint."""
 
 
 class ProjectionRunner:
     def __init__(
         self,
         redis: Redis,
-        store: RedisEventStore,
+        store: EventStore,
         partition: int,
         owner: str,
         *,
@@ -80,7 +85,7 @@ class ProjectionRunner:
                 if batch:
                     await projection.apply(batch)
                     after = batch[-1].position
-            except GenerationChanged:
+            except StaleProjection:
                 projection = None
             except asyncio.CancelledError:
                 raise
@@ -96,8 +101,8 @@ class ProjectionRunner:
             await self._redis.delete(self._lease_key)
 
 
-def history_runner(redis: Redis, store: RedisEventStore, partition: int, owner: str, lease_ms: int) -> ProjectionRunner:
-    from projections.history import HistoryKeys, HistoryProjection, live_generation
+def history_runner(redis: Redis, store: EventStore, partition: int, owner: str, lease_ms: int) -> ProjectionRunner:
+    from projections.history import HistoryProjection, live_generation
 
     async def open_live() -> Projection:
         return HistoryProjection(redis, partition, await live_generation(redis, partition))
@@ -115,9 +120,9 @@ def history_runner(redis: Redis, store: RedisEventStore, partition: int, owner: 
 
 
 def index_runner(
-    redis: Redis, store: RedisEventStore, runtime, partition: int, owner: str, lease_ms: int
-) -> ProjectionRunner:  # type: ignore[no-untyped-def]
-    from projections.index import IndexKeys, IndexProjection
+    redis: Redis, store: EventStore, runtime: IndexRuntime, partition: int, owner: str, lease_ms: int
+) -> ProjectionRunner:
+    from projections.index import IndexProjection
 
     async def open_live() -> Projection:
         await runtime.sync()
@@ -135,10 +140,8 @@ def index_runner(
     )
 
 
-def forget_saga_runner(
-    redis: Redis, store: RedisEventStore, partition: int, owner: str, lease_ms: int
-) -> ProjectionRunner:
-    from projections.forget_saga import ForgetSagaProjection, SagaKeys
+def forget_saga_runner(redis: Redis, store: EventStore, partition: int, owner: str, lease_ms: int) -> ProjectionRunner:
+    from projections.forget_saga import ForgetSagaProjection
 
     async def open_live() -> Projection:
         return ForgetSagaProjection(redis, partition)

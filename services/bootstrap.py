@@ -41,15 +41,17 @@ from redis.exceptions import ResponseError
 
 from contracts import channels
 from projections.access import AccessLog
+from projections.forget_saga import SagaPendingDeletions
 from projections.history import HistoryReader
 from projections.index_runtime import IndexRuntime
 from projections.runner import ProjectionRunner, forget_saga_runner, history_runner, index_runner
 from services.adapters.crypto import load_master_key
 from services.adapters.event_store import RedisEventStore
 from services.adapters.redis_conn import close_redis, open_redis
+from services.adapters.scrub import Scrubber
 from services.application.advice import SaveAdvisor
 from services.application.commands import CommandService, utc_now
-from services.application.forget import ForgetService, Scrubber
+from services.application.forget import ForgetService
 from services.application.forget_timer import ForgetExpiryTimer
 from services.application.queries import QueryService
 from services.application.search import BlendPolicy, SearchService
@@ -228,10 +230,11 @@ def build(settings: Settings) -> Engram:
             runners += [index_runner(redis, store, index, p, owner, lease_ms) for p in partitions]
     advisor = SaveAdvisor(index, history, settings.similar_threshold) if index is not None else None
     scrubber = Scrubber(redis, settings.partitions, history, store)
+    pending = SagaPendingDeletions(redis, settings.partitions)
     forget = ForgetService(
-        redis,
         store,
         history,
+        pending,
         search,
         scrubber,
         utc_now,
@@ -242,7 +245,7 @@ def build(settings: Settings) -> Engram:
     commands = CommandService(store, advisor=advisor, forget=forget)
     if "saga" in roles:
         runners += [forget_saga_runner(redis, store, p, owner, lease_ms) for p in partitions]
-    timer = ForgetExpiryTimer(redis, settings.partitions, commands.execute, utc_now) if "saga" in roles else None
+    timer = ForgetExpiryTimer(pending, settings.partitions, commands.execute, utc_now) if "saga" in roles else None
     queries = QueryService(history, settings.read_wait_seconds, search, access=access)
     _subscribe(broker, settings, commands, queries)
     reclaimers = [

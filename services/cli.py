@@ -5,23 +5,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
-import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from contracts import channels
+from contracts.commands import NoteDraft
 from contracts.errors import EngramError, ErrorCode
 from contracts.limits import parse_time
 from contracts.model import NoteKind, NoteSource
-from services.adapters.redis_conn import close_redis, open_redis
+from services.adapters.redis_conn import close_redis
 from services.config import ROLES, Settings, parse_roles
+from services.ops.operator import connect, follow_log, operator_redis, resolve_url
 
 if TYPE_CHECKING:
     from services.bus.client import EngramClient
@@ -47,24 +46,16 @@ def _fail(args: argparse.Namespace, code: str, message: str) -> int:
     return 1
 
 
+def _draft_default(field: str) -> str:
+    default = next(f.default for f in msgspec.structs.fields(NoteDraft) if f.name == field)
+    return str(getattr(default, "value", default))
+
+
 def _print(args: argparse.Namespace, obj: Any, human: Callable[[Any], str] | None = None) -> None:
     if args.json or human is None:
         sys.stdout.write(msgspec.json.encode(obj).decode() + "\n")
     else:
         print(human(obj))
-
-
-def resolve_url(settings: Settings) -> str:
-    """The configured URL; else the default if it answers; else the private redis-server an
-    `engram serve` on the same data dir started (it leaves its URL in the data dir)."""
-    from services.adapters.redis_server import answers
-
-    if settings.redis_url_configured or answers(settings.redis_url):
-        return settings.redis_url
-    private = settings.data_dir / "redis.url"
-    if private.exists():
-        return private.read_text().strip()
-    return settings.redis_url
 
 
 # serve ------------------------------------------------------------------------------------------
@@ -79,55 +70,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         log.error("bad configuration: %s", e)
         return 2
-    private = None
-    from services.adapters.redis_server import RedisServer, answers
+    from services.ops.serve import serve
 
-    if not settings.redis_url_configured and not answers(settings.redis_url):
-        private = RedisServer(settings.data_dir / "redis").start()
-        (settings.data_dir / "redis.url").write_text(private.url)
-        log.info(
-            "no Redis at %s and none configured: started a private redis-server (AOF) at %s under %s",
-            settings.redis_url,
-            private.url,
-            private.directory,
-        )
-        settings = Settings(**{**settings.__dict__, "redis_url": private.url})
-    try:
-        return asyncio.run(_serve(settings))
-    finally:
-        if private is not None:
-            private.stop()
-            (settings.data_dir / "redis.url").unlink(missing_ok=True)
-
-
-async def _serve(settings: Settings) -> int:
-    from services.bootstrap import ConfigurationError, build
-
-    try:
-        engram = build(settings)
-    except ConfigurationError as e:
-        log.error("%s", e)
-        return 1
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, engram.stopping.set)
-    try:
-        await engram.run()
-    except (OSError, ConnectionError) as e:
-        log.error("cannot reach Redis at %s: %s", settings.redis_url, e)
-        return 1
-    except ConfigurationError as e:
-        log.error("%s", e)
-        return 1
-    return 0
+    return serve(settings)
 
 
 # client subcommands -----------------------------------------------------------------------------
-
-
-def _redis(settings: Settings, url: str | None = None, **options: Any) -> Any:
-    """A Redis client for the CLI's direct reads (one server or a cluster, as configured)."""
-    return open_redis(url or resolve_url(settings), settings.redis_cluster, **options)
 
 
 def _time_argument(text: str) -> Any:
@@ -135,22 +83,6 @@ def _time_argument(text: str) -> Any:
         return parse_time(text)
     except EngramError as e:
         raise argparse.ArgumentTypeError(e.message) from None
-
-
-@contextlib.asynccontextmanager
-async def _operator_redis(settings: Settings) -> AsyncIterator[tuple[Any, int]]:
-    """Redis as configured for an operator command, and the log's partitions (as the service
-    recorded them); closed however the command ends."""
-    url = resolve_url(settings)
-    redis = _redis(settings, url)
-    try:
-        try:
-            partitions = int(await redis.get(channels.PARTITIONS_KEY) or settings.partitions)
-        except OSError as e:
-            raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {url}: {e}") from None
-        yield redis, partitions
-    finally:
-        await close_redis(redis)
 
 
 def _client(settings: Settings, timeout: float | None = None) -> EngramClient:
@@ -183,7 +115,7 @@ async def cmd_save(client: Any, args: argparse.Namespace) -> None:
         category=args.category,
         subject=args.subject,
         confidence=args.confidence,
-        source=NoteSource(args.source),
+        source=NoteSource(args.source) if args.source else None,
         importance=args.importance,
         command_id=args.command_id,
     )
@@ -315,30 +247,14 @@ def _human_notes(notes: list[Any]) -> str:
 def cmd_tail(args: argparse.Namespace) -> int:
     async def go() -> None:
         settings = Settings.from_env()
-        async with _operator_redis(settings) as (redis, partitions):
-            await follow(redis, settings, partitions)
-
-    async def follow(redis: Any, settings: Settings, partitions: int) -> None:
-        positions = {channels.event_log(p): ("0" if args.from_start else "$") for p in range(partitions)}
-        shown = 0
-        while args.count is None or shown < args.count:
-            if settings.redis_cluster:
-                # The partitions' logs live in different slots: one XREAD may not name them all.
-                response: list[Any] = []
-                for stream, after in list(positions.items()):
-                    response += await redis.xread({stream: after}, block=max(1000 // partitions, 50), count=100) or []
-            else:
-                response = await redis.xread(positions, block=1000, count=100)
-            for stream, entries in response or []:
-                for entry_id, fields in entries:
-                    positions[stream.decode()] = entry_id.decode()
-                    event = json.loads(fields[b"e"])
-                    print(
-                        json.dumps({"log": stream.decode(), "position": entry_id.decode(), "event": event}), flush=True
-                    )
-                    shown += 1
-                    if args.count is not None and shown >= args.count:
-                        break
+        async with operator_redis(settings) as (redis, partitions):
+            events = follow_log(redis, partitions, cluster=settings.redis_cluster, from_start=args.from_start)
+            shown = 0
+            async for entry in events:
+                print(json.dumps(entry), flush=True)
+                shown += 1
+                if args.count is not None and shown >= args.count:
+                    return
 
     asyncio.run(go())
     return 0
@@ -356,7 +272,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
     async def go() -> dict[str, Any]:
         settings = Settings.from_env()
-        async with _operator_redis(settings) as (redis, partitions):
+        async with operator_redis(settings) as (redis, partitions):
             return await rebuild(redis, settings, partitions, progress)
 
     result = asyncio.run(go())
@@ -392,7 +308,7 @@ def cmd_health(args: argparse.Namespace) -> int:
 
     async def go() -> dict[str, Any]:
         settings = Settings.from_env()
-        redis = _redis(settings, socket_connect_timeout=2)
+        redis = connect(settings, socket_connect_timeout=2)
         try:
             return await health(redis)
         finally:
@@ -407,7 +323,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from services.ops.portable import export_log
 
     async def go() -> dict[str, int]:
-        async with _operator_redis(Settings.from_env()) as (redis, partitions):
+        async with operator_redis(Settings.from_env()) as (redis, partitions):
             with open(args.out, "w") as out:
                 return await export_log(redis, partitions, out)
 
@@ -424,7 +340,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
 
     async def go() -> dict[str, int]:
-        redis = _redis(settings)
+        redis = connect(settings)
         try:
             with open(args.source) as source:
                 partitions = json.loads(source.readline())["partitions"]
@@ -549,11 +465,12 @@ def _parser() -> argparse.ArgumentParser:
 
     p = add("save", _with_client(cmd_save), "save a new note", user=True)
     p.add_argument("text")
-    p.add_argument("--category", default="general")
+    # Unset options take the contract's defaults (NoteDraft), which the help shows.
+    p.add_argument("--category", help=f"default {_draft_default('category')}")
     p.add_argument("--subject")
-    p.add_argument("--confidence", type=float, default=1.0)
-    p.add_argument("--importance", type=float, default=0.5)
-    p.add_argument("--source", choices=[s.value for s in NoteSource], default="explicit")
+    p.add_argument("--confidence", type=float, help=f"default {_draft_default('confidence')}")
+    p.add_argument("--importance", type=float, help=f"default {_draft_default('importance')}")
+    p.add_argument("--source", choices=[s.value for s in NoteSource], help=f"default {_draft_default('source')}")
     p.add_argument("--command-id", help="idempotency key (default: a new one)")
 
     p = add("update", _with_client(cmd_update), "change a note (new version, same id)", user=True)

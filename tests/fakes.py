@@ -3,13 +3,46 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
+import math
+import re
+import zlib
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 
 import msgspec
 
 from contracts import channels
-from services.adapters.event_store import Appended, Conflict, ContentTaken, LoadedNote, LogEntry, Outcome, decode_event
+from contracts.events import (
+    AnyEvent,
+    MessageRecorded,
+    NoteForgotten,
+    NoteSaved,
+    NoteSuperseded,
+    UserForgotten,
+    is_control_stream,
+)
+from contracts.model import MessageView, NoteStatus, NoteView, VersionView
+from projections.history_model import (
+    add_supersedes,
+    evolve_view,
+    message_view,
+    order_member,
+    recent_score,
+    version_entry,
+)
+from projections.index import IndexProjection
+from projections.tracking import CheckpointReader
+from projections.vector_index import VectorIndex
+from services.adapters.event_store import decode_event, decode_outcome
+from services.application.ports import (
+    Appended,
+    Conflict,
+    ContentTaken,
+    LoadedNote,
+    LogEntry,
+    Outcome,
+    OutcomeDetail,
+)
 from services.domain.decider import StreamAppend
 from services.domain.note import ABSENT, fold
 
@@ -38,11 +71,18 @@ class InMemoryEventStore:
             loaded[note_id] = LoadedNote(state=state, position=entries[-1][1] if entries else None)
         return loaded
 
+    async def note_ids(self, user_id: str) -> list[str]:
+        return sorted(note_id for user, note_id in self._notes if user == user_id and not is_control_stream(note_id))
+
     async def content_holder(self, user_id: str, digest: str) -> str | None:
         return self._contents.get((user_id, digest))
 
     async def append(
-        self, user_id: str, command_id: str, appends: Sequence[StreamAppend], extra: dict[str, Any] | None = None
+        self,
+        user_id: str,
+        command_id: str,
+        appends: Sequence[StreamAppend],
+        detail: OutcomeDetail | None = None,
     ) -> Appended | Conflict | ContentTaken:
         # No await before the writes: atomic with respect to other coroutines.
         first = self._outcomes.get((user_id, command_id))
@@ -76,9 +116,8 @@ class InMemoryEventStore:
                 stream.append((raw, position))
             if item.events:
                 notes.append((item.note_id, len(stream)))
-        outcome = Outcome(
-            position=position, notes=notes, extra=msgspec.json.decode(msgspec.json.encode(extra or {"duplicates": []}))
-        )
+        # Through the wire format, as the Redis store keeps it.
+        outcome = decode_outcome(msgspec.json.encode(Outcome(position, notes, detail or OutcomeDetail())))
         self._outcomes[(user_id, command_id)] = outcome
         return Appended(outcome=outcome, replayed=False)
 
@@ -90,3 +129,279 @@ class InMemoryEventStore:
     async def log_head(self, partition: int) -> tuple[str | None, int]:
         log = self._logs[partition]
         return (log[-1][0] if log else None), len(log)
+
+
+# -- Read models and the other ports -------------------------------------------------------------
+
+
+class InMemoryHistory(CheckpointReader):
+    """The history read model (``projections/history.py``) in memory, following an
+    ``InMemoryEventStore``'s logs with the pure rules of ``projections/history_model.py``.
+    ``following``: every read first applies what is new (a projection that is never behind);
+    otherwise only ``catch_up()`` does, so a test can hold the read model behind the log."""
+
+    def __init__(self, store: InMemoryEventStore, following: bool = True) -> None:
+        super().__init__(known_partitions=store.partitions)
+        self._store = store
+        self.following = following
+        self._applied: dict[int, str] = {}
+        self._views: dict[tuple[str, str], NoteView] = {}
+        self._versions: dict[tuple[str, str], dict[int, VersionView]] = {}
+        self._messages: dict[tuple[str, str], MessageView] = {}
+
+    async def catch_up(self) -> int:
+        """Apply every event not applied yet; returns how many."""
+        applied = 0
+        for p in range(self._store.partitions):
+            batch = await self._store.read_log(p, self._applied.get(p, "0"), 1 << 30)
+            for entry in batch:
+                self._apply(entry.event)
+            if batch:
+                self._applied[p] = batch[-1].position
+            applied += len(batch)
+        return applied
+
+    def _apply(self, event: AnyEvent) -> None:
+        # As HistoryProjection._fold: erasures, control streams, messages, then the note's view.
+        if isinstance(event, UserForgotten):
+            for note_id in event.erased:
+                for model in (self._views, self._versions, self._messages):
+                    model.pop((event.user_id, note_id), None)
+            return
+        if is_control_stream(event.note_id):
+            return
+        key = (event.user_id, event.note_id)
+        if isinstance(event, MessageRecorded):
+            self._messages[key] = message_view(event)
+            return
+        if isinstance(event, NoteForgotten):
+            self._messages.pop(key, None)
+        current = self._views.get(key)
+        if (current is not None and current.version >= event.version) or (
+            current is None and not isinstance(event, NoteSaved)
+        ):
+            return
+        view = self._views[key] = evolve_view(current, event)
+        if isinstance(event, NoteForgotten):
+            self._versions.pop(key, None)
+            return
+        self._versions.setdefault(key, {})[event.version] = version_entry(view, event)
+        if isinstance(event, NoteSuperseded):
+            other = self._views.get((event.user_id, event.superseded_by))
+            if other is not None:
+                self._views[(event.user_id, event.superseded_by)] = add_supersedes(other, event.note_id)
+
+    async def _follow(self) -> None:
+        if self.following:
+            await self.catch_up()
+
+    async def checkpoint(self, partition: int) -> tuple[int, int]:
+        await self._follow()
+        applied = self._applied.get(partition)
+        return channels.parse_entry_id(applied) if applied else (0, 0)
+
+    async def get_note(self, user_id: str, note_id: str) -> NoteView | None:
+        await self._follow()
+        return self._views.get((user_id, note_id))
+
+    async def get_many(
+        self, user_id: str, note_ids: Sequence[str], message_ids: Sequence[str] = ()
+    ) -> tuple[dict[str, NoteView], dict[str, MessageView]]:
+        await self._follow()
+        notes = {i: v for i in note_ids if (v := self._views.get((user_id, i))) is not None}
+        return notes, {i: m for i in message_ids if (m := self._messages.get((user_id, i))) is not None}
+
+    async def get_message(self, user_id: str, message_id: str) -> MessageView | None:
+        await self._follow()
+        return self._messages.get((user_id, message_id))
+
+    async def history(self, user_id: str, note_id: str) -> tuple[NoteView, list[VersionView]] | None:
+        await self._follow()
+        view = self._views.get((user_id, note_id))
+        if view is None:
+            return None
+        versions = self._versions.get((user_id, note_id), {})
+        return view, [versions[v] for v in sorted(versions)]
+
+    async def list_notes(self, user_id: str, category: str | None, include_superseded: bool) -> list[NoteView]:
+        await self._follow()
+        listed = [
+            v
+            for (user, _), v in self._views.items()
+            if user == user_id
+            and (v.status is NoteStatus.ACTIVE or (include_superseded and v.status is NoteStatus.SUPERSEDED))
+            and (category is None or v.category == category)
+        ]
+        return sorted(listed, key=order_member)
+
+    async def list_recent(self, user_id: str, limit: int) -> tuple[list[NoteView], int]:
+        await self._follow()
+        active = [v for (user, _), v in self._views.items() if user == user_id and v.status is NoteStatus.ACTIVE]
+        # As ZREVRANGE: the highest score first, ties by member (the id), also descending.
+        active.sort(key=lambda v: (recent_score(v), v.id), reverse=True)
+        return active[:limit], len(active)
+
+
+class InMemoryAccess:
+    """``AccessStats`` (``projections/access.py``): counts and last-access times per note, at the
+    millisecond precision Redis keeps."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], int] = {}
+        self.times: dict[tuple[str, str], datetime] = {}
+
+    async def touch(self, user_id: str, note_ids: Iterable[str], at: datetime) -> None:
+        ms = datetime.fromtimestamp(int(at.timestamp() * 1000) / 1000, UTC)
+        for note_id in dict.fromkeys(note_ids):
+            self.counts[(user_id, note_id)] = self.counts.get((user_id, note_id), 0) + 1
+            self.times[(user_id, note_id)] = ms
+
+    async def annotate(self, user_id: str, views: Sequence[NoteView]) -> list[NoteView]:
+        out = []
+        for view in views:
+            key = (user_id, view.id)
+            if key not in self.counts and key not in self.times:
+                out.append(view)
+            else:
+                count, at = self.counts.get(key, 0), self.times.get(key)
+                out.append(msgspec.structs.replace(view, access_count=count, last_accessed_at=at))
+        return out
+
+    async def forget(self, user_id: str, note_ids: Sequence[str] | None = None) -> None:
+        for model in (self.counts, self.times):
+            for key in [k for k in model if k[0] == user_id and (note_ids is None or k[1] in note_ids)]:
+                del model[key]
+
+
+class InMemoryPendingDeletions:
+    """``PendingDeletions`` (the forget saga's view) derived from the store's folded states: a
+    stream whose state has ``forget_expires_at`` set awaits its confirmation. As in the saga,
+    the account and session streams a pending erasure lives on count too."""
+
+    def __init__(self, store: InMemoryEventStore) -> None:
+        self._store = store
+
+    async def _deadlines(self, user_id: str) -> dict[str, datetime]:
+        log = await self._store.read_log(self._store.partition_of(user_id), "0", 1 << 30)
+        streams = list(dict.fromkeys(e.event.note_id for e in log if e.event.user_id == user_id))
+        loaded = await self._store.load(user_id, streams)
+        return {i: at for i, n in loaded.items() if (at := n.state.forget_expires_at) is not None}
+
+    async def of(self, user_id: str) -> list[str]:
+        return sorted(await self._deadlines(user_id))
+
+    async def due(self, partition: int, now_ms: float) -> list[tuple[str, str, float]]:
+        log = await self._store.read_log(partition, "0", 1 << 30)
+        due = []
+        for user_id in dict.fromkeys(e.event.user_id for e in log):
+            for note_id, at in (await self._deadlines(user_id)).items():
+                if (deadline := at.timestamp() * 1000) <= now_ms:
+                    due.append((user_id, note_id, deadline))
+        return sorted(due, key=lambda d: d[2])
+
+
+class RecordingScrub:
+    """``Scrub``: records its calls (``owe``, ``wait``, ``scrub``); ``scrubbed`` is set by a scrub."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.scrubbed = asyncio.Event()
+
+    async def owe(self) -> None:
+        self.calls.append("owe")
+
+    async def wait_until_acknowledged(self, timeout: float) -> None:
+        self.calls.append("wait")
+
+    async def scrub(self) -> bool:
+        self.calls.append("scrub")
+        self.scrubbed.set()
+        return True
+
+
+# -- The search's side: a stand-in embedder and the index runtime -------------------------------
+
+
+class HashEmbedder:
+    """A deterministic stand-in for MiniLM: a text's words hashed into a unit vector, so texts
+    that share words are near and texts that share none are orthogonal or nearly so."""
+
+    model_name = "tests/hashed-words"
+    dimension = 64
+
+    async def start(self) -> None:
+        pass
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return [self._vector(t) for t in texts]
+
+    def chunks(self, text: str) -> list[str]:
+        return [text]
+
+    def _vector(self, text: str) -> list[float]:
+        vector = [0.0] * self.dimension
+        for word in re.findall(r"[a-z0-9]+", text.lower()):
+            vector[zlib.crc32(word.encode()) % self.dimension] += 1.0
+        norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+        return [x / norm for x in vector]
+
+
+class _ProjectionKeys:
+    """The index projection's own keys (its note states, conversation tails and checkpoint) in a
+    dict: the reads it and ``IndexReader`` make of Redis."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+
+    async def get(self, key: str) -> bytes | None:
+        return self.values.get(key)
+
+    async def mget(self, keys: Sequence[str]) -> list[bytes | None]:
+        return [self.values.get(k) for k in keys]
+
+
+class InMemoryIndexRuntime:
+    """What ``SearchService`` and ``SaveAdvisor`` use of ``IndexRuntime``: ``index``, ``embedder``
+    and ``redis`` (where ``IndexReader.wait_for`` reads the checkpoint), over a real vector index.
+    ``catch_up()`` runs the real ``IndexProjection``'s plan over the store's logs, so the points
+    and payloads are the production ones; its state and checkpoint are kept in a dict."""
+
+    def __init__(self, store: InMemoryEventStore, index: VectorIndex, embedder: HashEmbedder) -> None:
+        self.redis = _ProjectionKeys()
+        self.index = index
+        self.embedder = embedder
+        self.generation = 0
+        self._store = store
+        self._projections = [
+            IndexProjection(self.redis, index, embedder, p, 0, store=store)  # type: ignore[arg-type]
+            for p in range(store.partitions)
+        ]
+
+    async def catch_up(self) -> int:
+        """Index every event not indexed yet; returns how many."""
+        applied = 0
+        for projection in self._projections:
+            after = await projection.checkpoint() or "0"
+            batch = await self._store.read_log(projection.partition, after, 1 << 30)
+            if not batch:
+                continue
+            keys = projection._state_keys(batch)
+            writes = await projection._plan(batch, dict(zip(keys, await self.redis.mget(keys), strict=True)))
+            for key, value in writes.items():
+                if value is None:
+                    self.redis.values.pop(key, None)
+                else:
+                    self.redis.values[key] = value
+            self.redis.values[projection.keys.checkpoint] = batch[-1].position.encode()
+            applied += len(batch)
+        return applied
+
+
+class ManualClock:
+    """A clock the test moves by hand (``clock.now = ...``)."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now

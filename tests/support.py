@@ -1,4 +1,6 @@
-"""Helpers for tests that run `engram` as real processes."""
+"""Helpers for tests that run `engram` as real processes, and for reading back what a service
+stored (Redis values, history generations, index points, the event log). What tests build is in
+tests/builders.py."""
 
 from __future__ import annotations
 
@@ -15,7 +17,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import redis.asyncio as aioredis
+
+from contracts import channels
+from contracts.channels import HistoryKeys
 from services.adapters.crypto import MasterKey
+from services.adapters.event_store import decode_event
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_MASTER_KEY_B64 = base64.b64encode(bytes(range(32))).decode()
@@ -123,7 +130,8 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05):  # typ
 
 async def every_value(redis: Any) -> AsyncIterator[tuple[bytes, bytes]]:
     """(key, blob) for every key name and value Redis holds: strings, hash fields and values,
-    stream entries, and the members of sets, sorted sets and lists."""
+    stream entry fields and values, and the members of sets, sorted sets and lists. A key of any
+    other type fails the scan rather than being skipped."""
     async for key in redis.scan_iter(count=1000):
         kind = (await redis.type(key)).decode()
         blobs: list[bytes] = []
@@ -132,12 +140,49 @@ async def every_value(redis: Any) -> AsyncIterator[tuple[bytes, bytes]]:
         elif kind == "hash":
             blobs = [k + b"=" + v for k, v in (await redis.hgetall(key)).items()]
         elif kind == "stream":
-            blobs = [v for _, fields in await redis.xrange(key) for v in fields.values()]
+            blobs = [k + b"=" + v for _, fields in await redis.xrange(key) for k, v in fields.items()]
         elif kind == "zset":
             blobs = [m for m, _ in await redis.zrange(key, 0, -1, withscores=True)]
         elif kind == "set":
             blobs = list(await redis.smembers(key))
         elif kind == "list":
             blobs = list(await redis.lrange(key, 0, -1))
+        elif kind != "none":  # "none": the key went away between SCAN and TYPE
+            raise AssertionError(f"every_value cannot read {key!r} of type {kind}")
         for blob in [key, *blobs]:
             yield key, blob
+
+
+async def dump(redis: aioredis.Redis, partition: int, generation: int) -> dict[bytes, object]:
+    """Every key of one history generation, with its value, keyed without the generation prefix."""
+    prefix = HistoryKeys(partition, generation).prefix
+    out: dict[bytes, object] = {}
+    async for key in redis.scan_iter(match=f"{prefix}*"):
+        kind = (await redis.type(key)).decode()
+        if kind == "string":
+            value: object = await redis.get(key)
+        elif kind == "hash":
+            value = await redis.hgetall(key)
+        elif kind == "zset":
+            value = await redis.zrange(key, 0, -1, withscores=True)
+        else:
+            raise AssertionError(kind)
+        out[key[len(prefix) :]] = value
+    return out
+
+
+# What identifies an index point and what a search filters on.
+POINT_FIELDS = ("user_id", "note_id", "chunk", "version", "status", "category", "subject", "kind")
+
+
+def shape(payloads: list[dict]) -> list[tuple]:  # type: ignore[type-arg]
+    """Index point payloads, reduced to their POINT_FIELDS and sorted: comparable across indexes."""
+    return sorted(tuple(p.get(f) for f in POINT_FIELDS) for p in payloads)
+
+
+async def log_events(url: str, partition: int = 0) -> list:  # type: ignore[type-arg]
+    """The events in one partition's log, decoded, in log order."""
+    r = aioredis.Redis.from_url(url)
+    entries = await r.xrange(channels.event_log(partition))
+    await r.aclose()
+    return [decode_event(fields[b"e"]) for _, fields in entries]

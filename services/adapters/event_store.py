@@ -13,8 +13,17 @@ from redis.asyncio import Redis
 from contracts import channels
 from contracts.events import AnyEvent, is_control_stream
 from services.adapters.crypto import MasterKey, NoteCipher, is_sealed, needs_key, shredded
+from services.application.ports import (
+    Appended,
+    Conflict,
+    ContentTaken,
+    LoadedNote,
+    LogEntry,
+    Outcome,
+    OutcomeDetail,
+)
 from services.domain.decider import StreamAppend
-from services.domain.note import ABSENT, NoteState, fold
+from services.domain.note import ABSENT, fold
 
 _APPEND = """
 local outcome = redis.call('GET', KEYS[1])
@@ -65,7 +74,8 @@ for i = 1, n do
   end
 end
 if not position then return {'empty'} end
-outcome = cjson.encode({position = position, notes = notes, extra = cjson.decode(extra)})
+-- The detail is spliced in as given: a cjson round trip would turn its empty lists into {}.
+outcome = '{"position":' .. cjson.encode(position) .. ',"notes":' .. cjson.encode(notes) .. ',"extra":' .. extra .. '}'
 if ttl > 0 then
   redis.call('SET', KEYS[1], outcome, 'EX', ttl)
 else
@@ -75,46 +85,23 @@ return {'appended', outcome}
 """
 
 
-class Outcome(msgspec.Struct, frozen=True):
-    """What an accepted command wrote: the log position of its last event and the versions the
-    notes it changed are at now (``[note_id, version]`` pairs). ``extra`` is what the reply
-    needs besides (a batch's duplicates), stored so a retry gets the same reply."""
-
-    position: str
-    notes: list[tuple[str, int]]
-    extra: dict[str, Any] = msgspec.field(default_factory=dict)
-
-
-class Appended(msgspec.Struct, frozen=True):
-    outcome: Outcome
-    replayed: bool
-
-
-class Conflict(msgspec.Struct, frozen=True):
-    note_id: str
-    actual_version: int
-
-
-class ContentTaken(msgspec.Struct, frozen=True):
-    """The content an append claims is already held by another active note of the user."""
-
-    note_id: str
-    holder: str
-
-
-class LoadedNote(msgspec.Struct, frozen=True):
-    state: NoteState
-    # Log position of the note's latest event: the token for a no-op reply.
-    position: str | None
-
-
-class LogEntry(msgspec.Struct, frozen=True):
-    position: str
-    event: AnyEvent
-
-
 _event_decoder = msgspec.json.Decoder(AnyEvent)
-_outcome_decoder = msgspec.json.Decoder(Outcome)
+
+
+def decode_outcome(raw: bytes) -> Outcome:
+    """An outcome as stored. Those written before the detail was spliced in verbatim went through
+    cjson, which writes an empty list as ``{}``: read those as the empty lists they were."""
+    try:
+        return msgspec.json.decode(raw, type=Outcome)
+    except msgspec.ValidationError:
+        stored = msgspec.json.decode(raw)
+        detail = stored.get("extra") or {}
+        for field in ("duplicates", "forget"):
+            if detail.get(field) == {}:
+                detail[field] = []
+        if isinstance(detail.get("user"), dict) and detail["user"].get("erased") == {}:
+            detail["user"]["erased"] = []
+        return msgspec.convert(stored, Outcome)
 
 
 def decode_event(raw: bytes) -> AnyEvent:
@@ -156,7 +143,7 @@ class RedisEventStore:
     async def outcome(self, user_id: str, command_id: str) -> Outcome | None:
         p = self.partition_of(user_id)
         raw = await self._redis.get(channels.command_outcome(p, user_id, command_id))
-        return None if raw is None else _outcome_decoder.decode(raw)
+        return None if raw is None else decode_outcome(raw)
 
     async def load(self, user_id: str, note_ids: Sequence[str]) -> dict[str, LoadedNote]:
         p = self.partition_of(user_id)
@@ -177,7 +164,11 @@ class RedisEventStore:
         return loaded
 
     async def append(
-        self, user_id: str, command_id: str, appends: Sequence[StreamAppend], extra: dict[str, Any] | None = None
+        self,
+        user_id: str,
+        command_id: str,
+        appends: Sequence[StreamAppend],
+        detail: OutcomeDetail | None = None,
     ) -> Appended | Conflict | ContentTaken:
         p = self.partition_of(user_id)
         keys = [channels.command_outcome(p, user_id, command_id), channels.event_log(p)]
@@ -190,7 +181,7 @@ class RedisEventStore:
         sealing = await self._ciphers_for(p, user_id, appends)
         if isinstance(sealing, Conflict):
             return sealing
-        args: list[Any] = [len(appends), self._ttl, user_id, msgspec.json.encode(extra or {"duplicates": []})]
+        args: list[Any] = [len(appends), self._ttl, user_id, msgspec.json.encode(detail or OutcomeDetail())]
         for item in appends:
             cipher, new_key = sealing.get(item.note_id, (None, b""))
             args += [item.note_id, item.expected_version, len(item.events), len(item.claims), len(item.releases)]
@@ -208,7 +199,7 @@ class RedisEventStore:
             return ContentTaken(note_id=result[1].decode(), holder=result[2].decode())
         if status == "empty":
             raise ValueError("an append must carry at least one event")
-        return Appended(outcome=_outcome_decoder.decode(result[1]), replayed=status == "duplicate")
+        return Appended(outcome=decode_outcome(result[1]), replayed=status == "duplicate")
 
     async def _ciphers_for(
         self, partition: int, user_id: str, appends: Sequence[StreamAppend]

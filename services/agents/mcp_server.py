@@ -17,7 +17,8 @@ from typing import Any
 import mcp_types as types
 from mcp.server.lowlevel import Server
 
-from services.agents.tools import ToolDispatcher, ToolSpec, profile
+from services.agents.specs import WRITE_TIMEOUT, ToolSpec
+from services.agents.tools import ToolDispatcher, profile
 from services.bus.client import EngramClient
 
 log = logging.getLogger("engram.mcp")
@@ -26,6 +27,7 @@ USER_HEADER = "x-engram-user"
 
 
 def mcp_tool(spec: ToolSpec) -> types.Tool:
+    """A tool spec as MCP lists it, its read-only mark as annotations."""
     return types.Tool(
         name=spec.name,
         description=spec.description,
@@ -37,6 +39,7 @@ def mcp_tool(spec: ToolSpec) -> types.Tool:
 
 
 def build_server(client: EngramClient, profile_name: str, user_id: str | None, session_id: str | None = None) -> Server:
+    """The MCP server of one profile: for ``user_id``, or (None) for the user each request names."""
     specs = profile(profile_name)
     dispatchers: dict[str, ToolDispatcher] = {}
 
@@ -57,7 +60,7 @@ def build_server(client: EngramClient, profile_name: str, user_id: str | None, s
             }
         else:
             spec = next((s for s in specs if s.name == params.name), None)
-            timeout = spec.timeout if spec is not None else 10.0
+            timeout = spec.timeout if spec is not None else WRITE_TIMEOUT
             try:
                 result = await asyncio.wait_for(dispatcher_for(user).call(params.name, params.arguments), timeout)
             except TimeoutError:

@@ -9,9 +9,9 @@ import logging
 
 from contracts.model import NoteStatus
 from contracts.queries import NoteWritten, SimilarNote
-from projections.history import HistoryReader
 from projections.index_runtime import IndexReader, IndexRuntime
 from projections.vector_index import DENSE, MEMORY, NearestQuery
+from services.application.ports import NoteHistory
 
 log = logging.getLogger("engram.advice")
 
@@ -24,7 +24,7 @@ class SaveAdvisor:
     def __init__(
         self,
         runtime: IndexRuntime,
-        history: HistoryReader,
+        history: NoteHistory,
         threshold: float = DEFAULT_SIMILAR_THRESHOLD,
         limit: int = 5,
         timeout: float = 3.0,

@@ -1,15 +1,12 @@
 """The command handler's application service: decode, decide, append, reply.
 
-Optimistic concurrency: load the notes' states, decide, append with the versions seen; if another
-writer got there first, load and decide again (a command with an explicit ``expected_version``
-is then refused by the decider with ``VERSION_CONFLICT``).
+Optimistic concurrency (``unit_of_work``): load the notes' states, decide, append with the
+versions seen; if another writer got there first, load and decide again (a command with an
+explicit ``expected_version`` is then refused by the decider with ``VERSION_CONFLICT``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import random
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -28,21 +25,17 @@ from contracts.commands import (
     SupersedeNote,
 )
 from contracts.errors import EngramError, ErrorCode, ErrorReply
-from contracts.limits import MAX_MESSAGE_BYTES
 from contracts.queries import CommandReply, NotesWritten, NoteWritten, WrittenNote
-from services.adapters.event_store import Appended, ContentTaken, Outcome
+from services.application import unit_of_work
 from services.application.advice import SaveAdvisor
-from services.application.ports import EventStore
+from services.application.decoding import decode_request
+from services.application.ports import ContentTaken, EventStore, HeldDraft, Outcome, OutcomeDetail
+from services.application.unit_of_work import Decision, Work
 from services.domain.decider import IdCollision, decide, first_of_each_content, note_ids_for
 
 if TYPE_CHECKING:
     from services.application.forget import ForgetService
 
-log = logging.getLogger("engram.commands")
-
-# Writers racing on one note each win a round; a contender retries with a small random pause so
-# that many at once (a burst of updates to one note) spread out instead of colliding again.
-MAX_ATTEMPTS = 32
 _command_decoder = msgspec.json.Decoder(AnyCommand)
 _encoder = msgspec.json.Encoder()
 
@@ -52,20 +45,7 @@ def utc_now() -> datetime:
 
 
 def decode_command(body: bytes) -> AnyCommand:
-    refuse_oversized(body)
-    try:
-        return _command_decoder.decode(body)
-    except msgspec.ValidationError as e:
-        raise EngramError(ErrorCode.INVALID_PARAMETER, f"invalid command: {e}") from None
-    except msgspec.DecodeError as e:
-        raise EngramError(ErrorCode.INVALID_PARAMETER, f"malformed JSON: {e}") from None
-
-
-def refuse_oversized(body: bytes) -> None:
-    if len(body) > MAX_MESSAGE_BYTES:
-        raise EngramError(
-            ErrorCode.INVALID_PARAMETER, f"message of {len(body):,} bytes: the limit is {MAX_MESSAGE_BYTES:,}"
-        )
+    return decode_request(body, _command_decoder, "command")
 
 
 class CommandService:
@@ -108,66 +88,68 @@ class CommandService:
         return _encoder.encode(reply)
 
     async def execute(self, command: AnyCommand) -> NoteWritten | NotesWritten:
-        store = self._store
-        partition = store.partition_of(command.user_id)
-        first = await store.outcome(command.user_id, command.command_id)
-        if first is not None:
-            return _reply(command, partition, first, replayed=True)
-        salt = 0
-        # Drafts of a batch whose text an existing note already holds: index -> (note id, version).
-        held: dict[int, tuple[str, int]] = {}
-        for attempt in range(MAX_ATTEMPTS):
-            ids = note_ids_for(command, salt)
-            loaded = await store.load(command.user_id, ids)
+        return await unit_of_work.run(self._store, command.user_id, command.command_id, _Write(self, command))
+
+
+class _Write(Work[NoteWritten | NotesWritten]):
+    """Any command the decider's table handles, as one unit of work."""
+
+    def __init__(self, service: CommandService, command: AnyCommand) -> None:
+        self._store = service._store
+        self._clock = service._clock
+        self._command = command
+        self._partition = self._store.partition_of(command.user_id)
+        self._salt = 0
+        self._ids: list[str] = []
+        # Drafts of a batch whose text an existing note already holds.
+        self._held: dict[int, HeldDraft] = {}
+
+    async def decide(self) -> Decision | NoteWritten | NotesWritten:
+        command, store = self._command, self._store
+        while True:
+            self._ids = note_ids_for(command, self._salt)
+            loaded = await store.load(command.user_id, self._ids)
             states = {i: n.state for i, n in loaded.items()}
             try:
-                appends = decide(command, states, ids, self._clock(), skip=frozenset(held))
+                appends = decide(command, states, self._ids, self._clock(), skip=frozenset(self._held))
+                break
             except IdCollision:
-                salt += 1
-                continue
-            except EngramError:
-                # A copy of this very command (a client retrying eagerly) may have just won the
-                # race and caused the refusal: its outcome is the answer, as for any retry.
-                if (first := await store.outcome(command.user_id, command.command_id)) is not None:
-                    return _reply(command, partition, first, replayed=True)
-                raise
-            if not any(a.events for a in appends):
-                if isinstance(command, SaveNotes):  # every draft was a duplicate
-                    return await self._all_held(command, held)
-                note = loaded[appends[0].note_id]
-                token = channels.format_token(partition, note.position or "0-0")
-                return NoteWritten(note_id=appends[0].note_id, version=note.state.version, token=token)
-            extra = {"duplicates": [[i, note_id, version] for i, (note_id, version) in sorted(held.items())]}
-            result = await store.append(command.user_id, command.command_id, appends, extra)
-            if isinstance(result, Appended):
-                return _reply(command, partition, result.outcome, replayed=result.replayed)
-            if isinstance(result, ContentTaken):
-                if (first := await store.outcome(command.user_id, command.command_id)) is not None:
-                    return _reply(command, partition, first, replayed=True)  # a copy of it won, as above
-                holder = (await store.load(command.user_id, [result.holder]))[result.holder]
-                if isinstance(command, SaveNote):
-                    token = channels.format_token(partition, holder.position or "0-0")
-                    return NoteWritten(note_id=result.holder, version=holder.state.version, token=token, duplicate=True)
-                if isinstance(command, SaveNotes):
-                    held[ids.index(result.note_id)] = (result.holder, holder.state.version)
-                    continue
-                raise EngramError(
-                    ErrorCode.INVALID_PARAMETER,
-                    f"Memory {result.holder} already says this; update or supersede that one instead",
-                )
-            log.debug("conflict on %s (now v%d), deciding again", result.note_id, result.actual_version)
-            await asyncio.sleep(random.uniform(0, 0.001 * min(attempt + 1, 10)))
-        raise EngramError(ErrorCode.VERSION_CONFLICT, "the memory kept changing under this command; retry it")
+                self._salt += 1  # a derived id is taken: derive the next ones
+        held = OutcomeDetail(duplicates=[self._held[i] for i in sorted(self._held)])
+        if any(a.events for a in appends):
+            return Decision(appends=appends, detail=held)
+        if isinstance(command, SaveNotes):  # every draft was a duplicate
+            return await self._all_held(command, held)
+        # Nothing changes (an update to the values it has): the note as it is.
+        note = loaded[appends[0].note_id]
+        token = channels.format_token(self._partition, note.position or "0-0")
+        return NoteWritten(note_id=appends[0].note_id, version=note.state.version, token=token)
 
-    async def _all_held(self, command: SaveNotes, held: dict[int, tuple[str, int]]) -> NotesWritten:
-        loaded = await self._store.load(command.user_id, [note_id for note_id, _ in held.values()])
-        position = max((n.position or "0-0" for n in loaded.values()), key=channels.parse_entry_id)
-        outcome = Outcome(
-            position=position,
-            notes=[],
-            extra={"duplicates": [[i, note_id, version] for i, (note_id, version) in sorted(held.items())]},
+    async def accepted(self, outcome: Outcome, decision: Decision) -> NoteWritten | NotesWritten:
+        return _reply(self._command, self._partition, outcome, replayed=False)
+
+    async def replay(self, first: Outcome) -> NoteWritten | NotesWritten:
+        return _reply(self._command, self._partition, first, replayed=True)
+
+    async def taken(self, refusal: ContentTaken) -> NoteWritten | None:
+        command = self._command
+        holder = (await self._store.load(command.user_id, [refusal.holder]))[refusal.holder]
+        if isinstance(command, SaveNote):
+            token = channels.format_token(self._partition, holder.position or "0-0")
+            return NoteWritten(note_id=refusal.holder, version=holder.state.version, token=token, duplicate=True)
+        if isinstance(command, SaveNotes):  # leave that draft out and decide again
+            index = self._ids.index(refusal.note_id)
+            self._held[index] = HeldDraft(index=index, note_id=refusal.holder, version=holder.state.version)
+            return None
+        raise EngramError(
+            ErrorCode.INVALID_PARAMETER,
+            f"Memory {refusal.holder} already says this; update or supersede that one instead",
         )
-        reply = _reply(command, self._store.partition_of(command.user_id), outcome, replayed=False)
+
+    async def _all_held(self, command: SaveNotes, held: OutcomeDetail) -> NotesWritten:
+        loaded = await self._store.load(command.user_id, [h.note_id for h in held.duplicates])
+        position = max((n.position or "0-0" for n in loaded.values()), key=channels.parse_entry_id)
+        reply = _reply(command, self._partition, Outcome(position=position, notes=[], detail=held), replayed=False)
         assert isinstance(reply, NotesWritten)
         return reply
 
@@ -187,13 +169,13 @@ def _reply(command: AnyCommand, partition: int, outcome: Outcome, replayed: bool
 def _batch_notes(command: SaveNotes, outcome: Outcome) -> list[WrittenNote]:
     """One entry per draft, in order: the note written for it, or the note that already held its
     text (an existing one, or an earlier draft of the same batch), marked ``duplicate``."""
-    held = {int(i): (str(note_id), int(version)) for i, note_id, version in outcome.extra.get("duplicates", [])}
+    held = {h.index: h for h in outcome.detail.duplicates}
     written = iter(outcome.notes)
     firsts = first_of_each_content(command.notes)
     notes: list[WrittenNote] = []
     for i, first in enumerate(firsts):
         if i in held:
-            notes.append(WrittenNote(note_id=held[i][0], version=held[i][1], duplicate=True))
+            notes.append(WrittenNote(note_id=held[i].note_id, version=held[i].version, duplicate=True))
         elif first != i:
             notes.append(msgspec.structs.replace(notes[first], duplicate=True))
         else:

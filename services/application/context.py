@@ -16,7 +16,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from contracts.model import NoteKind, NoteView
 from contracts.queries import BuildContext, ContextReply, SearchNotes
-from projections.history import HistoryReader
+from services.application.ports import NoteHistory
 from services.application.search import SearchService
 
 MARKDOWN_HEADER = (
@@ -148,7 +148,7 @@ def count_tokens(text: str) -> int:
 class ContextService:
     """Answers ``BuildContext`` from the history read model (and the search, for relevance)."""
 
-    def __init__(self, history: HistoryReader, search: SearchService | None, count: Counter = count_tokens) -> None:
+    def __init__(self, history: NoteHistory, search: SearchService | None, count: Counter = count_tokens) -> None:
         self._history = history
         self._search = search
         self._count = count

@@ -13,14 +13,10 @@ from __future__ import annotations
 import asyncio
 import difflib
 import logging
-import random
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
 
 import msgspec
-from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
 from contracts import channels
 from contracts.commands import RequestForget, RequestForgetSession, RequestForgetUser
@@ -32,17 +28,26 @@ from contracts.events import (
     NoteForgotten,
     SessionForgotten,
     UserForgotten,
+    is_control_stream,
     session_stream,
 )
 from contracts.queries import ForgetCandidate, ForgetReply, PendingForget, SearchNotes
-from projections.access import AccessLog
-from projections.forget_saga import pending_notes
-from projections.history import HistoryReader
-from services.adapters.event_store import Appended, Outcome, RedisEventStore
-from services.adapters.redis_conn import servers
+from services.application import unit_of_work
+from services.application.ports import (
+    AccessStats,
+    ErasureStep,
+    EventStore,
+    NoteForgetStep,
+    NoteHistory,
+    Outcome,
+    OutcomeDetail,
+    PendingDeletions,
+    Scrub,
+)
 from services.application.search import SearchService
-from services.bus.reclaimer import group_info
+from services.application.unit_of_work import Decision, Work
 from services.domain.decider import (
+    StreamAppend,
     decide,
     decide_forget_session,
     decide_forget_user,
@@ -51,19 +56,11 @@ from services.domain.decider import (
     note_ids_for,
     session_messages,
 )
-from services.ops.periodic import every
 
 log = logging.getLogger("engram.forget")
 
-MAX_ATTEMPTS = 32
 PREVIEW_CHARS = 120
 SCRUB_WAIT_SECONDS = 5.0
-# A counter of forgets whose scrub has not yet been made in a quiet moment (see Scrubber).
-SCRUB_OWED_KEY = "engram:scrub:owed"
-_CLEAR_DEBT = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
 def preview(text: str) -> str:
@@ -73,22 +70,22 @@ def preview(text: str) -> str:
 class ForgetService:
     def __init__(
         self,
-        redis: Redis,
-        store: RedisEventStore,
-        history: HistoryReader,
+        store: EventStore,
+        history: NoteHistory,
+        pending: PendingDeletions,
         search: SearchService | None,
-        scrubber: Scrubber,
+        scrub: Scrub,
         clock: Callable[[], datetime],
         ttl: timedelta,
         confirmation: bool = True,
-        access: AccessLog | None = None,
+        access: AccessStats | None = None,
     ) -> None:
         self._access = access
-        self._redis = redis
         self._store = store
         self._history = history
+        self._pending = pending
         self._search = search
-        self._scrubber = scrubber
+        self._scrub = scrub
         self._clock = clock
         self._ttl = ttl
         self._scrubbing: set[asyncio.Task[None]] = set()
@@ -104,146 +101,29 @@ class ForgetService:
             return await self._candidates(command)
         if not command.note_ids:
             raise EngramError(ErrorCode.INVALID_PARAMETER, "give a query to find memories, or note_ids to forget")
-        store = self._store
-        partition = store.partition_of(command.user_id)
-        first = await store.outcome(command.user_id, command.command_id)
-        if first is not None:
-            return await self._replay(command.user_id, first, partition)
-        ids = note_ids_for(command)
-        for _ in range(MAX_ATTEMPTS):
-            # Other pending deletions of this user, as the saga knows them (they lapse).
-            others = [i for i in await pending_notes(self._redis, partition, command.user_id) if i not in ids]
-            loaded = await store.load(command.user_id, [*ids, *others])
-            states = {i: loaded[i].state for i in ids}
-            missing = [i for i in ids if not forgettable(states[i])]
-            if missing:
-                # A copy of this very request may have just forgotten them: answer its outcome.
-                if (first := await store.outcome(command.user_id, command.command_id)) is not None:
-                    return await self._replay(command.user_id, first, partition)
-                raise EngramError(ErrorCode.MEMORY_NOT_FOUND, await self._not_found_message(command.user_id, missing))
-            appends = decide(
-                command,
-                states,
-                ids,
-                self._clock(),
-                forget_ttl=self._ttl,
-                pending_elsewhere={i: loaded[i].state for i in others},
-            )
-            summary = []
-            for item in appends:
-                last = item.events[-1]
-                if isinstance(last, ForgetExpired):
-                    summary.append([item.note_id, "lapsed", 0, None])
-                elif isinstance(last, NoteForgotten):
-                    summary.append([item.note_id, "forgotten", last.request_count, None])
-                elif isinstance(last, ForgetRequested):
-                    summary.append([item.note_id, "pending", last.request_count, last.expires_at.isoformat()])
-            result = await store.append(command.user_id, command.command_id, appends, {"forget": summary})
-            if isinstance(result, Appended) and result.replayed:
-                # A copy of this request got there first, deciding on the state before it: this
-                # decision (say, a confirmation of the pending note it made) never happened.
-                return await self._replay(command.user_id, result.outcome, partition)
-            if isinstance(result, Appended):
-                token = channels.format_token(partition, result.outcome.position)
-                reply = _reply(summary, {i: states[i].content for i in ids}, token)
-                if reply.forgotten and self._access is not None:
-                    await self._access.forget(command.user_id, reply.forgotten)
-                if reply.forgotten:
-                    await self._scrub_after(token)
-                return reply
-            await asyncio.sleep(random.uniform(0, 0.005))  # lost a race: spread the retries
-        raise EngramError(ErrorCode.VERSION_CONFLICT, "the memory kept changing under this request; retry it")
-
-    async def _replay(self, user_id: str, first: Outcome, partition: int) -> ForgetReply:
-        """The first outcome again. No previews are stored with it (they would outlive a forget):
-        a pending note's preview is read from the note as it is now."""
-        summary = first.extra.get("forget", [])
-        pending = [note_id for note_id, status, _, _ in summary if status == "pending"]
-        loaded = await self._store.load(user_id, pending) if pending else {}
-        contents = {note_id: note.state.content for note_id, note in loaded.items()}
-        reply = _reply(summary, contents, channels.format_token(partition, first.position))
-        if reply.forgotten:
-            await self._scrub_after(reply.token or "")  # the first attempt may have died before its scrub
-        return msgspec.structs.replace(reply, replayed=True)
+        return await unit_of_work.run(self._store, command.user_id, command.command_id, _ForgetNotes(self, command))
 
     async def request_user(self, command: RequestForgetUser) -> ForgetReply:
         """Erase a whole user: pending on the account stream first, then every note at once.
         (Always two calls, whatever ENGRAM_FORGET_CONFIRMATION says.)"""
         user = command.user_id
-        return await self._erase(
-            command, ACCOUNT, lambda count: f"ALL {count} memories (notes and conversation messages) of {user}"
+        erase = _Erase(
+            self, command, ACCOUNT, lambda count: f"ALL {count} memories (notes and conversation messages) of {user}"
         )
+        return await unit_of_work.run(self._store, user, command.command_id, erase)
 
     async def request_session(self, command: RequestForgetSession) -> ForgetReply:
         """Erase one conversation: pending on the session's stream first, then every message of
         the session at once, with a receipt. (Always two calls, as for a user.)"""
         user, session = command.user_id, command.session_id
-        return await self._erase(
-            command, session_stream(session), lambda count: f"all {count} messages of conversation {session} of {user}"
+        control = session_stream(session)
+        erase = _Erase(
+            self, command, control, lambda count: f"all {count} messages of conversation {session} of {user}"
         )
-
-    async def _erase(
-        self, command: RequestForgetUser | RequestForgetSession, control_id: str, what: Callable[[int], str]
-    ) -> ForgetReply:
-        store = self._store
-        partition = store.partition_of(command.user_id)
-        first = await store.outcome(command.user_id, command.command_id)
-        if first is not None:
-            return await self._replay_erase(first, partition, control_id, what)
-        for _ in range(MAX_ATTEMPTS):
-            ids = await store.note_ids(command.user_id)
-            loaded = await store.load(command.user_id, [control_id, *ids])
-            notes = {i: loaded[i].state for i in ids}
-            control = loaded[control_id].state
-            try:
-                if isinstance(command, RequestForgetSession):
-                    targets = session_messages(command.session_id, notes)
-                    appends = decide_forget_session(command, control, notes, self._clock(), self._ttl)
-                else:
-                    targets = notes
-                    appends = decide_forget_user(command, control, notes, self._clock(), self._ttl)
-            except EngramError:
-                # A copy of this very request may have just erased the session: its outcome answers.
-                if (first := await store.outcome(command.user_id, command.command_id)) is not None:
-                    return await self._replay_erase(first, partition, control_id, what)
-                raise
-            last = appends[-1].events[-1]
-            summary: dict[str, Any]
-            if isinstance(last, UserForgotten | SessionForgotten):
-                summary = {"status": "forgotten", "erased": last.erased, "at": last.at.isoformat()}
-            else:
-                assert isinstance(last, ForgetRequested)
-                summary = {
-                    "status": "pending",
-                    "count": last.request_count,
-                    "expires": last.expires_at.isoformat(),
-                    "notes": len(erasable(targets)),
-                }
-            result = await store.append(command.user_id, command.command_id, appends, {"user": summary})
-            if isinstance(result, Appended) and result.replayed:
-                return await self._replay_erase(result.outcome, partition, control_id, what)  # a copy won
-            if isinstance(result, Appended):
-                token = channels.format_token(partition, result.outcome.position)
-                reply = _erase_reply(control_id, what, summary, token, False)
-                if reply.status == "forgotten":
-                    if self._access is not None and control_id == ACCOUNT:
-                        await self._access.forget(command.user_id)
-                    await self._scrub_after(reply.token or "")
-                return reply
-            await asyncio.sleep(random.uniform(0, 0.005))  # lost a race: spread the retries
-        raise EngramError(ErrorCode.VERSION_CONFLICT, "the memory kept changing under this request; retry it")
-
-    async def _replay_erase(
-        self, first: Outcome, partition: int, control_id: str, what: Callable[[int], str]
-    ) -> ForgetReply:
-        token = channels.format_token(partition, first.position)
-        reply = _erase_reply(control_id, what, first.extra.get("user", {}), token, True)
-        if reply.status == "forgotten":
-            await self._scrub_after(reply.token or "")  # the first attempt may have died before its scrub
-        return reply
+        return await unit_of_work.run(self._store, user, command.command_id, erase)
 
     async def _scrub_after(self, token: str) -> None:
-        await self._scrubber.owe()
+        await self._scrub.owe()
         task = asyncio.create_task(self._scrub_later(token))
         self._scrubbing.add(task)
         task.add_done_callback(self._scrubbing.discard)
@@ -254,8 +134,8 @@ class ForgetService:
         it is acknowledged; a trim or a rewrite before either would keep old bytes."""
         if not await self._history.wait_for(token, SCRUB_WAIT_SECONDS):
             log.warning("the history had not applied %s after %s s; scrubbing anyway", token, SCRUB_WAIT_SECONDS)
-        await self._scrubber.wait_until_acknowledged(SCRUB_WAIT_SECONDS)
-        await self._scrubber.scrub()
+        await self._scrub.wait_until_acknowledged(SCRUB_WAIT_SECONDS)
+        await self._scrub.scrub()
 
     async def _candidates(self, command: RequestForget) -> ForgetReply:
         if self._search is None:
@@ -294,19 +174,143 @@ class ForgetService:
         return message
 
 
-def _reply(summary: list[list], contents: dict[str, str], token: str) -> ForgetReply:  # type: ignore[type-arg]
+class _ForgetNotes(Work[ForgetReply]):
+    """A ``RequestForget`` by ids: each note asked about, forgotten, or lapsed and asked again."""
+
+    def __init__(self, service: ForgetService, command: RequestForget) -> None:
+        self._service = service
+        self._command = command
+        self._ids = note_ids_for(command)
+        self._partition = service._store.partition_of(command.user_id)
+        self._contents: dict[str, str] = {}
+
+    async def decide(self) -> Decision:
+        service, command, ids = self._service, self._command, self._ids
+        # Other pending deletions of notes of this user, as the saga knows them (they lapse). A
+        # pending erasure of the user or of a session is not one: it stays pending.
+        pending = await service._pending.of(command.user_id)
+        others = [i for i in pending if i not in ids and not is_control_stream(i)]
+        loaded = await service._store.load(command.user_id, [*ids, *others])
+        states = {i: loaded[i].state for i in ids}
+        missing = [i for i in ids if not forgettable(states[i])]
+        if missing:
+            raise EngramError(ErrorCode.MEMORY_NOT_FOUND, await service._not_found_message(command.user_id, missing))
+        appends = decide(
+            command,
+            states,
+            ids,
+            service._clock(),
+            forget_ttl=service._ttl,
+            pending_elsewhere={i: loaded[i].state for i in others},
+        )
+        self._contents = {i: states[i].content for i in ids}
+        return Decision(appends=appends, detail=OutcomeDetail(forget=[_step(item) for item in appends]))
+
+    async def accepted(self, outcome: Outcome, decision: Decision) -> ForgetReply:
+        token = channels.format_token(self._partition, outcome.position)
+        reply = _reply(decision.detail.forget, self._contents, token)
+        if reply.forgotten and self._service._access is not None:
+            await self._service._access.forget(self._command.user_id, reply.forgotten)
+        if reply.forgotten:
+            await self._service._scrub_after(token)
+        return reply
+
+    async def replay(self, first: Outcome) -> ForgetReply:
+        """The first outcome again. No previews are stored with it (they would outlive a forget):
+        a pending note's preview is read from the note as it is now."""
+        steps = first.detail.forget
+        pending = [step.note_id for step in steps if step.status == "pending"]
+        loaded = await self._service._store.load(self._command.user_id, pending) if pending else {}
+        contents = {note_id: note.state.content for note_id, note in loaded.items()}
+        reply = _reply(steps, contents, channels.format_token(self._partition, first.position))
+        if reply.forgotten:
+            await self._service._scrub_after(reply.token or "")  # the first attempt may have died before its scrub
+        return msgspec.structs.replace(reply, replayed=True)
+
+
+def _step(append: StreamAppend) -> NoteForgetStep:
+    last = append.events[-1]
+    if isinstance(last, ForgetExpired):
+        return NoteForgetStep(append.note_id, "lapsed", 0, None)
+    if isinstance(last, NoteForgotten):
+        return NoteForgetStep(append.note_id, "forgotten", last.request_count, None)
+    assert isinstance(last, ForgetRequested), last
+    return NoteForgetStep(append.note_id, "pending", last.request_count, last.expires_at.isoformat())
+
+
+class _Erase(Work[ForgetReply]):
+    """Erasing a user or a session: pending on a control stream, then everything at once."""
+
+    def __init__(
+        self,
+        service: ForgetService,
+        command: RequestForgetUser | RequestForgetSession,
+        control_id: str,
+        what: Callable[[int], str],
+    ) -> None:
+        self._service = service
+        self._command = command
+        self._control_id = control_id
+        self._what = what  # names what is erased, given how many
+        self._partition = service._store.partition_of(command.user_id)
+
+    async def decide(self) -> Decision:
+        service, command, store = self._service, self._command, self._service._store
+        ids = await store.note_ids(command.user_id)
+        loaded = await store.load(command.user_id, [self._control_id, *ids])
+        notes = {i: loaded[i].state for i in ids}
+        control = loaded[self._control_id].state
+        if isinstance(command, RequestForgetSession):
+            targets = session_messages(command.session_id, notes)
+            appends = decide_forget_session(command, control, notes, service._clock(), service._ttl)
+        else:
+            targets = notes
+            appends = decide_forget_user(command, control, notes, service._clock(), service._ttl)
+        last = appends[-1].events[-1]
+        if isinstance(last, UserForgotten | SessionForgotten):
+            step = ErasureStep(status="forgotten", erased=list(last.erased), at=last.at.isoformat())
+        else:
+            assert isinstance(last, ForgetRequested), last
+            step = ErasureStep(
+                status="pending",
+                count=last.request_count,
+                expires=last.expires_at.isoformat(),
+                notes=len(erasable(targets)),
+            )
+        return Decision(appends=appends, detail=OutcomeDetail(user=step))
+
+    async def accepted(self, outcome: Outcome, decision: Decision) -> ForgetReply:
+        assert decision.detail.user is not None
+        return await self._answer(outcome, decision.detail.user, replayed=False)
+
+    async def replay(self, first: Outcome) -> ForgetReply:
+        assert first.detail.user is not None, "an erasure's outcome always holds its step"
+        return await self._answer(first, first.detail.user, replayed=True)
+
+    async def _answer(self, outcome: Outcome, step: ErasureStep, replayed: bool) -> ForgetReply:
+        token = channels.format_token(self._partition, outcome.position)
+        reply = _erase_reply(self._control_id, self._what, step, token, replayed)
+        if reply.status == "forgotten":
+            # A replay scrubs again: the first attempt may have died before its scrub.
+            if not replayed and self._service._access is not None and self._control_id == ACCOUNT:
+                await self._service._access.forget(self._command.user_id)
+            await self._service._scrub_after(token)
+        return reply
+
+
+def _reply(steps: list[NoteForgetStep], contents: dict[str, str], token: str) -> ForgetReply:
     pending = [
         PendingForget(
-            note_id=note_id,
-            preview=preview(contents.get(note_id, "")),
-            request_count=count,
-            expires_at=datetime.fromisoformat(expires),
+            note_id=step.note_id,
+            preview=preview(contents.get(step.note_id, "")),
+            request_count=step.request_count,
+            expires_at=datetime.fromisoformat(step.expires_at or ""),
         )
-        for note_id, status, count, expires in summary
-        if status == "pending"
+        for step in steps
+        if step.status == "pending"
     ]
-    forgotten = [note_id for note_id, status, _, _ in summary if status == "forgotten"]
-    lapsed = [note_id for note_id, status, _, _ in summary if status == "lapsed"]
+    forgotten = [step.note_id for step in steps if step.status == "forgotten"]
+    lapsed = [step.note_id for step in steps if step.status == "lapsed"]
     if pending:
         asks = "; ".join(f"Delete {p.preview!r} ({p.note_id})?" for p in pending)
         message = f"Please confirm: {asks} Call forget again with the same memory_id to delete it."
@@ -323,25 +327,27 @@ def _reply(summary: list[list], contents: dict[str, str], token: str) -> ForgetR
     return ForgetReply(status=status, message=message, pending=pending, forgotten=forgotten, token=token)  # type: ignore[arg-type]
 
 
-def _erase_reply(control_id: str, what: Callable[[int], str], summary: dict, token: str, replayed: bool) -> ForgetReply:  # type: ignore[type-arg]
+def _erase_reply(
+    control_id: str, what: Callable[[int], str], step: ErasureStep, token: str, replayed: bool
+) -> ForgetReply:
     """The reply to erasing a user or a session: the receipt, or the confirmation to ask for.
     ``what`` names what is erased, given how many."""
-    if summary.get("status") == "forgotten":
-        erased = list(summary["erased"])
+    if step.status == "forgotten":
+        erased = list(step.erased)
         return ForgetReply(
             status="forgotten",
             message=f"Erased {what(len(erased))}. This cannot be undone.",
             forgotten=erased,
-            erased_at=datetime.fromisoformat(summary["at"]),
+            erased_at=datetime.fromisoformat(step.at or ""),
             token=token,
             replayed=replayed,
         )
-    described = what(int(summary.get("notes", 0)))
+    described = what(step.notes)
     pending = PendingForget(
         note_id=control_id,
         preview=described,
-        request_count=int(summary.get("count", 1)),
-        expires_at=datetime.fromisoformat(summary["expires"]),
+        request_count=step.count,
+        expires_at=datetime.fromisoformat(step.expires or ""),
     )
     return ForgetReply(
         status="confirmation_required",
@@ -350,94 +356,3 @@ def _erase_reply(control_id: str, what: Callable[[int], str], summary: dict, tok
         token=token,
         replayed=replayed,
     )
-
-
-class Scrubber:
-    """After a forget, removes copies of plaintext the crypto-shredding cannot reach: handled
-    request entries (a SaveNote's text sits in the command stream until trimmed; a search's in
-    the query stream) and, when Redis keeps an append-only file, its history of old values (a
-    rewrite keeps only the current data). Redis frees a stream's entries by whole nodes (up to
-    100 entries): a handled entry that shares its node with one still pending keeps its bytes
-    until that node goes, and a rewrite before the history applied the tombstone would keep the
-    old view. So every forget records a debt (``SCRUB_OWED_KEY``), scrubs at once as well as it
-    can, and the debt is settled only by a scrub made in a quiet moment: no command pending and
-    the history caught up with the log. Settling runs in every command worker, and a worker
-    that starts owes one, since a crash may have cut a scrub short."""
-
-    def __init__(self, redis: Redis, partitions: int, history: HistoryReader, store: RedisEventStore) -> None:
-        self._redis = redis
-        self._partitions = partitions
-        self._history = history
-        self._store = store
-        self._clear = redis.register_script(_CLEAR_DEBT)
-
-    async def owe(self) -> None:
-        await self._redis.incr(SCRUB_OWED_KEY)
-
-    async def wait_until_acknowledged(self, timeout: float) -> None:
-        """Until no command is pending (bounded: under load there always is one)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while loop.time() < deadline:
-            if not await self._commands_pending():
-                return
-            await asyncio.sleep(0.02)
-
-    async def _commands_pending(self) -> bool:
-        for p in range(self._partitions):
-            if (await self._redis.xpending(channels.command_stream(p), channels.COMMAND_GROUP))["pending"]:
-                return True
-        return False
-
-    async def _quiet(self) -> bool:
-        if await self._commands_pending():
-            return False
-        for p in range(self._partitions):
-            head, _ = await self._store.log_head(p)
-            if head is not None and await self._history.checkpoint(p) < channels.parse_entry_id(head):
-                return False
-        return True
-
-    async def settle(self) -> bool:
-        """Scrub if a scrub is owed and the moment is quiet. True when nothing is owed any more."""
-        owed = await self._redis.get(SCRUB_OWED_KEY)
-        if owed is None:
-            return True
-        if not await self._quiet() or not await self.scrub():
-            return False
-        # Cleared only if no forget added to the debt since it was read.
-        return bool(await self._clear(keys=[SCRUB_OWED_KEY], args=[owed]))
-
-    async def run(self, stop: asyncio.Event, interval: float = 1.0) -> None:
-        await self.owe()
-        await every(interval, stop, self.settle, "settling the scrub after a forget", log)
-
-    async def scrub(self) -> bool:
-        """Trim handled request entries and rewrite the AOF. False when it could not finish."""
-        try:
-            for p in range(self._partitions):
-                await trim_handled(self._redis, channels.command_stream(p), channels.COMMAND_GROUP)
-                await trim_handled(self._redis, channels.query_stream(p), channels.QUERY_GROUP)
-            for server in await servers(self._redis):
-                aof = await server("CONFIG GET", "appendonly")
-                if aof.get("appendonly") in ("yes", b"yes"):
-                    await server("BGREWRITEAOF")
-        except ResponseError as e:  # a rewrite already running, CONFIG disabled by ACL: say so
-            log.warning("scrubbing after a forget incomplete: %s", e)
-            return False
-        return True
-
-
-async def trim_handled(redis: Redis, stream: str, group: str) -> int:
-    """Delete the entries every consumer of ``group`` has handled: older than the oldest pending
-    one, and not after the last delivered one."""
-    info = await group_info(redis, stream, group)
-    if info is None:
-        return 0
-    last = channels.parse_entry_id(info["last-delivered-id"])
-    bound = (last[0], last[1] + 1)
-    pending = await redis.xpending(stream, group)
-    if pending["pending"]:
-        oldest = channels.parse_entry_id(pending["min"])
-        bound = min(bound, oldest)
-    return int(await redis.xtrim(stream, minid=f"{bound[0]}-{bound[1]}", approximate=False))

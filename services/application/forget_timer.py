@@ -9,10 +9,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
-from redis.asyncio import Redis
-
 from contracts.commands import ExpireForget
-from projections.forget_saga import due
+from services.application.ports import PendingDeletions
 from services.ops.periodic import every
 
 log = logging.getLogger("engram.forget")
@@ -21,13 +19,13 @@ log = logging.getLogger("engram.forget")
 class ForgetExpiryTimer:
     def __init__(
         self,
-        redis: Redis,
+        pending: PendingDeletions,
         partitions: int,
         execute: Callable[[ExpireForget], Awaitable[object]],
         clock: Callable[[], datetime],
         interval: float = 0.5,
     ) -> None:
-        self._redis = redis
+        self._pending = pending
         self._partitions = partitions
         self._execute = execute
         self._clock = clock
@@ -37,7 +35,7 @@ class ForgetExpiryTimer:
         sent = 0
         now_ms = self._clock().timestamp() * 1000
         for p in range(self._partitions):
-            for user_id, note_id, deadline in await due(self._redis, p, now_ms):
+            for user_id, note_id, deadline in await self._pending.due(p, now_ms):
                 command = ExpireForget(
                     command_id=f"expire-forget-{note_id}-{int(deadline)}", user_id=user_id, note_id=note_id
                 )

@@ -1,14 +1,110 @@
-"""The ports the application services depend on. ``RedisEventStore`` is the production adapter;
-``tests/fakes.py`` has an in-memory one; ``tests/integration/test_event_store_contract.py``
-holds both to the same contract."""
+"""The ports the application services depend on, and the values that cross them.
+
+The application imports nothing from ``services/adapters`` or Redis: ``RedisEventStore`` and the
+Redis read models are the production adapters, ``tests/fakes.py`` has in-memory ones, and
+``tests/integration/test_event_store_contract.py`` holds both event stores to one contract.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Literal, Protocol
 
-from services.adapters.event_store import Appended, Conflict, ContentTaken, LoadedNote, LogEntry, Outcome
+import msgspec
+
+from contracts.events import AnyEvent
+from contracts.model import MessageView, NoteView, VersionView
 from services.domain.decider import StreamAppend
+from services.domain.note import NoteState
+
+# -- What an accepted command leaves behind, so that a retry gets the same reply -------------------
+
+
+class HeldDraft(msgspec.Struct, frozen=True, array_like=True):
+    """A draft of a batch that wrote nothing: an existing note already held its text."""
+
+    index: int
+    note_id: str
+    version: int
+
+
+ForgetStatus = Literal["pending", "forgotten", "lapsed"]
+
+
+class NoteForgetStep(msgspec.Struct, frozen=True, array_like=True):
+    """What one ``RequestForget`` did to one note. No preview is stored: it would outlive a forget."""
+
+    note_id: str
+    status: ForgetStatus
+    request_count: int
+    expires_at: str | None  # ISO 8601, while pending
+
+
+class ErasureStep(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a ``RequestForgetUser``/``RequestForgetSession`` did: asked for confirmation, or erased."""
+
+    status: Literal["pending", "forgotten"]
+    # Erased: which notes and messages, and when.
+    erased: list[str] = msgspec.field(default_factory=list)
+    at: str | None = None
+    # Pending: the request count, its deadline and how many notes it would erase.
+    count: int = 1
+    expires: str | None = None
+    notes: int = 0
+
+
+class OutcomeDetail(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a reply needs besides the notes written; each command kind fills its own field."""
+
+    duplicates: list[HeldDraft] = msgspec.field(default_factory=list)
+    forget: list[NoteForgetStep] = msgspec.field(default_factory=list)
+    user: ErasureStep | None = None
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    """What an accepted command wrote: the log position of its last event and the versions the
+    notes it changed are at now (``[note_id, version]`` pairs)."""
+
+    position: str
+    notes: list[tuple[str, int]]
+    # Stored under "extra" since the first release: kept so older outcomes still answer retries.
+    detail: OutcomeDetail = msgspec.field(default_factory=OutcomeDetail, name="extra")
+
+
+# -- What an append can answer ---------------------------------------------------------------------
+
+
+class Appended(msgspec.Struct, frozen=True):
+    outcome: Outcome
+    # True when the command id had an outcome already: nothing was written, this is the first one.
+    replayed: bool
+
+
+class Conflict(msgspec.Struct, frozen=True):
+    note_id: str
+    actual_version: int
+
+
+class ContentTaken(msgspec.Struct, frozen=True):
+    """The content an append claims is already held by another active note of the user."""
+
+    note_id: str
+    holder: str
+
+
+class LoadedNote(msgspec.Struct, frozen=True):
+    state: NoteState
+    # Log position of the note's latest event: the token for a no-op reply.
+    position: str | None
+
+
+class LogEntry(msgspec.Struct, frozen=True):
+    position: str
+    event: AnyEvent
+
+
+# -- The ports -------------------------------------------------------------------------------------
 
 
 class EventStore(Protocol):
@@ -22,12 +118,19 @@ class EventStore(Protocol):
     async def load(self, user_id: str, note_ids: Sequence[str]) -> dict[str, LoadedNote]:
         """Each note's folded state and the log position of its latest event."""
 
+    async def note_ids(self, user_id: str) -> list[str]:
+        """Every note and message id the user has a stream for (control streams aside), sorted."""
+
     async def append(
-        self, user_id: str, command_id: str, appends: Sequence[StreamAppend], extra: dict[str, Any] | None = None
+        self,
+        user_id: str,
+        command_id: str,
+        appends: Sequence[StreamAppend],
+        detail: OutcomeDetail | None = None,
     ) -> Appended | Conflict | ContentTaken:
         """Atomically: return the first outcome of a seen command id; refuse if any note is not at
         its expected version or claims a content another note holds; else release and claim the
-        content keys, write every event, and store and return the outcome (with ``extra``)."""
+        content keys, write every event, and store and return the outcome (with ``detail``)."""
 
     async def content_holder(self, user_id: str, digest: str) -> str | None:
         """The active note holding a content digest, if any."""
@@ -37,3 +140,60 @@ class EventStore(Protocol):
 
     async def log_head(self, partition: int) -> tuple[str | None, int]:
         """The last position of a partition's log and its length."""
+
+
+class NoteHistory(Protocol):
+    """The version-history read model (``projections/history.py``), read side."""
+
+    async def checkpoint(self, partition: int) -> tuple[int, int]:
+        """The last log position applied in a partition."""
+
+    async def wait_for(self, token: str, timeout: float, poll: float = 0.002) -> bool:
+        """Until the read model has applied the write a token names; False on timeout."""
+
+    async def get_note(self, user_id: str, note_id: str) -> NoteView | None: ...
+
+    async def get_many(
+        self, user_id: str, note_ids: Sequence[str], message_ids: Sequence[str] = ()
+    ) -> tuple[dict[str, NoteView], dict[str, MessageView]]: ...
+
+    async def get_message(self, user_id: str, message_id: str) -> MessageView | None: ...
+
+    async def history(self, user_id: str, note_id: str) -> tuple[NoteView, list[VersionView]] | None: ...
+
+    async def list_notes(self, user_id: str, category: str | None, include_superseded: bool) -> list[NoteView]: ...
+
+    async def list_recent(self, user_id: str, limit: int) -> tuple[list[NoteView], int]:
+        """The most recently used notes and how many notes the user has."""
+
+
+class AccessStats(Protocol):
+    """How often and when each note was read (``projections/access.py``)."""
+
+    async def touch(self, user_id: str, note_ids: Iterable[str], at: datetime) -> None: ...
+
+    async def annotate(self, user_id: str, views: Sequence[NoteView]) -> list[NoteView]: ...
+
+    async def forget(self, user_id: str, note_ids: Sequence[str] | None = None) -> None:
+        """Drop the counts of some notes, or of the whole user."""
+
+
+class PendingDeletions(Protocol):
+    """The forget saga's view of which deletions await their confirmation."""
+
+    async def of(self, user_id: str) -> list[str]:
+        """The user's notes with a pending deletion."""
+
+    async def due(self, partition: int, now_ms: float) -> list[tuple[str, str, float]]:
+        """``(user_id, note_id, deadline_ms)`` of the partition's deletions past their deadline."""
+
+
+class Scrub(Protocol):
+    """Removes copies of plaintext that crypto-shredding cannot reach (``services/adapters/scrub.py``)."""
+
+    async def owe(self) -> None:
+        """Record that a forget happened and a quiet-moment scrub is due."""
+
+    async def wait_until_acknowledged(self, timeout: float) -> None: ...
+
+    async def scrub(self) -> bool: ...

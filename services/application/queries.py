@@ -24,10 +24,9 @@ from contracts.queries import (
     SearchNotes,
     SearchReply,
 )
-from projections.access import AccessLog
-from projections.history import HistoryReader
-from services.application.commands import refuse_oversized
 from services.application.context import ContextService
+from services.application.decoding import decode_request
+from services.application.ports import AccessStats, NoteHistory
 from services.application.search import SearchService
 
 _query_decoder = msgspec.json.Decoder(AnyQuery)
@@ -35,13 +34,7 @@ _encoder = msgspec.json.Encoder()
 
 
 def decode_query(body: bytes) -> AnyQuery:
-    refuse_oversized(body)
-    try:
-        return _query_decoder.decode(body)
-    except msgspec.ValidationError as e:
-        raise EngramError(ErrorCode.INVALID_PARAMETER, f"invalid query: {e}") from None
-    except msgspec.DecodeError as e:
-        raise EngramError(ErrorCode.INVALID_PARAMETER, f"malformed JSON: {e}") from None
+    return decode_request(body, _query_decoder, "query")
 
 
 def _not_found(note_id: str) -> EngramError:
@@ -51,11 +44,11 @@ def _not_found(note_id: str) -> EngramError:
 class QueryService:
     def __init__(
         self,
-        history: HistoryReader,
+        history: NoteHistory,
         read_wait_seconds: float,
         search: SearchService | None = None,
         context: ContextService | None = None,
-        access: AccessLog | None = None,
+        access: AccessStats | None = None,
     ) -> None:
         self._access = access
         self._history = history

@@ -14,8 +14,6 @@ import msgspec
 from contracts.errors import EngramError, ErrorCode
 from contracts.model import MessageView, NoteStatus, NoteView
 from contracts.queries import SearchHit, SearchNotes, SearchReply
-from projections.access import AccessLog
-from projections.history import HistoryReader
 from projections.index import sparse_query
 from projections.index_runtime import IndexReader, IndexRuntime
 from projections.vector_index import (
@@ -27,6 +25,7 @@ from projections.vector_index import (
     TimeWindow,
     VectorIndex,
 )
+from services.application.ports import AccessStats, NoteHistory
 from services.application.ranking import DEFAULT_POLICY, RankingPolicy, boost_named, fuse
 
 
@@ -86,10 +85,10 @@ class SearchService:
     def __init__(
         self,
         runtime: IndexRuntime,
-        history: HistoryReader,
+        history: NoteHistory,
         read_wait_seconds: float,
         policy: RankingPolicy = DEFAULT_POLICY,
-        access: AccessLog | None = None,
+        access: AccessStats | None = None,
         blend: BlendPolicy = BlendPolicy(),
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -241,7 +240,8 @@ def _hit(
     view = notes.get(record_id)
     if view is None or view.user_id != query.user_id:
         return None
-    if view.status is not NoteStatus.ACTIVE and not query.include_superseded:
+    # A forgotten note's tombstone is never a hit, even before the index has dropped its points.
+    if view.status is NoteStatus.FORGOTTEN or (view.status is not NoteStatus.ACTIVE and not query.include_superseded):
         return None
     return SearchHit(
         note_id=record_id, content=view.content, score=score, similarity=similarity, source=source, note=view

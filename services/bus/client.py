@@ -103,29 +103,33 @@ class EngramClient:
         user_id: str,
         content: str,
         *,
-        kind: NoteKind = NoteKind.FACT,
-        category: str = "general",
+        kind: NoteKind | None = None,
+        category: str | None = None,
         subject: str | None = None,
-        confidence: float = 1.0,
-        source: NoteSource = NoteSource.EXPLICIT,
-        importance: float = 0.5,
+        confidence: float | None = None,
+        source: NoteSource | None = None,
+        importance: float | None = None,
         command_id: str | None = None,
         origin: Origin | None = None,
         advise: bool = True,
         **episode_or_procedure: Any,
     ) -> NoteWritten:
+        """Save a note. A field left at None takes the contract's default (``NoteDraft``)."""
+        given: dict[str, Any] = {
+            "kind": kind,
+            "category": category,
+            "confidence": confidence,
+            "source": source,
+            "importance": importance,
+        }
         command = SaveNote(
             advise=advise,
             command_id=command_id or new_command_id(),
             user_id=user_id,
             content=content,
-            kind=kind,
-            category=category,
             subject=subject,
-            confidence=confidence,
-            source=source,
-            importance=importance,
             origin=origin,
+            **{field: value for field, value in given.items() if value is not None},
             **episode_or_procedure,
         )
         return await self.execute(command, NoteWritten)

@@ -19,7 +19,10 @@ from faststream.redis.parser.binary import BinaryMessageFormatV1
 from opentelemetry.propagate import inject
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+
+from contracts import channels
 
 RESUBSCRIBE_PAUSE_SECONDS = 0.2
 
@@ -28,7 +31,7 @@ class BusRequester:
     def __init__(self, redis: Redis, request_stream_maxlen: int) -> None:
         self._redis = redis
         self._maxlen = request_stream_maxlen
-        self.reply_channel = f"engram:replies:{uuid.uuid4().hex}"
+        self.reply_channel = channels.reply_channel(uuid.uuid4().hex)
         self._waiting: dict[str, asyncio.Future[bytes]] = {}
         self._pubsub: PubSub | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -70,7 +73,13 @@ class BusRequester:
             message = await BinaryMessageFormatV1.encode(
                 message=body, reply_to=self.reply_channel, headers=headers, correlation_id=correlation_id
             )
-            await self._redis.xadd(stream, {DATA_KEY: message}, maxlen=self._maxlen, approximate=True)
+            try:
+                await self._redis.xadd(stream, {DATA_KEY: message}, maxlen=self._maxlen, approximate=True)
+            except (AttributeError, TypeError) as e:
+                # redis-py 8.1 (redis/redis-py#4287): a write on a connection the server has just
+                # closed can leak the transport's AttributeError/TypeError instead of its
+                # ConnectionError. It is a lost connection; the caller retries as for one.
+                raise RedisConnectionError(f"connection lost while sending: {e!r}") from e
             return await asyncio.wait_for(future, timeout)
         finally:
             self._waiting.pop(correlation_id, None)

@@ -10,7 +10,7 @@ import hashlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -82,25 +82,101 @@ class IdCollision(Exception):
     attempt. Internal; never reaches a caller."""
 
 
+class Circumstances(msgspec.Struct, frozen=True, kw_only=True):
+    """What a decision depends on besides the command and the notes' states."""
+
+    now: datetime
+    # Drafts of a batch to leave out: their text is already an existing note.
+    skip: frozenset[int] = frozenset()
+    # How long a requested deletion waits for its confirmation.
+    forget_ttl: timedelta = DEFAULT_FORGET_TTL
+    # The user's other notes with a pending deletion, which a RequestForget naming other ids
+    # lapses (requirements §1).
+    pending_elsewhere: Mapping[str, NoteState] = msgspec.field(default_factory=dict)
+
+
+class Rule(NamedTuple):
+    """How one command type is decided: which notes it needs (``ids(command, attempt)``, stable
+    order; ``attempt`` salts derived new ids after an ``IdCollision``) and what it appends given
+    their states (``decide(command, states, ids, circumstances)``)."""
+
+    ids: Callable[[Any, int], list[str]]
+    decide: Callable[[Any, Mapping[str, NoteState], list[str], Circumstances], list[StreamAppend]]
+
+
+def _new_ids(count: Callable[[Any], int]) -> Callable[[Any, int], list[str]]:
+    """Ids for the notes a command creates, derived from its command id (a retry derives the same)."""
+    return lambda c, attempt: [new_note_id(c.user_id, c.command_id, i, attempt) for i in range(count(c))]
+
+
+def _decide_save(c: SaveNote, states: Mapping[str, NoteState], ids: list[str], w: Circumstances) -> list[StreamAppend]:
+    _expect_new(c.expected_version)
+    return [_save(c, c.draft(), ids[0], states[ids[0]], w.now)]
+
+
+def _decide_save_many(
+    c: SaveNotes, states: Mapping[str, NoteState], ids: list[str], w: Circumstances
+) -> list[StreamAppend]:
+    _expect_new(c.expected_version)
+    # The same text twice in one batch is one note: the first draft's.
+    firsts = first_of_each_content(c.notes)
+    return [
+        _save(c, draft, note_id, states[note_id], w.now)
+        for i, (draft, note_id) in enumerate(zip(c.notes, ids, strict=True))
+        if firsts[i] == i and i not in w.skip
+    ]
+
+
+def _decide_record(
+    c: RecordMessage, states: Mapping[str, NoteState], ids: list[str], w: Circumstances
+) -> list[StreamAppend]:
+    _expect_new(c.expected_version)
+    return [_record(c, c.session_id, c, ids[0], states[ids[0]], w.now)]
+
+
+def _decide_record_many(
+    c: RecordMessages, states: Mapping[str, NoteState], ids: list[str], w: Circumstances
+) -> list[StreamAppend]:
+    _expect_new(c.expected_version)
+    return [
+        _record(c, c.session_id, turn, message_id, states[message_id], w.now)
+        for turn, message_id in zip(c.messages, ids, strict=True)
+    ]
+
+
+# One row per command the decider handles: what it needs and what it decides, kept together so
+# the two cannot drift apart. Erasing a user or a session needs every note of the user, so those
+# are decided by ``decide_forget_user`` / ``decide_forget_session`` on what the caller loaded.
+RULES: dict[type[AnyCommand], Rule] = {
+    SaveNote: Rule(ids=_new_ids(lambda c: 1), decide=_decide_save),
+    SaveNotes: Rule(ids=_new_ids(lambda c: len(c.notes)), decide=_decide_save_many),
+    UpdateNote: Rule(ids=lambda c, _: [c.note_id], decide=lambda c, s, ids, w: _update(c, s[c.note_id], w.now)),
+    SupersedeNote: Rule(
+        ids=lambda c, _: [c.note_id, c.superseded_by],
+        decide=lambda c, s, ids, w: _supersede(c, s[c.note_id], s[c.superseded_by], w.now),
+    ),
+    RecordMessage: Rule(ids=_new_ids(lambda c: 1), decide=_decide_record),
+    RecordMessages: Rule(ids=_new_ids(lambda c: len(c.messages)), decide=_decide_record_many),
+    RequestForget: Rule(
+        ids=lambda c, _: list(dict.fromkeys(c.note_ids)),
+        decide=lambda c, s, ids, w: _request_forget(c, ids, s, w.now, w.forget_ttl, w.pending_elsewhere),
+    ),
+    ExpireForget: Rule(
+        ids=lambda c, _: [c.note_id], decide=lambda c, s, ids, w: _expire_forget(c, s[c.note_id], w.now)
+    ),
+}
+
+
+def _rule(command: AnyCommand) -> Rule:
+    try:
+        return RULES[type(command)]
+    except KeyError:
+        raise TypeError(f"the decider has no rule for {type(command).__name__}") from None
+
+
 def note_ids_for(command: AnyCommand, attempt: int = 0) -> list[str]:
     """The notes whose state ``decide`` needs, in a stable order."""
-    if isinstance(command, SaveNote):
-        return [new_note_id(command.user_id, command.command_id, 0, attempt)]
-    if isinstance(command, SaveNotes):
-        return [new_note_id(command.user_id, command.command_id, i, attempt) for i in range(len(command.notes))]
-    if isinstance(command, UpdateNote):
-        return [command.note_id]
-    if isinstance(command, SupersedeNote):
-        return [command.note_id, command.superseded_by]
-    if isinstance(command, RecordMessage):
-        return [new_note_id(command.user_id, command.command_id, 0, attempt)]
-    if isinstance(command, RecordMessages):
-        return [new_note_id(command.user_id, command.command_id, i, attempt) for i in range(len(command.messages))]
-    if isinstance(command, RequestForget):
-        return list(dict.fromkeys(command.note_ids))
-    if isinstance(command, ExpireForget):
-        return [command.note_id]
-    raise TypeError(f"unknown command {type(command).__name__}")
+    return _rule(command).ids(command, attempt)
 
 
 def decide(
@@ -112,45 +188,15 @@ def decide(
     forget_ttl: timedelta = DEFAULT_FORGET_TTL,
     pending_elsewhere: Mapping[str, NoteState] | None = None,
 ) -> list[StreamAppend]:
-    """``ids`` is what ``note_ids_for`` returned and ``states`` their current states. ``skip``:
-    drafts of a batch to leave out (their text is already an existing note). ``forget_ttl``: how
-    long a requested deletion waits for its confirmation; ``pending_elsewhere``: the user's other
-    notes with a pending deletion, which a RequestForget naming other ids lapses (requirements §1)."""
-    if isinstance(command, SaveNote):
-        _expect_new(command.expected_version)
-        return [
-            _save(command.user_id, command.command_id, command.origin, command.draft(), ids[0], states[ids[0]], now)
-        ]
-    if isinstance(command, SaveNotes):
-        _expect_new(command.expected_version)
-        # The same text twice in one batch is one note: the first draft's.
-        firsts = first_of_each_content(command.notes)
-        return [
-            _save(command.user_id, command.command_id, command.origin, draft, note_id, states[note_id], now)
-            for i, (draft, note_id) in enumerate(zip(command.notes, ids, strict=True))
-            if firsts[i] == i and i not in skip
-        ]
-    if isinstance(command, UpdateNote):
-        return _update(command, states[command.note_id], now)
-    if isinstance(command, SupersedeNote):
-        return _supersede(command, states[command.note_id], states[command.superseded_by], now)
-    if isinstance(command, RecordMessage):
-        _expect_new(command.expected_version)
-        return [_record(command, command.session_id, command, ids[0], states[ids[0]], now)]
-    if isinstance(command, RecordMessages):
-        _expect_new(command.expected_version)
-        return [
-            _record(command, command.session_id, turn, message_id, states[message_id], now)
-            for turn, message_id in zip(command.messages, ids, strict=True)
-        ]
-    if isinstance(command, RequestForget):
-        return _request_forget(command, ids, states, now, forget_ttl, pending_elsewhere or {})
-    if isinstance(command, ExpireForget):
-        return _expire_forget(command, states[command.note_id], now)
-    raise TypeError(f"unknown command {type(command).__name__}")
+    """``ids`` is what ``note_ids_for`` returned and ``states`` their current states; the rest
+    are the ``Circumstances``."""
+    circumstances = Circumstances(now=now, skip=skip, forget_ttl=forget_ttl, pending_elsewhere=pending_elsewhere or {})
+    return _rule(command).decide(command, states, ids, circumstances)
 
 
-def _save(user_id, command_id, origin, draft: NoteDraft, note_id: str, state: NoteState, now: datetime) -> StreamAppend:  # type: ignore[no-untyped-def]
+def _save(
+    command: SaveNote | SaveNotes, draft: NoteDraft, note_id: str, state: NoteState, now: datetime
+) -> StreamAppend:
     if state.exists:
         raise IdCollision(note_id)
     _check_text("content", draft.content)
@@ -166,13 +212,7 @@ def _save(user_id, command_id, origin, draft: NoteDraft, note_id: str, state: No
     if draft.kind is not NoteKind.PROCEDURE and (draft.trigger or draft.action):
         raise EngramError(ErrorCode.INVALID_PARAMETER, "'trigger' and 'action' belong to procedures (kind='procedure')")
     event = NoteSaved(
-        event_id=event_id(user_id, note_id, 1),
-        note_id=note_id,
-        user_id=user_id,
-        version=1,
-        command_id=command_id,
-        at=now,
-        origin=origin,
+        **_header(command, note_id, 1, now),
         kind=draft.kind,
         content=draft.content,
         category=draft.category,
@@ -235,16 +275,7 @@ def _update(command: UpdateNote, state: NoteState, now: datetime) -> list[Stream
         # Same values again: nothing happens, and the reply names the current version.
         return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[])]
     version = state.version + 1
-    event = NoteUpdated(
-        event_id=event_id(command.user_id, command.note_id, version),
-        note_id=command.note_id,
-        user_id=command.user_id,
-        version=version,
-        command_id=command.command_id,
-        at=now,
-        origin=command.origin,
-        **changes,
-    )
+    event = NoteUpdated(**_header(command, command.note_id, version, now), **changes)
     content_moves: dict[str, Any] = {}
     if "content" in changes:
         content_moves = {"claims": [content_digest(changes["content"])], "releases": [content_digest(state.content)]}
@@ -258,16 +289,7 @@ def _supersede(command: SupersedeNote, old: NoteState, new: NoteState, now: date
     _require_active(command.superseded_by, new)
     _check_version(command.note_id, command.expected_version, old)
     version = old.version + 1
-    event = NoteSuperseded(
-        event_id=event_id(command.user_id, command.note_id, version),
-        note_id=command.note_id,
-        user_id=command.user_id,
-        version=version,
-        command_id=command.command_id,
-        at=now,
-        origin=command.origin,
-        superseded_by=command.superseded_by,
-    )
+    event = NoteSuperseded(**_header(command, command.note_id, version, now), superseded_by=command.superseded_by)
     return [
         StreamAppend(
             note_id=command.note_id,

@@ -12,10 +12,10 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from contracts import channels
-from projections.forget_saga import SagaKeys
-from projections.history import HistoryKeys, live_generation, position_key
-from projections.index import IndexKeys, live_index_generation
-from projections.index_runtime import model_key
+from contracts.channels import HistoryKeys, IndexKeys, SagaKeys, model_key
+from projections.history import live_generation
+from projections.index import live_index_generation
+from projections.tracking import position_key
 from services.bus.reclaimer import group_info
 
 LAG_ENTRIES_LIMIT = 1000  # more than this behind the log: degraded

@@ -23,7 +23,8 @@ def event_store(redis: Redis, settings: Settings, partitions: int) -> RedisEvent
 
 
 async def rebuild_history(redis: Redis, settings: Settings, partitions: int, progress: Progress) -> dict[str, Any]:
-    from projections.history import HistoryKeys, HistoryProjection, live_generation
+    from contracts.channels import HistoryKeys
+    from projections.history import HistoryProjection, live_generation
 
     store = event_store(redis, settings, partitions)
     total = 0
@@ -44,7 +45,8 @@ async def rebuild_history(redis: Redis, settings: Settings, partitions: int, pro
 async def rebuild_index(redis: Redis, settings: Settings, partitions: int, progress: Progress) -> dict[str, Any]:
     """Embed the whole log into a fresh generation (a new shard directory or collection), then
     switch every partition to it; a running `engram serve` follows within a second."""
-    from projections.index import GENERATIONS_KEY, IndexKeys, IndexProjection, live_index_generation
+    from contracts.channels import GENERATIONS_KEY, IndexKeys
+    from projections.index import IndexProjection, live_index_generation
     from projections.index_runtime import record_model, switch_generation
     from services.bootstrap import build_index_runtime
 

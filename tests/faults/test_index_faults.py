@@ -24,8 +24,7 @@ from services.adapters.event_store import RedisEventStore
 from services.adapters.redis_server import RedisServer
 from services.bus.client import EngramClient
 from tests.faults.workload import RETRYABLE
-from tests.integration.test_index_projection import shape
-from tests.support import ServeProcess, engram_env
+from tests.support import ServeProcess, engram_env, shape
 
 TOPICS = ["sailing", "chess openings", "sourdough", "tax forms", "piano scales", "hiking boots", "tomato plants"]
 

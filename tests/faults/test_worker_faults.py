@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from contracts.channels import SCRUB_OWED_KEY
 from contracts.commands import RequestForget, SaveNote, UpdateNote
 from contracts.queries import ForgetReply, NoteWritten
 from projections.forget_saga import ForgetSagaProjection, member
@@ -37,12 +38,10 @@ from services.adapters.event_store import RedisEventStore
 from services.adapters.redis_conn import close_redis, open_redis
 from services.adapters.redis_conn import servers as each_server
 from services.adapters.redis_server import RedisServer
-from services.application.forget import SCRUB_OWED_KEY
 from services.bus.client import EngramClient
 from tests.cluster import LocalCluster
 from tests.faults.workload import Actor, check_log, check_read_model, retry_read, run_actor
-from tests.integration.test_history_projection import dump
-from tests.support import ServeProcess, engram_env, every_value
+from tests.support import ServeProcess, dump, engram_env, every_value
 
 USERS = 10
 STEPS = 30  # commands per user: 300 in all, plus the reads and the duplicates

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 
 from contracts import channels
 from services.bus.client import EngramClient
-from tests.unit.test_fuzz_decoders import bodies
+from tests.builders import bodies
 
 STREAMS = [
     (channels.command_stream(0), channels.COMMAND_GROUP),

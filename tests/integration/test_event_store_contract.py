@@ -9,8 +9,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from contracts.commands import SaveNote, SupersedeNote, UpdateNote
-from services.adapters.event_store import Appended, Conflict, RedisEventStore
-from services.application.ports import EventStore
+from services.adapters.event_store import RedisEventStore
+from services.application.ports import Appended, Conflict, EventStore
 from services.domain.decider import StreamAppend, decide, note_ids_for
 from tests.fakes import InMemoryEventStore
 from tests.support import master_key_for_tests
@@ -98,7 +98,7 @@ async def test_the_log_is_partitioned_by_user_and_read_in_order(store: EventStor
 
 
 async def test_content_claims_are_exclusive_per_user_and_released(store: EventStore) -> None:
-    from services.adapters.event_store import ContentTaken
+    from services.application.ports import ContentTaken
     from services.domain.decider import content_digest
 
     holder = await save(store, "alice", "c1", "Likes black coffee")

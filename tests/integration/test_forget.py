@@ -34,9 +34,11 @@ async def test_a_query_returns_candidates_and_deletes_nothing(client: EngramClie
     await client.search("alice", "x", after=token)
     reply = await client.forget("alice", query="San Francisco")
     assert reply.status == "candidates" and not reply.forgotten and not reply.pending
-    assert [c.note_id for c in reply.candidates][:2] == [lives, visited] or {
-        c.note_id for c in reply.candidates[:2]
-    } == {lives, visited}
+    found = [c.note_id for c in reply.candidates]
+    assert set(found[:2]) == {lives, visited}, "the two San Francisco notes lead, in either order"
+    ranked = (await client.search("alice", "San Francisco")).results
+    assert found == [h.note_id for h in ranked], "best first: the search's order"
+    assert [c.similarity for c in reply.candidates] == [h.similarity for h in ranked]
     assert all(c.preview and 0 < c.similarity <= 1 for c in reply.candidates)
     assert (await client.get_note("alice", lives)).status == "active"
 
@@ -194,9 +196,8 @@ async def test_after_a_forget_the_plaintext_is_in_no_redis_key_and_no_file(servi
                 break
             await asyncio.sleep(0.05)
         assert found == [], f"plaintext left in {found}"
-        assert b"coffee black" in b"".join(
-            [await redis.get(k) or b"" async for k in redis.scan_iter(match="*hist*note:alice:*")]
-        ), "the scan sees plaintext where it is (the kept note)"
+        blobs = [blob async for _, blob in every_value(redis)]
+        assert any(b"coffee black" in blob for blob in blobs), "the scan sees plaintext where it is (the kept note)"
     finally:
         await redis.aclose()
     await service.engram.index.close() if service.engram.index else None
@@ -267,7 +268,9 @@ async def test_forgetting_a_user_asks_then_erases_everything_and_leaves_others_u
 async def test_an_erased_users_plaintext_is_in_no_redis_key(client: EngramClient, redis_url: str) -> None:
     await saved(client, "alice", "My passport number is X1234567")
     await client.record_message("alice", "s1", "and my bank PIN is 9921")
-    await client.forget_user("alice", confirmed=True)
+    kept = await saved(client, "bob", "My bike lock code is 5150")
+    done = await client.forget_user("alice", confirmed=True)
+    assert (await client.get_note("bob", kept, after=done.token)).status == "active"
     redis = aioredis.Redis.from_url(redis_url)
     try:
         needles = (b"passport number is X1234567", b"bank PIN is 9921")
@@ -277,6 +280,39 @@ async def test_an_erased_users_plaintext_is_in_no_redis_key(client: EngramClient
                 break
             await asyncio.sleep(0.05)
         assert leaks == []
+        blobs = [blob async for _, blob in every_value(redis)]
+        assert any(b"bike lock code is 5150" in blob for blob in blobs), "the scan sees another user's plaintext"
+    finally:
+        await redis.aclose()
+
+
+async def test_the_plaintext_scan_reads_every_kind_of_redis_value(redis_url: str) -> None:
+    """The scans above prove nothing where every_value does not look: it must see a value in a key
+    name, a string, hash fields and values, stream entry fields and values, and every member of a
+    set, a sorted set and a list (not only the first)."""
+    redis = aioredis.Redis.from_url(redis_url)
+    try:
+        await redis.set(b"name-<key>", b"x")
+        await redis.set(b"k:string", b"a <string> value")
+        await redis.hset(b"k:hash", mapping={b"<hash-field>": b"x", b"f": b"<hash-value>"})
+        await redis.xadd(b"k:stream", {b"f": b"x"})
+        await redis.xadd(b"k:stream", {b"<stream-field>": b"x", b"g": b"<stream-value>"})
+        await redis.zadd(b"k:zset", {b"a": 1, b"<zset>": 2, b"b": 3})
+        await redis.sadd(b"k:set", b"a", b"<set>", b"b")
+        await redis.rpush(b"k:list", b"a", b"<list>", b"b")
+        seen = [(key, blob) async for key, blob in every_value(redis)]
+        for key, needle in [
+            (b"name-<key>", b"<key>"),
+            (b"k:string", b"<string>"),
+            (b"k:hash", b"<hash-field>"),
+            (b"k:hash", b"<hash-value>"),
+            (b"k:stream", b"<stream-field>"),
+            (b"k:stream", b"<stream-value>"),
+            (b"k:zset", b"<zset>"),
+            (b"k:set", b"<set>"),
+            (b"k:list", b"<list>"),
+        ]:
+            assert any(k == key and needle in blob for k, blob in seen), f"{needle!r} in {key!r} not seen"
     finally:
         await redis.aclose()
 

@@ -4,73 +4,15 @@ log equals the live projection."""
 from __future__ import annotations
 
 import asyncio
-import random
 
 import redis.asyncio as aioredis
 
-from contracts.errors import EngramError
-from projections.history import HistoryKeys, HistoryProjection, live_generation
+from contracts.channels import HistoryKeys
+from projections.history import HistoryProjection, live_generation
 from services.adapters.event_store import RedisEventStore
 from services.bus.client import EngramClient
-from tests.support import master_key_for_tests
-
-
-async def mixed_workload(client: EngramClient, users: int = 6, steps: int = 120, seed: int = 7) -> str:
-    """Saves, updates (some with category or subject changes), supersedes and batches across users.
-    Returns the last token."""
-    rng = random.Random(seed)
-    notes: dict[str, list[str]] = {f"user-{u}": [] for u in range(users)}
-    token = ""
-    for step in range(steps):
-        user = rng.choice(list(notes))
-        mine = notes[user]
-        roll = rng.random()
-        try:
-            if roll < 0.4 or len(mine) < 2:
-                reply = await client.save(
-                    user, f"fact {step} about {user}", category=rng.choice(["person", "project", "context"])
-                )
-                mine.append(reply.note_id)
-            elif roll < 0.75:
-                reply = await client.update(
-                    user,
-                    rng.choice(mine),
-                    content=f"changed at {step}",
-                    category=rng.choice([None, "preference"]),
-                    subject=rng.choice([None, "Sam"]),
-                )
-            elif roll < 0.9:
-                old, new = rng.sample(mine, 2)
-                reply = await client.supersede(user, old, new)
-                mine.remove(old)
-            else:
-                from contracts.commands import NoteDraft
-
-                batch = await client.save_many(user, [NoteDraft(content=f"batch {step}.{i}") for i in range(3)])
-                mine.extend(n.note_id for n in batch.notes)
-                reply = batch  # type: ignore[assignment]
-            token = reply.token
-        except EngramError:
-            pass  # superseding a note that another step superseded: refusals are part of the mix
-    return token
-
-
-async def dump(redis: aioredis.Redis, partition: int, generation: int) -> dict[bytes, object]:
-    """Every key of one generation, with its value, keyed without the generation prefix."""
-    prefix = HistoryKeys(partition, generation).prefix
-    out: dict[bytes, object] = {}
-    async for key in redis.scan_iter(match=f"{prefix}*"):
-        kind = (await redis.type(key)).decode()
-        if kind == "string":
-            value: object = await redis.get(key)
-        elif kind == "hash":
-            value = await redis.hgetall(key)
-        elif kind == "zset":
-            value = await redis.zrange(key, 0, -1, withscores=True)
-        else:
-            raise AssertionError(kind)
-        out[key[len(prefix) :]] = value
-    return out
+from tests.builders import mixed_workload
+from tests.support import dump, master_key_for_tests
 
 
 async def test_rebuild_from_the_log_equals_the_live_projection(client: EngramClient, redis_url: str) -> None:

@@ -5,21 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
-import redis.asyncio as aioredis
 
-from contracts import channels
 from contracts.commands import RequestForget, SaveNote, UpdateNote
 from contracts.errors import EngramError, ErrorCode
 from contracts.queries import ForgetReply, NoteWritten
-from services.adapters.event_store import decode_event
 from services.bus.client import EngramClient
-
-
-async def log_events(url: str, partition: int = 0) -> list:  # type: ignore[type-arg]
-    r = aioredis.Redis.from_url(url)
-    entries = await r.xrange(channels.event_log(partition))
-    await r.aclose()
-    return [decode_event(fields[b"e"]) for _, fields in entries]
+from tests.support import log_events
 
 
 async def test_same_command_id_twice_appends_once_and_replies_the_same(client: EngramClient, redis_url: str) -> None:

@@ -13,15 +13,9 @@ from projections.qdrant_edge import QdrantEdgeIndex
 from projections.vector_index import DENSE, NearestQuery
 from services.adapters.event_store import RedisEventStore
 from services.bus.client import EngramClient
+from tests.builders import mixed_workload
 from tests.conftest import RunningService
-from tests.integration.test_history_projection import mixed_workload
-from tests.support import master_key_for_tests
-
-FIELDS = ("user_id", "note_id", "chunk", "version", "status", "category", "subject", "kind")
-
-
-def shape(payloads: list[dict]) -> list[tuple]:  # type: ignore[type-arg]
-    return sorted(tuple(p.get(f) for f in FIELDS) for p in payloads)
+from tests.support import POINT_FIELDS, master_key_for_tests, shape
 
 
 async def caught_up(client: EngramClient, token: str) -> None:
@@ -88,7 +82,7 @@ async def test_a_rebuild_gives_every_turn_the_same_context_as_live(
     await caught_up(client, last.token)
     runtime = service.engram.index
     assert runtime is not None
-    fields = (*FIELDS, "session_id", "time", "context", "record")
+    fields = (*POINT_FIELDS, "session_id", "time", "context", "record")
     live = sorted(tuple(p.get(f) for f in fields) for p in await runtime.index.payloads())
     assert sum(1 for p in live if p[-2]) == 3, "every turn after the first has a context point"
     redis = aioredis.Redis.from_url(redis_url)

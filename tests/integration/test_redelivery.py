@@ -16,7 +16,7 @@ from contracts.errors import EngramError, ErrorCode
 from services.bus.client import EngramClient
 from services.bus.reclaimer import ATTEMPT_FIELD
 from tests.conftest import RunningService, service_settings
-from tests.integration.test_idempotency_and_concurrency import log_events
+from tests.support import log_events
 
 
 async def test_a_dead_consumers_pending_command_is_claimed_and_answered(redis_url: str) -> None:

@@ -112,7 +112,8 @@ async def test_bad_search_input_is_invalid_parameter(client: EngramClient) -> No
 
 
 async def test_a_changed_model_is_detected_at_start(redis_url: str) -> None:
-    from projections.index_runtime import ModelMismatch, model_key
+    from contracts.channels import model_key
+    from projections.index_runtime import ModelMismatch
     from tests.conftest import service_settings
 
     redis = aioredis.Redis.from_url(redis_url)

@@ -52,7 +52,7 @@ async def test_runtime_profile(client: EngramClient) -> None:
     found = await t.call("memory_search", {"query": "what should I call the user?"})
     assert found["results"][0]["note_id"] == note and found["results"][0]["text"] == "User prefers to be called SG"
     said = await client.record_message("alice", "chat-1", "By the way my flight lands at 6pm")
-    t._track(said.token)
+    t.track(said.token)
     plain = await t.call("memory_search", {"query": "when does my flight land?"})
     assert all(r["source"] == "memory" for r in plain["results"])
     both = await t.call("memory_search", {"query": "when does my flight land?", "include_conversation": True})
@@ -92,7 +92,7 @@ async def test_versioned_alec_is_my_boss_and_sarah_moved_to_design(client: Engra
     assert (await t.call("add_to_memory", {"content": "hey", "category": "person"}))["error"]["code"] == (
         "INVALID_PARAMETER"
     )
-    block = await client.context("alice", after=t._last_token)
+    block = await client.context("alice", after=t.last_token)
     assert f"- [id:{alec['id']}] [Alec] Alec is the user's boss at TechCorp" in block.text
     assert f"- [id:{sarah['id']}] [Sarah] Sarah is on the Design team" in block.text
     assert f"### Preference\n- [id:{friday['id']}] User prefers tasks to have due dates on Fridays" in block.text
@@ -150,7 +150,7 @@ async def test_assistant_batch_extraction_with_a_duplicate(client: EngramClient)
     assert asked["memory_updated"] is False and asked["status"] == "confirmation_required"
     removed = await t.call("remove_memory", {"fact_ids": [dog]})
     assert removed["memory_updated"] is True and removed["deleted"] == [dog]
-    xml = await client.context("alice", format="xml", after=t._last_token)
+    xml = await client.context("alice", format="xml", after=t.last_token)
     assert "<facts>\n    Prefers tea. Allergic to peanuts.\n  </facts>" in xml.text  # category, then age
 
 
@@ -161,7 +161,7 @@ async def test_forget_profile_the_san_francisco_forget(client: EngramClient) -> 
     lives = await client.save("alice", "User lives in San Francisco", advise=False)
     visited = await client.save("alice", "User visited San Francisco last year", advise=False)
     await client.save("alice", "User likes hiking in Yosemite", advise=False)
-    t._track(visited.token)
+    t.track(visited.token)
     found = await t.call("forget", {"query": "San Francisco"})
     assert found["status"] == "candidates"
     assert {c["id"] for c in found["candidates"][:2]} == {lives.note_id, visited.note_id}

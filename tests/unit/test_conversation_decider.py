@@ -13,7 +13,7 @@ from contracts.events import ForgetRequested, MessageRecorded, NoteForgotten, Se
 from services.domain.decider import decide, decide_forget_session, note_ids_for
 from services.domain.ids import new_note_id
 from services.domain.note import ABSENT, fold
-from tests.unit.test_decider import NOW, USER
+from tests.builders import NOW, USER
 
 EARLIER = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)
 

@@ -9,7 +9,7 @@ import pytest
 from cryptography.exceptions import InvalidTag
 
 from services.adapters.crypto import MasterKey, MasterKeyError, NoteCipher, is_sealed, load_master_key, shredded
-from tests.unit.test_decider import saved
+from tests.builders import saved
 
 
 def test_content_is_sealed_and_opens_only_with_the_notes_key() -> None:

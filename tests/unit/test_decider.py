@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import pytest
 
 from contracts.commands import NoteDraft, SaveNote, SaveNotes, SupersedeNote, UpdateNote
@@ -13,29 +11,7 @@ from contracts.model import NoteKind, NoteStatus
 from services.domain.decider import IdCollision, StreamAppend, decide, note_ids_for
 from services.domain.ids import new_note_id
 from services.domain.note import ABSENT, NoteState, fold
-
-NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-USER = "alice"
-
-
-def saved(note_id: str = "AAAAAAAA", content: str = "Alec is my boss", **kw: object) -> NoteSaved:
-    fields: dict[str, object] = dict(
-        event_id="e1",
-        note_id=note_id,
-        user_id=USER,
-        version=1,
-        command_id="c0",
-        at=NOW,
-        kind=NoteKind.FACT,
-        content=content,
-        category="person",
-        subject="Alec",
-        confidence=1.0,
-        source="explicit",
-        importance=0.5,
-    )
-    fields.update(kw)
-    return NoteSaved(**fields)  # type: ignore[arg-type]
+from tests.builders import NOW, USER, saved
 
 
 def when(command, given: dict[str, list[AnyEvent]] | None = None, attempt: int = 0) -> list[StreamAppend]:  # type: ignore[no-untyped-def]
@@ -174,13 +150,10 @@ def test_update_with_the_current_values_appends_nothing() -> None:
 
 def test_update_refusals() -> None:
     given = {"AAAAAAAA": [saved()]}
-    assert (
-        refused(UpdateNote(command_id="u", user_id=USER, note_id="BBBBBBBB", content="x"), given).code
-        is ErrorCode.MEMORY_NOT_FOUND
-    )
-    assert (
-        refused(UpdateNote(command_id="u", user_id=USER, note_id="AAAAAAAA"), given).code is ErrorCode.INVALID_PARAMETER
-    )
+    missing = refused(UpdateNote(command_id="u", user_id=USER, note_id="BBBBBBBB", content="x"), given)
+    assert missing.code is ErrorCode.MEMORY_NOT_FOUND and "Memory with ID BBBBBBBB not found" in missing.message
+    empty = refused(UpdateNote(command_id="u", user_id=USER, note_id="AAAAAAAA"), given)
+    assert empty.code is ErrorCode.INVALID_PARAMETER and "needs at least one of" in empty.message
     stale = refused(
         UpdateNote(command_id="u", user_id=USER, note_id="AAAAAAAA", content="x", expected_version=0), given
     )
@@ -222,47 +195,64 @@ def test_supersede_marks_the_old_note_and_checks_the_new_one() -> None:
     assert new.note_id == "BBBBBBBB" and new.events == [] and new.expected_version == 1
 
 
-def test_supersede_refusals() -> None:
-    given = {"AAAAAAAA": [saved()], "BBBBBBBB": [saved("BBBBBBBB")]}
-    assert (
-        refused(SupersedeNote(command_id="s", user_id=USER, note_id="AAAAAAAA", superseded_by="AAAAAAAA"), given).code
-        is ErrorCode.INVALID_PARAMETER
+def superseded(note_id: str, by: str) -> NoteSuperseded:
+    return NoteSuperseded(
+        event_id="e", note_id=note_id, user_id=USER, version=2, command_id="s", at=NOW, superseded_by=by
     )
-    assert (
-        refused(SupersedeNote(command_id="s", user_id=USER, note_id="AAAAAAAA", superseded_by="ZZZZZZZZ"), given).code
-        is ErrorCode.MEMORY_NOT_FOUND
-    )
-    assert (
-        refused(SupersedeNote(command_id="s", user_id=USER, note_id="ZZZZZZZZ", superseded_by="BBBBBBBB"), given).code
-        is ErrorCode.MEMORY_NOT_FOUND
-    )
-    assert (
-        refused(
-            SupersedeNote(
-                command_id="s", user_id=USER, note_id="AAAAAAAA", superseded_by="BBBBBBBB", expected_version=5
-            ),
-            given,
-        ).code
-        is ErrorCode.VERSION_CONFLICT
-    )
-    twice = given | {
-        "AAAAAAAA": [
-            saved(),
-            NoteSuperseded(
-                event_id="e",
-                note_id="AAAAAAAA",
-                user_id=USER,
-                version=2,
-                command_id="s",
-                at=NOW,
-                superseded_by="BBBBBBBB",
-            ),
-        ]
-    }
-    assert (
-        refused(SupersedeNote(command_id="s2", user_id=USER, note_id="AAAAAAAA", superseded_by="BBBBBBBB"), twice).code
-        is ErrorCode.INVALID_PARAMETER
-    )
+
+
+SUPERSEDE_GIVEN = {"AAAAAAAA": [saved()], "BBBBBBBB": [saved("BBBBBBBB")], "CCCCCCCC": [saved("CCCCCCCC")]}
+
+
+@pytest.mark.parametrize(
+    ("fields", "given", "code", "message"),
+    [
+        (
+            {"note_id": "AAAAAAAA", "superseded_by": "AAAAAAAA"},
+            {},
+            ErrorCode.INVALID_PARAMETER,
+            "a memory cannot supersede itself",
+        ),
+        (
+            {"note_id": "AAAAAAAA", "superseded_by": "ZZZZZZZZ"},
+            {},
+            ErrorCode.MEMORY_NOT_FOUND,
+            "Memory with ID ZZZZZZZZ not found",
+        ),
+        (
+            {"note_id": "YYYYYYYY", "superseded_by": "BBBBBBBB"},
+            {},
+            ErrorCode.MEMORY_NOT_FOUND,
+            "Memory with ID YYYYYYYY not found",
+        ),
+        (
+            {"note_id": "AAAAAAAA", "superseded_by": "BBBBBBBB", "expected_version": 5},
+            {},
+            ErrorCode.VERSION_CONFLICT,
+            "Memory AAAAAAAA is at version 1, not the expected 5",
+        ),
+        (
+            {"note_id": "AAAAAAAA", "superseded_by": "BBBBBBBB"},
+            {"AAAAAAAA": [saved(), superseded("AAAAAAAA", "BBBBBBBB")]},
+            ErrorCode.INVALID_PARAMETER,
+            "Memory AAAAAAAA is superseded by BBBBBBBB",
+        ),
+        (
+            {"note_id": "AAAAAAAA", "superseded_by": "BBBBBBBB"},
+            {"BBBBBBBB": [saved("BBBBBBBB"), superseded("BBBBBBBB", "CCCCCCCC")]},
+            ErrorCode.INVALID_PARAMETER,
+            "Memory BBBBBBBB is superseded by CCCCCCCC",
+        ),
+    ],
+    ids=["itself", "unknown replacement", "unknown old note", "stale version", "twice", "superseded replacement"],
+)
+def test_supersede_refusals(
+    fields: dict[str, object], given: dict[str, list[AnyEvent]], code: ErrorCode, message: str
+) -> None:
+    """Each refusal by its code and by what only it says: the id it names, the versions, the reason."""
+    error = refused(SupersedeNote(command_id="s", user_id=USER, **fields), SUPERSEDE_GIVEN | given)  # type: ignore[arg-type]
+    assert error.code is code
+    assert message in error.message
 
 
 # The fold ---------------------------------------------------------------------------------------

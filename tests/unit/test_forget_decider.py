@@ -11,7 +11,7 @@ from contracts.errors import EngramError, ErrorCode
 from contracts.events import AnyEvent, ForgetExpired, ForgetRequested, NoteForgotten
 from services.domain.decider import content_digest, decide, note_ids_for
 from services.domain.note import fold
-from tests.unit.test_decider import NOW, USER, saved
+from tests.builders import NOW, USER, saved
 
 TTL = timedelta(seconds=300)
 

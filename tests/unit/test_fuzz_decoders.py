@@ -8,41 +8,13 @@ import json
 import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from services.application.commands import CommandService
 from services.application.queries import QueryService
+from tests.builders import bodies
 from tests.fakes import InMemoryEventStore
 
 pytestmark = pytest.mark.unit
-
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
-    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=12), children, max_size=6),
-    max_leaves=20,
-)
-TAGS = [
-    "get_note",
-    "list_notes",
-    "search_notes",
-    "build_context",
-    "save_note",
-    "save_notes",
-    "update_note",
-    "supersede_note",
-    "record_message",
-    "request_forget",
-    "nope",
-]
-bodies = st.one_of(
-    st.binary(max_size=300),
-    json_values.map(lambda v: json.dumps(v).encode()),
-    st.fixed_dictionaries(
-        {"type": st.sampled_from(TAGS), "command_id": st.text(max_size=20), "user_id": st.text(max_size=20)},
-        optional={"content": st.text(max_size=60), "note_id": st.text(max_size=10), "notes": json_values},
-    ).map(lambda v: json.dumps(v).encode()),
-)
 
 
 class EmptyHistory:

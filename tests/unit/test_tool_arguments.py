@@ -1,5 +1,6 @@
 """Tool calls are checked against their schemas before anything runs: what the LLM got wrong is
-an INVALID_PARAMETER it can correct; Engram's own failure is not dressed up as one."""
+an INVALID_PARAMETER it can correct; Engram's own failure is not dressed up as one. A valid call
+passes on only what the LLM gave: the contract defaults the rest."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from contracts.model import NoteKind
+from contracts.queries import NoteWritten
 from services.agents.tools import ToolDispatcher
 
 
@@ -44,3 +47,26 @@ async def test_a_bug_behind_a_valid_call_is_an_internal_error_not_bad_arguments(
 
 async def test_an_old_profile_name_is_the_new_profile() -> None:
     assert ToolDispatcher(NoBus(), "alice", "prd29").profile_name == "versioned"  # type: ignore[arg-type]
+
+
+class Saves:
+    """A client that records what each save was given besides the user and the content."""
+
+    def __init__(self) -> None:
+        self.given: list[dict[str, Any]] = []
+
+    async def save(self, user_id: str, content: str, **fields: Any) -> NoteWritten:
+        self.given.append(fields)
+        return NoteWritten(note_id="AAAAAAAA", version=1, token=f"0:1-{len(self.given)}")
+
+
+async def test_a_save_passes_what_the_llm_gave_and_leaves_the_rest_to_the_contracts_defaults() -> None:
+    client = Saves()
+    tools = ToolDispatcher(client, "alice", "engram")  # type: ignore[arg-type]
+    assert tools.last_token is None
+    await tools.call("save", {"content": "Alec is my boss", "subject": "Alec"})
+    await tools.call("save", {"content": "Water the plants", "kind": "procedure", "importance": 0.9})
+    assert client.given == [{"subject": "Alec"}, {"kind": NoteKind.PROCEDURE, "importance": 0.9}]
+    assert tools.last_token == "0:1-2", "reads after a write wait for it"
+    tools.track(None)
+    assert tools.last_token == "0:1-2", "a write without a token leaves the last one"

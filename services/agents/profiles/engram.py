@@ -1,0 +1,199 @@
+"""The engram profile: Engram's own tools, every field of a note and every read."""
+
+from __future__ import annotations
+
+import msgspec
+
+from contracts.limits import parse_time
+from contracts.model import NoteKind, NoteSource
+from services.agents.profiles.forget import FORGET, forget
+from services.agents.session import AgentSession
+from services.agents.specs import (
+    CATEGORY,
+    ID,
+    READ_TIMEOUT,
+    STR,
+    TOP_K,
+    Arguments,
+    Result,
+    Tool,
+    ToolSpec,
+    given,
+    schema,
+)
+
+SEARCH = ToolSpec(
+    "search",
+    "Search the user's memory by meaning and keywords; best first, superseded notes left out unless asked.",
+    schema(
+        {
+            "query": STR,
+            "top_k": TOP_K,
+            "category": CATEGORY,
+            "include_superseded": {"type": "boolean", "default": False},
+            "include_conversations": {
+                "type": "boolean",
+                "default": False,
+                "description": "also search what was said in every past conversation with the user",
+            },
+            "since": {
+                "type": "string",
+                "format": "date-time",
+                "description": "only what happened (was said, or occurred) at or after this time",
+            },
+            "until": {
+                "type": "string",
+                "format": "date-time",
+                "description": "only what happened at or before this time",
+            },
+            "ranking": {
+                "type": "string",
+                "enum": ["relevance", "blended"],
+                "default": "relevance",
+                "description": "blended: also favour recently used and important notes",
+            },
+        },
+        ["query"],
+    ),
+    read_only=True,
+    timeout=READ_TIMEOUT,
+)
+
+
+async def search(s: AgentSession, a: Arguments) -> Result:
+    options = given(
+        a, "top_k", "category", "include_superseded", "ranking", include_conversation="include_conversations"
+    )
+    options.update({bound: parse_time(a[bound]) for bound in ("since", "until") if bound in a})
+    reply = await s.client.search(s.user_id, a["query"], after=s.last_token, **options)
+    return {"results": [msgspec.to_builtins(h) for h in reply.results]}
+
+
+SAVE = ToolSpec(
+    "save",
+    "Save one fact, preference or decision as a standalone note. The reply lists similar existing notes "
+    "and says when one should be superseded or updated instead.",
+    schema(
+        {
+            "content": STR,
+            "category": CATEGORY,
+            "subject": STR,
+            "kind": {"type": "string", "enum": [k.value for k in NoteKind]},
+            "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+            "source": {"type": "string", "enum": [s.value for s in NoteSource]},
+            "importance": {"type": "number", "minimum": 0, "maximum": 1},
+            "summary": STR,
+            "narrative": STR,
+            "occurred_at": {"type": "string", "format": "date-time"},
+            "trigger": STR,
+            "action": STR,
+            "links": {"type": "array", "items": ID, "description": "an episode's facts (their ids)"},
+        },
+        ["content"],
+    ),
+    read_only=False,
+)
+
+
+async def save(s: AgentSession, a: Arguments) -> Result:
+    # What the LLM left out is the contract's default (NoteDraft), not one restated here.
+    fields = given(
+        a, "category", "subject", "confidence", "importance", "summary", "narrative", "trigger", "action", "links"
+    )
+    if "kind" in a:
+        fields["kind"] = NoteKind(a["kind"])
+    if "source" in a:
+        fields["source"] = NoteSource(a["source"])
+    if "occurred_at" in a:
+        fields["occurred_at"] = parse_time(a["occurred_at"])
+    written = await s.client.save(s.user_id, a["content"], **fields)
+    s.track(written.token)
+    return msgspec.to_builtins(written)
+
+
+UPDATE = ToolSpec(
+    "update",
+    "Change a note (same id, new version) when information was corrected.",
+    schema({"note_id": ID, "content": STR, "category": CATEGORY, "subject": STR}, ["note_id"]),
+    read_only=False,
+)
+
+
+async def update(s: AgentSession, a: Arguments) -> Result:
+    written = await s.client.update(s.user_id, a["note_id"], **given(a, "content", "category", "subject"))
+    s.track(written.token)
+    return msgspec.to_builtins(written)
+
+
+SUPERSEDE = ToolSpec(
+    "supersede",
+    "Mark an old note as outdated by a newer one (it leaves search; its history stays).",
+    schema({"old_id": ID, "new_id": ID}, ["old_id", "new_id"]),
+    read_only=False,
+)
+
+
+async def supersede(s: AgentSession, a: Arguments) -> Result:
+    written = await s.client.supersede(s.user_id, a["old_id"], a["new_id"])
+    s.track(written.token)
+    return msgspec.to_builtins(written)
+
+
+LIST = ToolSpec(
+    "list",
+    "List the user's notes (category, then age, then id).",
+    schema({"category": CATEGORY, "include_superseded": {"type": "boolean", "default": False}}),
+    read_only=True,
+    timeout=READ_TIMEOUT,
+)
+
+
+async def list_notes(s: AgentSession, a: Arguments) -> Result:
+    reply = await s.client.list_notes(s.user_id, after=s.last_token, **given(a, "category", "include_superseded"))
+    return {"notes": msgspec.to_builtins(reply.notes), "total": reply.total}
+
+
+HISTORY = ToolSpec(
+    "history",
+    "Every version of a note, with time and origin.",
+    schema({"note_id": ID}, ["note_id"]),
+    read_only=True,
+    timeout=READ_TIMEOUT,
+)
+
+
+async def history(s: AgentSession, a: Arguments) -> Result:
+    reply = await s.client.history(s.user_id, a["note_id"], after=s.last_token)
+    return {"note_id": reply.note_id, "status": reply.status, "versions": msgspec.to_builtins(reply.versions)}
+
+
+CONTEXT = ToolSpec(
+    "context",
+    "The user's memory as a prompt block (markdown or xml), optionally focused on a query and within a token budget.",
+    schema(
+        {
+            "format": {"type": "string", "enum": ["markdown", "xml"], "default": "markdown"},
+            "query": STR,
+            "max_tokens": {"type": "integer", "minimum": 1},
+        }
+    ),
+    read_only=True,
+    timeout=READ_TIMEOUT,
+)
+
+
+async def context(s: AgentSession, a: Arguments) -> Result:
+    reply = await s.client.context(s.user_id, after=s.last_token, **given(a, "format", "query", "max_tokens"))
+    return {"text": reply.text, "tokens": reply.tokens, "note_ids": reply.note_ids, "truncated": reply.truncated}
+
+
+TOOLS = [
+    Tool(SEARCH, search),
+    Tool(SAVE, save),
+    Tool(UPDATE, update),
+    Tool(SUPERSEDE, supersede),
+    Tool(FORGET, forget),
+    Tool(LIST, list_notes),
+    Tool(HISTORY, history),
+    Tool(CONTEXT, context),
+]

@@ -1,0 +1,81 @@
+"""The forget profile (requirements §1): one tool, forgetting in two calls. Its handler and the
+shape of its answers also serve the other profiles' delete tools."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from contracts.errors import ErrorCode
+from contracts.limits import MAX_FORGET_IDS
+from contracts.queries import ForgetReply
+from services.agents.session import AgentSession
+from services.agents.specs import ID, STR, Arguments, Result, Tool, ToolSpec, error, schema
+
+FORGET = ToolSpec(
+    "forget",
+    "Delete a memory by its exact ID. This tool requires two calls to execute:\n\n"
+    "1. First call: Provide memory_id to mark for deletion (confirmation requested)\n"
+    "2. Second call: Provide the same memory_id again to execute deletion\n\n"
+    "Alternatively, use query (without memory_id) to search for candidates.\n\n"
+    "Parameters:\n"
+    "- memory_id: The exact ID of the memory to delete. Must be called twice with the same ID for deletion "
+    "to occur.\n"
+    "- query: Search query to find memory candidates. Returns list with IDs. Use this to find the memory_id "
+    "before deleting.\n\n"
+    "Show the user what will be deleted and get their confirmation before the second call. Pending requests "
+    'expire after 5 minutes. Examples: forget(query="San Francisco") returns a list; forget(memory_id="abc12345") '
+    'asks "Please confirm..."; the same call again deletes it.',
+    schema(
+        {
+            "memory_id": {**ID, "description": "Exact ID of the memory to delete (request it twice)"},
+            "memory_ids": {
+                "type": "array",
+                "items": ID,
+                "maxItems": MAX_FORGET_IDS,
+                "description": "Several ids at once",
+            },
+            "query": {**STR, "description": "Find candidates to delete (deletes nothing)"},
+        }
+    ),
+    read_only=False,
+)
+
+
+async def forget(s: AgentSession, a: Arguments) -> Result:
+    ids = list(a.get("memory_ids") or []) + ([a["memory_id"]] if a.get("memory_id") else [])
+    query = a.get("query")
+    if not ids and not query:
+        return error(ErrorCode.INVALID_PARAMETER, "give memory_id to delete, or query to find candidates")
+    return await request_forget(s, ids, None if ids else query)
+
+
+TOOLS = [Tool(FORGET, forget)]
+
+
+async def request_forget(s: AgentSession, ids: Sequence[str], query: str | None) -> Result:
+    """Ask to forget these ids (or find candidates for the query) and answer as requirements §1 does."""
+    reply = await s.client.forget(s.user_id, query=query, note_ids=ids, after=s.last_token)
+    s.track(reply.token)
+    return forget_result(reply)
+
+
+def forget_result(reply: ForgetReply) -> Result:
+    """Requirements §1's answers: candidates, a confirmation to relay, or the deletion."""
+    out: Result = {"status": reply.status, "message": reply.message}
+    if reply.status == "candidates":
+        out["candidates"] = [
+            {"id": c.note_id, "content": c.preview, "similarity": round(c.similarity, 4)} for c in reply.candidates
+        ]
+    if reply.pending:
+        out["pending"] = [
+            {
+                "id": p.note_id,
+                "content_preview": p.preview,
+                "request_count": p.request_count,
+                "expires_at": p.expires_at.isoformat(),
+            }
+            for p in reply.pending
+        ]
+    if reply.forgotten:
+        out["deleted"] = reply.forgotten
+    return out

@@ -1,0 +1,92 @@
+"""One command, decided and appended under optimistic concurrency: the loop every writer shares.
+
+A command whose id already has an outcome gets that outcome again (idempotency). Otherwise: load
+the states, decide, append with the versions seen; if another writer got there first, decide
+again on the new states. The caller's ``Work`` says what to load and decide and how to turn an
+outcome into a reply; this module owns the retries, the pauses between them and the replay rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from abc import ABC, abstractmethod
+from typing import Generic, TypeVar
+
+import msgspec
+
+from contracts.errors import EngramError, ErrorCode
+from services.application.ports import Appended, ContentTaken, EventStore, Outcome, OutcomeDetail
+from services.domain.decider import StreamAppend
+
+log = logging.getLogger("engram.unit_of_work")
+
+R = TypeVar("R")
+
+# Writers racing on one note each win a round; a contender retries after a small random pause so
+# that many at once (a burst of updates to one note) spread out instead of colliding again.
+MAX_ATTEMPTS = 32
+PAUSE_STEP_SECONDS = 0.001
+PAUSE_STEPS = 10
+
+
+class Decision(msgspec.Struct, frozen=True, kw_only=True):
+    """What one attempt decided to append, and the detail its outcome keeps for the reply."""
+
+    appends: list[StreamAppend]
+    detail: OutcomeDetail = msgspec.field(default_factory=OutcomeDetail)
+
+
+class Work(ABC, Generic[R]):
+    """One command's part in the loop. ``R`` is its reply."""
+
+    @abstractmethod
+    async def decide(self) -> Decision | R:
+        """Load what the command touches and decide on it. A reply instead of a ``Decision``
+        means the command is answered without writing anything. Raise ``EngramError`` to refuse."""
+
+    @abstractmethod
+    async def accepted(self, outcome: Outcome, decision: Decision) -> R:
+        """The reply to this attempt's append."""
+
+    @abstractmethod
+    async def replay(self, first: Outcome) -> R:
+        """The reply to a command already accepted (a retry, or a copy that won the race)."""
+
+    async def taken(self, refusal: ContentTaken) -> R | None:
+        """Another note holds the content this attempt claimed: a reply, or None to decide again."""
+        raise AssertionError(f"{type(self).__name__} claimed a content it does not handle: {refusal}")
+
+
+async def run(store: EventStore, user_id: str, command_id: str, work: Work[R]) -> R:
+    first = await store.outcome(user_id, command_id)
+    if first is not None:
+        return await work.replay(first)
+    for attempt in range(MAX_ATTEMPTS):
+        try:
+            decided = await work.decide()
+        except EngramError:
+            # A copy of this very command (a client retrying eagerly) may have just won the race
+            # and caused the refusal: its outcome is the answer, as for any retry.
+            if (first := await store.outcome(user_id, command_id)) is not None:
+                return await work.replay(first)
+            raise
+        if not isinstance(decided, Decision):
+            return decided
+        result = await store.append(user_id, command_id, decided.appends, decided.detail)
+        if isinstance(result, Appended):
+            if result.replayed:
+                # A copy got there first, deciding on the states before it: this decision (say,
+                # a confirmation of the pending deletion the copy made) never happened.
+                return await work.replay(result.outcome)
+            return await work.accepted(result.outcome, decided)
+        if isinstance(result, ContentTaken):
+            if (first := await store.outcome(user_id, command_id)) is not None:
+                return await work.replay(first)  # a copy of it won, as above
+            if (reply := await work.taken(result)) is not None:
+                return reply
+            continue
+        log.debug("conflict on %s (now v%d), deciding again", result.note_id, result.actual_version)
+        await asyncio.sleep(random.uniform(0, PAUSE_STEP_SECONDS * min(attempt + 1, PAUSE_STEPS)))
+    raise EngramError(ErrorCode.VERSION_CONFLICT, "the memory kept changing under this command; retry it")

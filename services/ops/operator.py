@@ -1,0 +1,67 @@
+"""What operator commands share: finding the bus, opening Redis for a command and closing it
+however the command ends, and following the event log."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from contracts import channels
+from contracts.errors import EngramError, ErrorCode
+from services.adapters.redis_conn import close_redis, open_redis
+from services.adapters.redis_server import answers
+from services.config import Settings
+
+# `engram serve` leaves the URL of the private redis-server it started here, in the data dir.
+PRIVATE_URL_FILE = "redis.url"
+
+
+def resolve_url(settings: Settings) -> str:
+    """The configured URL; else the default if it answers; else the private redis-server an
+    `engram serve` on the same data dir started."""
+    if settings.redis_url_configured or answers(settings.redis_url):
+        return settings.redis_url
+    private = settings.data_dir / PRIVATE_URL_FILE
+    if private.exists():
+        return private.read_text().strip()
+    return settings.redis_url
+
+
+def connect(settings: Settings, url: str | None = None, **options: Any) -> Any:
+    """A Redis client for direct reads (one server or a cluster, as configured)."""
+    return open_redis(url or resolve_url(settings), settings.redis_cluster, **options)
+
+
+@contextlib.asynccontextmanager
+async def operator_redis(settings: Settings, **options: Any) -> AsyncIterator[tuple[Any, int]]:
+    """Redis as configured, and the log's partitions (as the service recorded them); closed
+    however the command ends."""
+    url = resolve_url(settings)
+    redis = connect(settings, url, **options)
+    try:
+        try:
+            partitions = int(await redis.get(channels.PARTITIONS_KEY) or settings.partitions)
+        except OSError as e:
+            raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {url}: {e}") from None
+        yield redis, partitions
+    finally:
+        await close_redis(redis)
+
+
+async def follow_log(redis: Any, partitions: int, *, cluster: bool, from_start: bool) -> AsyncIterator[dict[str, Any]]:
+    """Every event appended to any partition's log, as it comes (from the start, or from now)."""
+    positions = {channels.event_log(p): ("0" if from_start else "$") for p in range(partitions)}
+    while True:
+        if cluster:
+            # The partitions' logs live in different slots: one XREAD may not name them all.
+            response: list[Any] = []
+            for stream, after in list(positions.items()):
+                response += await redis.xread({stream: after}, block=max(1000 // partitions, 50), count=100) or []
+        else:
+            response = await redis.xread(positions, block=1000, count=100)
+        for stream, entries in response or []:
+            for entry_id, fields in entries:
+                positions[stream.decode()] = entry_id.decode()
+                yield {"log": stream.decode(), "position": entry_id.decode(), "event": json.loads(fields[b"e"])}

@@ -1,0 +1,230 @@
+"""The search service without Redis or the model: a real Qdrant Edge shard in a temporary
+directory, fed by the real index projection's plan (``tests/fakes.InMemoryIndexRuntime``), a
+word-hashing stand-in for MiniLM, and the in-memory history. Ranking, user isolation, time
+windows, superseded and forgotten notes, conversations, and waiting for a token."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from contracts.commands import MessageDraft, RecordMessages, RequestForget, SaveNote, SupersedeNote
+from contracts.errors import EngramError, ErrorCode
+from contracts.model import NoteStatus
+from contracts.queries import SearchNotes, SearchReply
+from projections.index_runtime import IndexRuntime
+from projections.qdrant_edge import QdrantEdgeIndex
+from projections.vector_index import CONVERSATION, MEMORY
+from services.application.commands import CommandService
+from services.application.forget import ForgetService
+from services.application.search import SearchService
+from tests.fakes import (
+    HashEmbedder,
+    InMemoryEventStore,
+    InMemoryHistory,
+    InMemoryIndexRuntime,
+    InMemoryPendingDeletions,
+    ManualClock,
+    RecordingScrub,
+)
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+@dataclass
+class World:
+    store: InMemoryEventStore
+    history: InMemoryHistory
+    runtime: InMemoryIndexRuntime
+    clock: ManualClock
+    commands: CommandService
+    forget: ForgetService
+    search: SearchService
+    saves: int = 0
+
+    async def save(self, content: str, user: str = "alice", **fields: object) -> str:
+        self.saves += 1
+        command = SaveNote(command_id=f"save-{self.saves}", user_id=user, content=content, **fields)  # type: ignore[arg-type]
+        return (await self.commands.execute(command)).note_id  # type: ignore[union-attr]
+
+    async def find(self, text: str, user: str = "alice", **fields: object) -> SearchReply:
+        await self.runtime.catch_up()
+        return await self.search.search(SearchNotes(user_id=user, query=text, **fields))  # type: ignore[arg-type]
+
+
+def ids(reply: SearchReply) -> list[str]:
+    return [h.note_id for h in reply.results]
+
+
+def make_world(index: QdrantEdgeIndex, read_wait_seconds: float = 1.0) -> World:
+    store = InMemoryEventStore()
+    history = InMemoryHistory(store)
+    runtime = InMemoryIndexRuntime(store, index, HashEmbedder())
+    clock = ManualClock(NOW)
+    # The service is typed to the Redis-backed runtime; the fake offers what it reads of it.
+    search = SearchService(cast(IndexRuntime, runtime), history, read_wait_seconds, clock=clock)
+    forget = ForgetService(
+        store, history, InMemoryPendingDeletions(store), search, RecordingScrub(), clock, timedelta(minutes=5)
+    )
+    return World(store, history, runtime, clock, CommandService(store, clock, forget=forget), forget, search)
+
+
+@pytest.fixture
+async def index(tmp_path: Path) -> AsyncIterator[QdrantEdgeIndex]:
+    shard = QdrantEdgeIndex(tmp_path / "shard")
+    await shard.ensure(HashEmbedder.dimension)
+    yield shard
+    await shard.close()
+
+
+@pytest.fixture
+def world(index: QdrantEdgeIndex) -> World:
+    return make_world(index)
+
+
+async def test_the_note_that_matches_ranks_first(world: World) -> None:
+    # given
+    boss = await world.save("Alec is my boss at TechCorp")
+    coffee = await world.save("Likes black coffee in the morning")
+    await world.save("Has a dog named Max")
+    # when
+    about_the_boss = await world.find("who is my boss?")
+    about_coffee = await world.find("what coffee do I like")
+    # then
+    assert ids(about_the_boss)[0] == boss and ids(about_coffee)[0] == coffee
+    best = about_the_boss.results[0]
+    assert (best.content, best.source, best.note.id) == ("Alec is my boss at TechCorp", MEMORY, boss)  # type: ignore[union-attr]
+    assert best.score > max((h.score for h in about_the_boss.results[1:]), default=0.0)
+
+
+async def test_top_k_bounds_the_results(world: World) -> None:
+    for i in range(6):
+        await world.save(f"coffee fact number {i}")
+    assert len((await world.find("coffee", top_k=3)).results) == 3
+
+
+async def test_a_search_never_returns_another_users_notes(world: World) -> None:
+    # given the same text for two users
+    alices = await world.save("Alec is my boss")
+    bobs = await world.save("Alec is my boss", user="bob")
+    # when
+    for_alice = await world.find("boss")
+    for_bob = await world.find("boss", user="bob")
+    for_carol = await world.find("boss", user="carol")
+    # then
+    assert ids(for_alice) == [alices] and ids(for_bob) == [bobs] and for_carol.results == []
+    assert {h.note.user_id for h in for_alice.results} == {"alice"}  # type: ignore[union-attr]
+
+
+async def test_since_and_until_bound_when_a_note_happened(world: World) -> None:
+    # given notes saved an hour apart, and one saved last but about something long ago
+    times = [NOW + timedelta(hours=h) for h in range(3)]
+    saved = []
+    for at, text in zip(times, ["coffee at breakfast", "coffee at lunch", "coffee at dinner"], strict=True):
+        world.clock.now = at
+        saved.append(await world.save(text))
+    world.clock.now = NOW + timedelta(hours=5)
+    long_ago = await world.save("coffee on a trip", occurred_at=NOW - timedelta(days=30))
+    # when / then
+    assert set(ids(await world.find("coffee", since=times[1]))) == {saved[1], saved[2]}
+    assert set(ids(await world.find("coffee", until=times[1]))) == {saved[0], saved[1], long_ago}
+    assert ids(await world.find("coffee", since=times[1], until=times[1])) == [saved[1]]
+    last_month = await world.find("coffee", since=NOW - timedelta(days=31), until=NOW - timedelta(days=29))
+    assert ids(last_month) == [long_ago]
+
+
+async def test_superseded_and_forgotten_notes_leave_the_results_at_once(world: World) -> None:
+    # given notes the index has
+    seattle = await world.save("Lives in Seattle")
+    austin = await world.save("Lives in Austin")
+    denver = await world.save("Lives in Denver")
+    assert set(ids(await world.find("lives"))) == {seattle, austin, denver}
+    # when one is superseded and one forgotten, before the index has applied either
+    await world.commands.execute(SupersedeNote(command_id="s", user_id="alice", note_id=seattle, superseded_by=austin))
+    await world.forget.request(RequestForget(command_id="f", user_id="alice", note_ids=[denver], confirmed=True))
+    lagging = await world.search.search(SearchNotes(user_id="alice", query="lives"))
+    # then the read model already leaves them out
+    assert ids(lagging) == [austin]
+    # and a forgotten note is no hit even to a search that shows superseded ones
+    lagging_all = await world.search.search(SearchNotes(user_id="alice", query="lives", include_superseded=True))
+    assert set(ids(lagging_all)) == {seattle, austin}
+    # and once the index has them too
+    assert ids(await world.find("lives")) == [austin]
+    with_superseded = await world.find("lives", include_superseded=True)
+    assert set(ids(with_superseded)) == {seattle, austin}
+    statuses = {h.note_id: h.note.status for h in with_superseded.results}  # type: ignore[union-attr]
+    assert statuses == {seattle: NoteStatus.SUPERSEDED, austin: NoteStatus.ACTIVE}
+
+
+async def test_conversations_are_searched_only_when_asked(world: World) -> None:
+    # given
+    note = await world.save("Prefers cats to dogs")
+    command = RecordMessages(
+        command_id="r1",
+        user_id="alice",
+        session_id="s1",
+        messages=[MessageDraft(content="We adopted a puppy named Rex", speaker="Alice")],
+    )
+    (said,) = (await world.commands.execute(command)).notes  # type: ignore[union-attr]
+    other = RecordMessages(
+        command_id="r2", user_id="alice", session_id="s2", messages=[MessageDraft(content="Rex the puppy is sick")]
+    )
+    (elsewhere,) = (await world.commands.execute(other)).notes  # type: ignore[union-attr]
+    # when
+    notes_only = await world.find("puppy Rex")
+    with_talk = await world.find("puppy Rex", include_conversation=True)
+    one_session = await world.find("puppy Rex", include_conversation=True, session_id="s1")
+    # then
+    assert CONVERSATION not in {h.source for h in notes_only.results}
+    assert {said.note_id, elsewhere.note_id} <= set(ids(with_talk))
+    hit = next(h for h in with_talk.results if h.note_id == said.note_id)
+    assert (hit.source, hit.content, hit.message.session_id, hit.message.speaker) == (  # type: ignore[union-attr]
+        CONVERSATION,
+        "We adopted a puppy named Rex",
+        "s1",
+        "Alice",
+    )
+    assert [h.note_id for h in one_session.results if h.source == CONVERSATION] == [said.note_id]
+    assert note not in ids(with_talk)[:2], "the turns that name the puppy lead"
+
+
+async def test_a_search_with_a_token_waits_for_the_index(index: QdrantEdgeIndex) -> None:
+    # given an index behind the log
+    world = make_world(index, read_wait_seconds=2.0)
+    saved = await world.commands.execute(SaveNote(command_id="c", user_id="alice", content="Alec is my boss"))
+    assert (await world.search.search(SearchNotes(user_id="alice", query="boss"))).results == []
+
+    # when it catches up while the search waits
+    async def later() -> None:
+        await asyncio.sleep(0.05)
+        await world.runtime.catch_up()
+
+    catching_up = asyncio.create_task(later())
+    reply = await world.search.search(SearchNotes(user_id="alice", query="boss", after=saved.token))
+    await catching_up
+    # then
+    assert ids(reply) == [saved.note_id]  # type: ignore[union-attr]
+
+
+async def test_a_token_the_index_does_not_reach_in_time_is_a_timeout(index: QdrantEdgeIndex) -> None:
+    world = make_world(index, read_wait_seconds=0.05)
+    saved = await world.commands.execute(SaveNote(command_id="c", user_id="alice", content="Alec is my boss"))
+    with pytest.raises(EngramError) as refused:
+        await world.search.search(SearchNotes(user_id="alice", query="boss", after=saved.token))
+    assert refused.value.code is ErrorCode.TIMEOUT
+
+
+async def test_forget_by_query_lists_candidates_from_the_search_and_deletes_nothing(world: World) -> None:
+    lives = await world.save("Lives in San Francisco near the park")
+    await world.save("Likes black coffee")
+    await world.runtime.catch_up()
+    reply = await world.forget.request(RequestForget(command_id="q", user_id="alice", query="San Francisco"))
+    assert reply.status == "candidates" and [c.note_id for c in reply.candidates][:1] == [lives]
+    assert reply.forgotten == [] and reply.pending == []
+    assert (await world.history.get_note("alice", lives)).status is NoteStatus.ACTIVE  # type: ignore[union-attr]
