@@ -178,22 +178,27 @@ class NotesReply(Message, tag="notes", frozen=True, kw_only=True):
 
 
 class SearchHit(msgspec.Struct, frozen=True, kw_only=True):
-    """One note (``source: memory``) or conversation message (``source: conversation``) found
-    by a search. ``score`` is the fused score that orders results (see ``services/application/ranking.py``);
-    ``similarity`` the cosine of the query and the best chunk. A conversation hit's ``message``
-    says its session, speaker and time."""
+    """One note (``found_in: memory``) or conversation message (``found_in: conversation``)
+    found by a search. (Until schema version 2 of ``SearchReply`` this field was ``source``, a
+    name a note's own ``source``, its provenance, also has.) ``score`` is the fused score that
+    orders results (see ``services/application/ranking.py``); ``similarity`` the cosine of the
+    query and the best chunk. A conversation hit's ``message`` says its session, speaker and
+    time."""
 
     note_id: str
     content: str
     score: float
     similarity: float
-    source: str
+    found_in: Literal["memory", "conversation"]
     note: NoteView | None = None
     message: MessageView | None = None
 
 
 class SearchReply(Message, tag="search_results", frozen=True, kw_only=True):
-    """Answer to ``SearchNotes``."""
+    """Answer to ``SearchNotes``. Schema version 2: a hit says where it was found in
+    ``found_in`` (version 1 called it ``source``)."""
+
+    schema_version: int = 2
 
     results: list[SearchHit]
 

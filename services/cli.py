@@ -218,7 +218,7 @@ async def cmd_search(client: Any, args: argparse.Namespace) -> None:
             "content": hit.content,
             "score": hit.score,
             "similarity": hit.similarity,
-            "source": hit.source,
+            "found_in": hit.found_in,
         }
         for hit in reply.results
     ]

@@ -234,7 +234,7 @@ def _hit(
             content=message.content,
             score=score,
             similarity=similarity,
-            source=source,
+            found_in="conversation",
             message=message,
         )
     view = notes.get(record_id)
@@ -244,5 +244,5 @@ def _hit(
     if view.status is NoteStatus.FORGOTTEN or (view.status is not NoteStatus.ACTIVE and not query.include_superseded):
         return None
     return SearchHit(
-        note_id=record_id, content=view.content, score=score, similarity=similarity, source=source, note=view
+        note_id=record_id, content=view.content, score=score, similarity=similarity, found_in="memory", note=view
     )

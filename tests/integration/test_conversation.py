@@ -68,7 +68,7 @@ async def test_a_transcript_imports_in_order_with_ids_speakers_and_times(client:
     hits = await client.search("alice", "Mount Tamalpais summit", include_conversation=True, after=written.token)
     found = {h.note_id: h for h in hits.results}
     summit = found[ids[2]]
-    assert summit.source == "conversation" and summit.content == HIKING[2][1]
+    assert summit.found_in == "conversation" and summit.content == HIKING[2][1]
     assert summit.message is not None
     assert (summit.message.session_id, summit.message.speaker) == ("hike", "Ann")
     assert summit.message.sent_at == MAY + timedelta(minutes=2)

@@ -144,14 +144,14 @@ async def test_conversation_search_stays_in_its_session_and_merges_with_memory(c
     )
     by_source = {}
     for hit in merged.results:
-        by_source.setdefault(hit.source, hit)  # the best of each source
+        by_source.setdefault(hit.found_in, hit)  # the best of each source
     assert by_source["conversation"].note_id == said.note_id and by_source["memory"].note_id == note.note_id
     assert by_source["conversation"].message is not None and by_source["conversation"].message.session_id == "chat-1"
     contents = {hit.content for hit in merged.results}
     assert "In another chat, my flight leaves at 6am" not in contents and "Bob's flight leaves at noon" not in contents
 
     plain = await client.search("alice", "when does my flight leave?")
-    assert {hit.source for hit in plain.results} == {"memory"}
+    assert {hit.found_in for hit in plain.results} == {"memory"}
     assert [n.id for n in (await client.list_notes("alice")).notes] == [note.note_id]
     with pytest.raises(EngramError) as info:
         await client.update("alice", said.note_id, content="rewriting a message")

@@ -99,7 +99,7 @@ async def test_the_note_that_matches_ranks_first(world: World) -> None:
     # then
     assert ids(about_the_boss)[0] == boss and ids(about_coffee)[0] == coffee
     best = about_the_boss.results[0]
-    assert (best.content, best.source, best.note.id) == ("Alec is my boss at TechCorp", MEMORY, boss)  # type: ignore[union-attr]
+    assert (best.content, best.found_in, best.note.id) == ("Alec is my boss at TechCorp", MEMORY, boss)  # type: ignore[union-attr]
     assert best.score > max((h.score for h in about_the_boss.results[1:]), default=0.0)
 
 
@@ -181,16 +181,16 @@ async def test_conversations_are_searched_only_when_asked(world: World) -> None:
     with_talk = await world.find("puppy Rex", include_conversation=True)
     one_session = await world.find("puppy Rex", include_conversation=True, session_id="s1")
     # then
-    assert CONVERSATION not in {h.source for h in notes_only.results}
+    assert CONVERSATION not in {h.found_in for h in notes_only.results}
     assert {said.note_id, elsewhere.note_id} <= set(ids(with_talk))
     hit = next(h for h in with_talk.results if h.note_id == said.note_id)
-    assert (hit.source, hit.content, hit.message.session_id, hit.message.speaker) == (  # type: ignore[union-attr]
+    assert (hit.found_in, hit.content, hit.message.session_id, hit.message.speaker) == (  # type: ignore[union-attr]
         CONVERSATION,
         "We adopted a puppy named Rex",
         "s1",
         "Alice",
     )
-    assert [h.note_id for h in one_session.results if h.source == CONVERSATION] == [said.note_id]
+    assert [h.note_id for h in one_session.results if h.found_in == CONVERSATION] == [said.note_id]
     assert note not in ids(with_talk)[:2], "the turns that name the puppy lead"
 
 

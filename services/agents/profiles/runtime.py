@@ -43,7 +43,7 @@ async def memory_search(s: AgentSession, a: Arguments) -> Result:
     )
     return {
         "results": [
-            {"note_id": h.note_id, "text": h.content, "score": h.score, "source": h.source} for h in reply.results
+            {"note_id": h.note_id, "text": h.content, "score": h.score, "source": h.found_in} for h in reply.results
         ]
     }
 
