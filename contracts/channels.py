@@ -15,6 +15,9 @@ PREFIX = "engram"
 PARTITIONS_KEY = f"{PREFIX}:partitions"
 # A counter of forgets whose scrub has not yet been made in a quiet moment (see the Scrubber).
 SCRUB_OWED_KEY = f"{PREFIX}:scrub:owed"
+# Every running worker's report of its readiness (consumer name -> JSON, refreshed every few
+# seconds; services/ops/health.py): what `engram health` reads, since the model lives in-process.
+WORKERS_KEY = f"{PREFIX}:workers"
 
 
 def reply_channel(requester: str) -> str:

@@ -13,6 +13,9 @@ class ErrorCode(enum.StrEnum):
     INVALID_PARAMETER = "INVALID_PARAMETER"
     MEMORY_NOT_FOUND = "MEMORY_NOT_FOUND"
     VERSION_CONFLICT = "VERSION_CONFLICT"
+    # A command id already used for a different request: a client bug (a retry must repeat the
+    # first request exactly). Nothing is written.
+    IDEMPOTENCY_CONFLICT = "IDEMPOTENCY_CONFLICT"
     STORAGE_ERROR = "STORAGE_ERROR"
     EMBEDDING_ERROR = "EMBEDDING_ERROR"
     TIMEOUT = "TIMEOUT"

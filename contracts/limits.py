@@ -24,6 +24,8 @@ LIST_NOTES_MAX = 1_000
 SEARCH_TOP_K_DEFAULT = 5
 SEARCH_TOP_K_MAX = 20
 MAX_QUERY_CHARS = 2_000
+# The token budget a memory block may be asked for (BuildContext.max_tokens).
+MAX_CONTEXT_TOKENS = 200_000
 # A whole command or query as it arrives on the bus (the largest valid one, a full SaveNotes of
 # episodes, is well under this); a larger body is refused before it is parsed.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
@@ -35,6 +37,8 @@ NOTE_ID_PATTERN = r"^[A-Za-z0-9]{8}$"
 CATEGORY_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
 # At least one non-whitespace character.
 NOT_BLANK = r"\S"
+# A consistency token: '<partition>:<log entry id>'.
+TOKEN_PATTERN = r"^[0-9]+:[0-9]+-[0-9]+$"
 
 UserId = Annotated[
     str,
@@ -111,7 +115,7 @@ Token = Annotated[
     str,
     msgspec.Meta(
         max_length=64,
-        pattern=r"^[0-9]+:[0-9]+-[0-9]+$",
+        pattern=TOKEN_PATTERN,
         description="Consistency token returned by a command: '<partition>:<log entry id>'.",
     ),
 ]

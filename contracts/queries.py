@@ -16,6 +16,7 @@ from contracts.errors import ErrorReply
 from contracts.limits import (
     LIST_RECENT_DEFAULT,
     LIST_RECENT_MAX,
+    MAX_CONTEXT_TOKENS,
     MAX_QUERY_CHARS,
     NOT_BLANK,
     SEARCH_TOP_K_DEFAULT,
@@ -96,11 +97,13 @@ class BuildContext(Query, tag="build_context", frozen=True, kw_only=True):
     with the profile and the facts as plain sentences, procedures as rules, and, given a
     ``query``, the most relevant episodes). The same memory state renders to the same bytes.
     With ``max_tokens`` (MiniLM word pieces) the most relevant to ``query`` and most important
-    notes are kept; episodes are only ever retrieved by relevance."""
+    notes are kept, and the block never exceeds it; a budget smaller than the block's frame is
+    ``INVALID_PARAMETER``, naming the smallest that works. Episodes are only ever retrieved by
+    relevance."""
 
     format: Literal["markdown", "xml"] = "markdown"
     query: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_QUERY_CHARS, pattern=NOT_BLANK)] | None = None
-    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=200_000)] | None = None
+    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=MAX_CONTEXT_TOKENS)] | None = None
 
 
 AnyQuery = GetNote | GetHistory | ListNotes | ListRecent | SearchNotes | BuildContext
@@ -239,8 +242,9 @@ class ForgetReply(Message, tag="forget", frozen=True, kw_only=True):
 
 
 class ContextReply(Message, tag="context", frozen=True, kw_only=True):
-    """A memory block: ``text`` to paste into a prompt, its size in ``tokens``, the notes in it,
-    and whether some were left out to fit ``max_tokens``."""
+    """A memory block: ``text`` to paste into a prompt, its size in ``tokens``, every note it
+    shows (``note_ids``, the profile's too, in the order shown), and whether some were left out
+    to fit ``max_tokens``."""
 
     text: str
     tokens: int

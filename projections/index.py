@@ -39,6 +39,7 @@ from contracts.events import (
 )
 from projections.tracking import GenerationalProjection, read_generation
 from projections.vector_index import CONVERSATION, MEMORY, IndexPoint, Sparse, VectorIndex
+from services.adapters.crypto import SubjectMatcher
 from services.adapters.embedder import Embedder
 from services.application.ports import EventStore, LogEntry
 from services.application.ranking import CONTEXT_TURNS, context_text, context_vector
@@ -54,20 +55,24 @@ async def live_index_generation(redis: Redis, partition: int) -> int:
     return await read_generation(redis, IndexKeys(partition, 0).live)
 
 
-class NoteMeta(msgspec.Struct, kw_only=True):
-    """What the index knows of a note: enough to build payloads and skip old events."""
+class NoteMeta(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What the index knows of a note: enough to build payloads and skip old events. Its
+    subject only as ``SubjectMatcher`` hashes it: this state is in Redis (and its AOF) until
+    the projection catches up with a forget, which the AOF rewrite does not wait for."""
 
     version: int
     status: str
     category: str
     kind: str
-    subject: str | None
+    subject_key: str | None = None
     created_at: float
     chunks: int = 0
     record: str = MEMORY
     session_id: str | None = None
     # When it happened: a turn's sent_at, an episode's occurred_at, else when it was saved.
     time: float | None = None
+    # The subject as written before subjects were hashed: read once, hashed, then dropped.
+    subject: str | None = None
 
     def payload(self, user_id: str, note_id: str, chunk: int) -> dict[str, Any]:
         fields: dict[str, Any] = {
@@ -81,8 +86,8 @@ class NoteMeta(msgspec.Struct, kw_only=True):
             "record": self.record,
             "created_at": self.created_at,
         }
-        if self.subject is not None:
-            fields["subject"] = self.subject
+        if self.subject_key is not None:
+            fields["subject_key"] = self.subject_key
         if self.session_id is not None:
             fields["session_id"] = self.session_id
         # Indexed before times were: when it was saved.
@@ -135,10 +140,12 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
         generation: int,
         *,
         store: EventStore,
+        subjects: SubjectMatcher,
     ) -> None:
         self.keys = IndexKeys(partition, generation)
         super().__init__(redis, partition, generation, self.keys)
         self._store = store
+        self._subjects = subjects
         self.index = index
         self._embedder = embedder
 
@@ -170,6 +177,9 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
         texts: dict[str, tuple[str, str, str]] = {}  # note key -> (user, note, text)
         contexts: dict[str, list[str]] = {}  # a turn's key -> the text of the turns before it
         retext: dict[str, tuple[str, str]] = {}  # notes whose subject changed, not their content
+        # A note's subject as its latest event in the batch names it: a BM25 keyword of its
+        # chunks (the meta keeps only its hash; the store is asked for the others).
+        names: dict[str, str | None] = {}
         forgotten: set[str] = set()
         touched: dict[str, tuple[str, str]] = {}
         old_chunks: dict[str, int] = {}
@@ -183,6 +193,8 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
             meta = metas.get(key)
             if meta is not None and event.version <= meta.version:
                 continue
+            if meta is not None and meta.subject is not None:
+                meta.subject_key, meta.subject = self._subject_key(event.user_id, meta.subject), None
             if key not in old_chunks:
                 old_chunks[key] = meta.chunks if meta is not None else 0
             if isinstance(event, NoteSaved):
@@ -191,10 +203,11 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
                     status="active",
                     category=event.category,
                     kind=event.kind.value,
-                    subject=event.subject,
+                    subject_key=self._subject_key(event.user_id, event.subject),
                     created_at=_ts(event.at),
                     time=_ts(event.occurred_at or event.at),
                 )
+                names[key] = event.subject
                 texts[key] = (event.user_id, event.note_id, event.content)
                 forgotten.discard(key)
             elif isinstance(event, MessageRecorded):
@@ -203,7 +216,6 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
                     status="active",
                     category="conversation",
                     kind="message",
-                    subject=None,
                     created_at=_ts(event.at),
                     record=CONVERSATION,
                     session_id=event.session_id,
@@ -219,8 +231,11 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
             elif isinstance(event, NoteUpdated):
                 meta.version = event.version
                 meta.category = event.category or meta.category
-                renamed = event.subject is not None and event.subject != meta.subject
-                meta.subject = event.subject if event.subject is not None else meta.subject
+                renamed = False
+                if event.subject is not None:
+                    subject_key = self._subject_key(event.user_id, event.subject)
+                    renamed, meta.subject_key = subject_key != meta.subject_key, subject_key
+                    names[key] = event.subject
                 if event.content is not None:
                     texts[key] = (event.user_id, event.note_id, event.content)
                 elif renamed:
@@ -231,7 +246,8 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
             elif isinstance(event, NoteForgotten):
                 meta.version = event.version
                 meta.status = "forgotten"
-                meta.subject = None
+                meta.subject_key = None
+                names.pop(key, None)
                 texts.pop(key, None)
                 forgotten.add(key)
             else:  # a pending deletion requested or lapsed: nothing the index shows changes
@@ -239,7 +255,7 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
             metas[key] = meta
             touched[key] = (event.user_id, event.note_id)
 
-        await self._with_content(retext, texts, forgotten, metas)
+        await self._from_store(retext, texts, names, forgotten, metas)
         # A turn is indexed twice: its own words, and its words after the turns before it (so
         # "what did she say about it?" can match); either point finds the one turn. The context
         # point's vector is the mean of the turns' own vectors, so no text is embedded twice.
@@ -258,7 +274,7 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
             meta = metas[key]
             # A note's subject is a keyword of every chunk; not of its vector, where it blurs
             # the meaning of the text (measured: README). A turn's speaker is already in its text.
-            keywords = indexed_text(meta.subject if meta and meta.record == MEMORY else None, piece)
+            keywords = indexed_text(names.get(key) if meta and meta.record == MEMORY else None, piece)
             points.append(self._point(touched[key], meta, chunk, vectors[piece], sparse_document(keywords)))
         chunk_counts = Counter(p[0] for p in pieces)
         for key, first in firsts.items():
@@ -283,26 +299,37 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
                 await self.index.set_payload(user_id, note_id, meta.filter_fields())
         return set(touched)
 
-    async def _with_content(
+    def _subject_key(self, user_id: str, subject: str | None) -> str | None:
+        return self._subjects.match_key(user_id, subject) if subject is not None else None
+
+    async def _from_store(
         self,
         retext: dict[str, tuple[str, str]],
         texts: dict[str, tuple[str, str, str]],
+        names: dict[str, str | None],
         forgotten: set[str],
         metas: dict[str, NoteMeta | None],
     ) -> None:
-        """A note renamed (a new subject, the same content) is indexed again (its subject is one
-        of its keywords): its content comes from the event store, as the index keeps no text.
-        The store may be further on (a later update or forget), whose own event then settles
-        the note. The vectors come from the embedder's cache."""
+        """What the index keeps no text of is read from the event store. A note renamed (a new
+        subject, the same content) is indexed again (its subject is one of its keywords), with
+        its content; a note whose content changed is indexed with its subject. The store may be
+        further on (a later update or forget), whose own event then settles the note. The
+        vectors come from the embedder's cache."""
         wanted = {k: ids for k, ids in retext.items() if k not in texts and k not in forgotten}
-        for user_id in {u for u, _ in wanted.values()}:
-            mine = {k: n for k, (u, n) in wanted.items() if u == user_id}
+        unnamed = {
+            k: (u, n)
+            for k, (u, n, _) in texts.items()
+            if k not in names and (meta := metas.get(k)) is not None and meta.subject_key is not None
+        }
+        for user_id in {u for u, _ in (wanted | unnamed).values()}:
+            mine = {k: n for k, (u, n) in (wanted | unnamed).items() if u == user_id}
             loaded = await self._store.load(user_id, list(mine.values()))
             for key, note_id in mine.items():
-                meta = metas[key]
-                content = loaded[note_id].state.content
-                if content and meta is not None:
-                    texts[key] = (user_id, note_id, content)
+                state = loaded[note_id].state
+                if key in unnamed:
+                    names[key] = state.subject
+                elif state.content and metas[key] is not None:
+                    texts[key] = (user_id, note_id, state.content)
 
     @staticmethod
     def _point(

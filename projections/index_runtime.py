@@ -5,11 +5,14 @@ generation (opening the new one before closing the old, so queries never stop)."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from redis.asyncio import Redis
 
@@ -17,10 +20,14 @@ from contracts.channels import IndexKeys, model_key
 from projections.index import live_index_generation
 from projections.tracking import CheckpointReader, read_position
 from projections.vector_index import VectorIndex
+from services.adapters.crypto import SubjectMatcher
 from services.adapters.embedder import Embedder
 from services.ops.periodic import every
 
 log = logging.getLogger("engram.index")
+
+ModelState = Literal["loading", "loaded", "failed"]
+IndexState = Literal["opening", "open", "refused"]
 
 
 class ModelMismatch(RuntimeError):
@@ -42,21 +49,30 @@ async def record_model(redis: Redis, generation: int, embedder: Embedder) -> Non
 
 
 class IndexRuntime:
+    """The live index and what its writers and readers must agree on: the embedding model, and
+    ``subjects``, how a subject becomes the ``subject_key`` its points are filtered by."""
+
     def __init__(
         self,
         redis: Redis,
         embedder: Embedder,
         open_index: Callable[[int], VectorIndex],
         drop_index: Callable[[int], None] | None = None,
+        *,
+        subjects: SubjectMatcher,
     ) -> None:
         self.redis = redis
         self.embedder = embedder
+        self.subjects = subjects
         self.open_index = open_index
         self._drop_index = drop_index
         self.generation = -1
         self._index: VectorIndex | None = None
         self.error: Exception | None = None
         self._lock = asyncio.Lock()
+        # What `engram health` reports for this process (services/ops/health.py).
+        self.model_state: ModelState = "loading"
+        self.model_load_seconds: float | None = None
 
     @property
     def index(self) -> VectorIndex:
@@ -84,6 +100,39 @@ class IndexRuntime:
                 await previous.close()
                 if self._drop_index is not None:
                     self._drop_index(previous_generation)
+
+    async def load_model(self, stop: asyncio.Event, retry_seconds: float = 10.0) -> None:
+        """Load the embedding model in the background and say when it is ready: commands and
+        reads are served meanwhile, and the first embedding waits for this load. A failed load
+        (a model file missing or unreadable) is logged and tried again."""
+        started = time.monotonic()
+        while not stop.is_set():
+            try:
+                await self.embedder.start()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.model_state = "failed"
+                log.exception("the embedding model %s failed to load; trying again", self.embedder.model_name)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), retry_seconds)
+                continue
+            self.model_load_seconds = round(time.monotonic() - started, 1)
+            self.model_state = "loaded"
+            log.info(
+                "embedding model %s loaded in %.1f s: search, save advice and the index are ready",
+                self.embedder.model_name,
+                self.model_load_seconds,
+            )
+            return
+
+    @property
+    def index_state(self) -> IndexState:
+        """``open`` once the live generation is open here, ``refused`` while it was built with
+        another model, else ``opening``."""
+        if self._index is not None:
+            return "open"
+        return "refused" if isinstance(self.error, ModelMismatch) else "opening"
 
     async def watch(self, stop: asyncio.Event, interval: float = 1.0) -> None:
         """Follow generation switches and model changes; a failed check is logged, not hidden."""

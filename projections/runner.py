@@ -126,7 +126,15 @@ def index_runner(
 
     async def open_live() -> Projection:
         await runtime.sync()
-        return IndexProjection(redis, runtime.index, runtime.embedder, partition, runtime.generation, store=store)
+        return IndexProjection(
+            redis,
+            runtime.index,
+            runtime.embedder,
+            partition,
+            runtime.generation,
+            store=store,
+            subjects=runtime.subjects,
+        )
 
     return ProjectionRunner(
         redis,

@@ -45,7 +45,7 @@ from projections.forget_saga import SagaPendingDeletions
 from projections.history import HistoryReader
 from projections.index_runtime import IndexRuntime
 from projections.runner import ProjectionRunner, forget_saga_runner, history_runner, index_runner
-from services.adapters.crypto import load_master_key
+from services.adapters.crypto import SubjectMatcher, load_master_key
 from services.adapters.event_store import RedisEventStore
 from services.adapters.redis_conn import close_redis, open_redis
 from services.adapters.scrub import Scrubber
@@ -57,6 +57,7 @@ from services.application.queries import QueryService
 from services.application.search import BlendPolicy, SearchService
 from services.bus.reclaimer import PendingReclaimer
 from services.config import Settings
+from services.ops.health import WorkerReport
 from services.ops.metrics import EngramGauges
 
 log = logging.getLogger("engram")
@@ -110,6 +111,7 @@ class Engram:
         """Run every worker until ``stopping`` is set."""
         tasks: list[asyncio.Task[None]] = []
         metrics_server = None
+        report = WorkerReport(self.redis, self.settings.consumer_name, self.settings.roles, self.index)
         try:
             await self._check_partitions()
             await self._ensure_groups()
@@ -125,10 +127,14 @@ class Engram:
                 )
                 metrics_server = server
                 tasks.append(asyncio.create_task(self.gauges.run(self.stopping), name="metrics"))
+            # `engram health` reads this worker's readiness (model, index) from Redis: published
+            # before the first request is taken, again whenever the model is loaded.
+            await report.publish()
+            tasks.append(asyncio.create_task(report.run(self.stopping), name="readiness-report"))
             if self.index is not None:
                 # The model loads in the background from the start (6-9 s, more from a cold disk);
                 # commands and reads are served meanwhile, and the first embedding waits for it.
-                tasks.append(asyncio.create_task(self.index.embedder.start(), name="load-model"))
+                tasks.append(asyncio.create_task(self._load_model(self.index, report), name="load-model"))
                 tasks.append(asyncio.create_task(self.index.watch(self.stopping), name="index-generations"))
             await self.broker.start()
             log.info(
@@ -154,10 +160,15 @@ class Engram:
                     await runner.release()
             if self.index is not None:
                 await self.index.close()
+            await report.withdraw()
             if metrics_server is not None:
                 metrics_server.shutdown()
                 metrics_server.server_close()
             await close_redis(self.redis)
+
+    async def _load_model(self, index: IndexRuntime, report: WorkerReport) -> None:
+        await index.load_model(self.stopping)
+        await report.publish()
 
     async def _ensure_groups(self) -> None:
         """Create the request groups at position 0 ourselves: FastStream creates a new group at
@@ -203,9 +214,8 @@ def build(settings: Settings) -> Engram:
     redis = open_redis(settings.redis_url, settings.redis_cluster)
     registry = CollectorRegistry() if settings.metrics_port else None
     broker = make_broker(settings.redis_url, registry, settings.tracing, settings.redis_cluster)
-    store = RedisEventStore(
-        redis, settings.partitions, settings.idempotency_ttl_seconds, load_master_key(settings.data_dir)
-    )
+    master = load_master_key(settings.data_dir)
+    store = RedisEventStore(redis, settings.partitions, settings.idempotency_ttl_seconds, master)
     partitions = range(settings.partitions)
     owner, lease_ms = settings.consumer_name, settings.lease_ms
     history = HistoryReader(redis, settings.partitions)
@@ -214,7 +224,7 @@ def build(settings: Settings) -> Engram:
     if "history" in roles:
         runners += [history_runner(redis, store, p, owner, lease_ms) for p in partitions]
     uses_index = settings.index_enabled and bool(roles & {"commands", "queries", "index"})
-    index = build_index_runtime(redis, settings) if uses_index else None
+    index = build_index_runtime(redis, settings, SubjectMatcher.from_master(master)) if uses_index else None
     search = None
     if index is not None:
         relevance, recency, importance = settings.ranking_weights
@@ -273,8 +283,9 @@ def build(settings: Settings) -> Engram:
     )
 
 
-def build_index_runtime(redis: Redis, settings: Settings) -> IndexRuntime:
-    """Qdrant Edge under the data dir by default; a Qdrant server when ENGRAM_QDRANT_URL is set."""
+def build_index_runtime(redis: Redis, settings: Settings, subjects: SubjectMatcher) -> IndexRuntime:
+    """Qdrant Edge under the data dir by default; a Qdrant server when ENGRAM_QDRANT_URL is set.
+    ``subjects`` hashes subjects for the index's payloads and for the filters that match them."""
     from projections.index_runtime import drop_edge_directory, edge_directory
     from services.adapters.embedder import MiniLMEmbedder
 
@@ -283,12 +294,18 @@ def build_index_runtime(redis: Redis, settings: Settings) -> IndexRuntime:
         from projections.qdrant_server import QdrantServerIndex
 
         url, key = settings.qdrant_url, settings.qdrant_api_key
-        return IndexRuntime(redis, embedder, lambda g: QdrantServerIndex.from_url(url, f"engram_g{g}", key))
+        return IndexRuntime(
+            redis, embedder, lambda g: QdrantServerIndex.from_url(url, f"engram_g{g}", key), subjects=subjects
+        )
     from projections.qdrant_edge import QdrantEdgeIndex
 
     data_dir = settings.data_dir
     return IndexRuntime(
-        redis, embedder, lambda g: QdrantEdgeIndex(edge_directory(data_dir, g)), drop_edge_directory(data_dir)
+        redis,
+        embedder,
+        lambda g: QdrantEdgeIndex(edge_directory(data_dir, g)),
+        drop_edge_directory(data_dir),
+        subjects=subjects,
     )
 
 

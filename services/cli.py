@@ -7,17 +7,23 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import msgspec
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from contracts.commands import NoteDraft
 from contracts.errors import EngramError, ErrorCode
 from contracts.limits import parse_time
-from contracts.model import NoteKind, NoteSource
+from contracts.model import NoteKind, NoteSource, NoteStatus
+from services import cli_render as render
 from services.adapters.redis_conn import close_redis
 from services.config import ROLES, Settings, parse_roles
 from services.ops.operator import connect, follow_log, operator_redis, resolve_url
@@ -29,17 +35,97 @@ log = logging.getLogger("engram")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    as_json = _asks_for_json(argv)
     try:
-        return int(args.run(args) or 0)
-    except EngramError as e:
-        return _fail(args, e.code.value, e.message)
+        try:
+            parser = _parser()
+            args = parser.parse_args(argv)
+            _check_text(parser, args)
+            code = int(args.run(args) or 0)
+        except _UsageError as e:
+            if not as_json:
+                e.parser.print_usage(sys.stderr)
+                print(f"{e.parser.prog}: error: {e.message}", file=sys.stderr)
+                return 2
+            return _fail(as_json, ErrorCode.INVALID_PARAMETER.value, f"{e.parser.prog}: {e.message}")
+        except EngramError as e:
+            return _fail(as_json, e.code.value, e.message)
+        except (RedisConnectionError, RedisTimeoutError, RedisClusterException) as e:
+            # The operator commands (tail, export, rebuild...) talk to Redis itself.
+            return _fail(as_json, ErrorCode.UNAVAILABLE.value, f"cannot reach the Engram bus: {e}")
+        except OSError as e:
+            if e.filename is None:
+                raise
+            return _fail(as_json, ErrorCode.INVALID_PARAMETER.value, f"cannot open {e.filename}: {e.strerror}")
+        sys.stdout.flush()  # here, not at exit, so that a reader gone early is handled below
+        return code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader left (`engram docs | head`): stop quietly, as a process killed by SIGPIPE
+        # would (Python docs, "Note on SIGPIPE"); stdout goes to devnull so the flush at exit
+        # cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
-def _fail(args: argparse.Namespace, code: str, message: str) -> int:
-    if getattr(args, "json", False):
+def _asks_for_json(argv: list[str]) -> bool:
+    """Whether ``--json`` (or an abbreviation argparse would take for it) comes before ``--``:
+    known before parsing, so that an argument error can be answered in JSON too."""
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    return any(len(a) > 2 and "--json".startswith(a) for a in options)
+
+
+class _UsageError(Exception):
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+        self.message = message
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors raised to ``main``: under ``--json`` they are an error object and
+    exit status 1 like every other error; without, argparse's usage line and status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(self, message)
+
+
+def _check_text(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every text argument must be UTF-8. Python decodes the command line with surrogateescape,
+    so bytes that are not UTF-8 (``$(printf 'caf\\xe9')``) arrive as lone surrogates; they would
+    fail when the request is encoded. Refused here, naming the argument."""
+    for action in _actions(parser, args):
+        values = getattr(args, action.dest, None)
+        for value in values if isinstance(values, list) else [values]:
+            if not isinstance(value, str):
+                continue
+            try:
+                value.encode()
+            except UnicodeEncodeError as e:
+                name = action.option_strings[-1] if action.option_strings else action.dest
+                byte = os.fsencode(value[e.start])[0]
+                raise EngramError(
+                    ErrorCode.INVALID_PARAMETER,
+                    f"{name} is not valid UTF-8 (byte 0x{byte:02x} at position {e.start}); give text in UTF-8",
+                ) from None
+
+
+def _actions(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Iterator[argparse.Action]:
+    """The arguments of the (sub)command that was parsed."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None) or "")
+            if chosen is not None:
+                yield from _actions(chosen, args)
+        else:
+            yield action
+
+
+def _fail(as_json: bool, code: str, message: str) -> int:
+    if as_json:
         print(json.dumps({"error": {"code": code, "message": message}}))
     else:
         print(f"engram: {code}: {message}", file=sys.stderr)
@@ -51,11 +137,12 @@ def _draft_default(field: str) -> str:
     return str(getattr(default, "value", default))
 
 
-def _print(args: argparse.Namespace, obj: Any, human: Callable[[Any], str] | None = None) -> None:
+def _print(args: argparse.Namespace, obj: Any, human: Callable[[Any], render.Text | str] | None = None) -> None:
+    """``obj`` as one JSON object under ``--json``; else ``human(obj)``, for a person (see cli_render)."""
     if args.json or human is None:
         sys.stdout.write(msgspec.json.encode(obj).decode() + "\n")
     else:
-        print(human(obj))
+        render.show(human(obj))
 
 
 # serve ------------------------------------------------------------------------------------------
@@ -119,11 +206,7 @@ async def cmd_save(client: Any, args: argparse.Namespace) -> None:
         importance=args.importance,
         command_id=args.command_id,
     )
-    _print(
-        args,
-        reply,
-        lambda r: f"saved {r.note_id} (version {r.version}{', replayed' if r.replayed else ''}) token {r.token}",
-    )
+    _print(args, reply, render.saved)
 
 
 async def cmd_update(client: Any, args: argparse.Namespace) -> None:
@@ -136,12 +219,12 @@ async def cmd_update(client: Any, args: argparse.Namespace) -> None:
         expected_version=args.expected_version,
         command_id=args.command_id,
     )
-    _print(args, reply, lambda r: f"updated {r.note_id} to version {r.version} token {r.token}")
+    _print(args, reply, render.updated)
 
 
 async def cmd_supersede(client: Any, args: argparse.Namespace) -> None:
     reply = await client.supersede(args.user, args.old_id, args.new_id, command_id=args.command_id)
-    _print(args, reply, lambda r: f"Memory {r.note_id} marked as superseded by {r.superseded_by}")
+    _print(args, reply, render.superseded)
 
 
 async def cmd_forget(client: Any, args: argparse.Namespace) -> None:
@@ -152,47 +235,41 @@ async def cmd_forget(client: Any, args: argparse.Namespace) -> None:
             reply = await client.forget_user(args.user, confirmed=args.yes)
         else:
             reply = await client.forget_session(args.user, args.session, confirmed=args.yes)
-        _print(args, reply, _human_forget)
+        _print(args, reply, render.forget)
         return
     if (args.query is None) == (not args.note_ids):
         raise EngramError(ErrorCode.INVALID_PARAMETER, "give either --query or note ids")
     reply = await client.forget(args.user, query=args.query, note_ids=args.note_ids, confirmed=args.yes)
-    _print(args, reply, _human_forget)
-
-
-def _human_forget(reply: Any) -> str:
-    lines = [reply.message]
-    lines += [f"  {c.note_id}  {c.similarity:.2f}  {c.preview}" for c in reply.candidates]
-    return "\n".join(lines)
+    _print(args, reply, render.forget)
 
 
 async def cmd_get(client: Any, args: argparse.Namespace) -> None:
     note = await client.get_note(args.user, args.note_id, after=args.after)
-    _print(args, note, _human_note)
+    _print(args, note, render.note)
 
 
 async def cmd_history(client: Any, args: argparse.Namespace) -> None:
     reply = await client.history(args.user, args.note_id, after=args.after)
-    out = {"note_id": reply.note_id, "status": reply.status, "versions": reply.versions}
-    _print(
-        args,
-        out,
-        lambda o: "\n".join(
-            f"v{v.version} {v.created_at:%Y-%m-%d %H:%M:%S} {v.change:<10} {v.content}" for v in o["versions"]
-        ),
-    )
+    if not args.json:
+        # A forgotten note's versions are gone; its tombstone says when it was forgotten.
+        tombstone = None
+        if reply.status == NoteStatus.FORGOTTEN.value:
+            tombstone = await client.get_note(args.user, args.note_id)
+        render.show(render.history(reply, tombstone))
+        return
+    _print(args, {"note_id": reply.note_id, "status": reply.status, "versions": reply.versions})
 
 
 async def cmd_list(client: Any, args: argparse.Namespace) -> None:
     reply = await client.list_notes(
         args.user, category=args.category, include_superseded=args.include_superseded, after=args.after
     )
-    _print(args, {"notes": reply.notes, "total": reply.total}, lambda o: _human_notes(o["notes"]))
+    _print(args, {"notes": reply.notes, "total": reply.total}, lambda o: render.notes(o["notes"], o["total"]))
 
 
 async def cmd_recent(client: Any, args: argparse.Namespace) -> None:
     reply = await client.list_recent(args.user, limit=args.limit, after=args.after)
-    _print(args, {"notes": reply.notes, "total": reply.total}, lambda o: _human_notes(o["notes"]))
+    _print(args, {"notes": reply.notes, "total": reply.total}, lambda o: render.notes(o["notes"], o["total"]))
 
 
 async def cmd_search(client: Any, args: argparse.Namespace) -> None:
@@ -222,23 +299,7 @@ async def cmd_search(client: Any, args: argparse.Namespace) -> None:
         }
         for hit in reply.results
     ]
-    _print(
-        args,
-        {"results": results},
-        lambda o: (
-            "\n".join(f"{r['similarity']:.2f} [id:{r['note_id']}] {r['content']}" for r in o["results"])
-            or "(nothing found)"
-        ),
-    )
-
-
-def _human_note(n: Any) -> str:
-    subject = f"[{n.subject}] " if n.subject else ""
-    return f"[id:{n.id}] ({n.category}, v{n.version}, {n.status.value}) {subject}{n.content}"
-
-
-def _human_notes(notes: list[Any]) -> str:
-    return "\n".join(_human_note(n) for n in notes) or "(no memories)"
+    _print(args, {"results": results}, lambda _: render.search(reply))
 
 
 # operator subcommands ---------------------------------------------------------------------------
@@ -315,7 +376,10 @@ def cmd_health(args: argparse.Namespace) -> int:
             await close_redis(redis)
 
     report = asyncio.run(go())
-    sys.stdout.write(json.dumps(report, indent=None if args.json else 2) + "\n")
+    if args.json:
+        sys.stdout.write(json.dumps(report) + "\n")
+    else:
+        render.show(render.health(report))
     return 0 if report["status"] == "ok" else 1
 
 
@@ -385,13 +449,18 @@ def cmd_tools(args: argparse.Namespace) -> int:
 
 def cmd_mcp(args: argparse.Namespace) -> int:
     from services.agents.mcp_server import serve_http, serve_stdio
+    from services.application.decoding import check_user_id
 
+    if args.http is None:
+        if not args.user:
+            raise EngramError(
+                ErrorCode.INVALID_PARAMETER, "--user is required for stdio (or serve --http for many users)"
+            )
+        check_user_id(args.user, "--user")  # refused at start, before looking for the bus
     client = _client(Settings.from_env())
     if args.http is not None:
         asyncio.run(serve_http(client, args.profile, args.host, args.http))
         return 0
-    if not args.user:
-        raise EngramError(ErrorCode.INVALID_PARAMETER, "--user is required for stdio (or serve --http for many users)")
     asyncio.run(serve_stdio(client, args.profile, args.user, args.session))
     return 0
 
@@ -413,34 +482,18 @@ async def cmd_memory(client: Any, args: argparse.Namespace) -> None:
         if args.json:
             _print(args, {"notes": reply.notes, "total": reply.total})
             return
-        sys.stdout.write(render_memory_list(reply.notes))
+        sys.stdout.write(render.memory_list(reply.notes))
         return
     note = await client.get_note(args.user, args.note_id)
     reply = await client.forget(args.user, note_ids=[args.note_id], confirmed=True)
     _print(args, reply, lambda r: f"Deleted: '{note.content}'")
 
 
-def render_memory_list(notes: list[Any]) -> str:
-    if not notes:
-        return "📝 No memories yet.\n"
-    lines = ["📝 Your memories:", ""]
-    category = None
-    for note in notes:  # already in (category, created_at, id) order
-        if note.category != category:
-            if category is not None:
-                lines.append("")
-            category = note.category
-            lines.append(f"**{category.title()}**")
-        lines.append(f"• [{note.id}] {note.content}")
-    lines += ["", "Use /memory delete <id> to remove a memory."]
-    return "\n".join(lines) + "\n"
-
-
 # argument parsing -------------------------------------------------------------------------------
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="engram", description="Engram: long-term memory for LLM agents.")
+    parser = _Parser(prog="engram", description="Engram: long-term memory for LLM agents.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add(

@@ -33,6 +33,7 @@ from projections.history_model import (
 from projections.index import IndexProjection
 from projections.tracking import CheckpointReader
 from projections.vector_index import VectorIndex
+from services.adapters.crypto import MasterKey, SubjectMatcher
 from services.adapters.event_store import decode_event, decode_outcome
 from services.application.ports import (
     Appended,
@@ -370,10 +371,11 @@ class InMemoryIndexRuntime:
         self.redis = _ProjectionKeys()
         self.index = index
         self.embedder = embedder
+        self.subjects = SubjectMatcher.from_master(MasterKey(bytes(32)))
         self.generation = 0
         self._store = store
         self._projections = [
-            IndexProjection(self.redis, index, embedder, p, 0, store=store)  # type: ignore[arg-type]
+            IndexProjection(self.redis, index, embedder, p, 0, store=store, subjects=self.subjects)  # type: ignore[arg-type]
             for p in range(store.partitions)
         ]
 

@@ -172,7 +172,7 @@ async def dump(redis: aioredis.Redis, partition: int, generation: int) -> dict[b
 
 
 # What identifies an index point and what a search filters on.
-POINT_FIELDS = ("user_id", "note_id", "chunk", "version", "status", "category", "subject", "kind")
+POINT_FIELDS = ("user_id", "note_id", "chunk", "version", "status", "category", "subject_key", "kind")
 
 
 def shape(payloads: list[dict]) -> list[tuple]:  # type: ignore[type-arg]

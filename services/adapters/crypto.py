@@ -3,6 +3,9 @@ from ``cryptography``), and that key is stored wrapped by the master key. Forget
 deletes its wrapped key in the same atomic append as ``NoteForgotten``: every copy of the
 content (the note stream, the log, a backup, an AOF) is then ciphertext nobody can open.
 
+Subjects are sealed too (a person's name, a place: personal data). Where the vector index must
+filter by subject it holds a keyed hash instead (``SubjectMatcher``), never the text.
+
 The master key comes from ``ENGRAM_MASTER_KEY`` (32 bytes, base64), or the file named by
 ``ENGRAM_MASTER_KEY_FILE``; the embedded default generates one under the data dir and says so.
 """
@@ -11,6 +14,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import logging
 import os
 from collections.abc import Mapping
@@ -18,16 +23,22 @@ from pathlib import Path
 
 import msgspec
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from contracts.events import AnyEvent
 
 log = logging.getLogger("engram.crypto")
 
 SEALED_PREFIX = "enc1:"
-# The event fields that hold what the user said; everything else is metadata.
-SEALED_FIELDS = ("content", "summary", "narrative", "trigger", "action", "speaker")
+# The event fields that hold what the user said or whom it is about; everything else is metadata.
+# Events written before a field joined this list keep it in plain text and still load.
+SEALED_FIELDS = ("content", "summary", "narrative", "trigger", "action", "speaker", "subject")
 _NONCE = 12
+# HKDF info of the subject matching key: a new version of the label is a new key, so changing
+# how subjects are hashed means an index rebuild.
+SUBJECT_MATCH_LABEL = "engram subject match v1"
 
 
 class MasterKeyError(RuntimeError):
@@ -36,10 +47,17 @@ class MasterKeyError(RuntimeError):
 
 
 class MasterKey:
+    """Wraps the per-note data keys, and derives the keys other uses need (never itself reused)."""
+
     def __init__(self, key: bytes) -> None:
         if len(key) != 32:
             raise MasterKeyError(f"the master key must be 32 bytes, not {len(key)}")
         self._aead = AESGCM(key)
+        self._key = key
+
+    def derive(self, label: str) -> bytes:
+        """A 32-byte key for one purpose, named by ``label`` (HKDF-SHA256)."""
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=label.encode()).derive(self._key)
 
     def new_data_key(self) -> bytes:
         return AESGCM.generate_key(bit_length=256)
@@ -136,3 +154,28 @@ def shredded(event: AnyEvent) -> AnyEvent:
 
 def needs_key(event: AnyEvent) -> bool:
     return any(isinstance(getattr(event, f, None), str) for f in SEALED_FIELDS)
+
+
+def normalize_subject(subject: str) -> str:
+    """How subjects compare: case and spacing aside ("Sarah  Smith" is "sarah smith")."""
+    return " ".join(subject.casefold().split())
+
+
+class SubjectMatcher:
+    """Keyed hashes of subjects: what the vector index filters by subject on, so its payloads
+    (which stay in the shard's files after a point is deleted, FIELD-NOTES) never hold the text.
+    Keyed by a key derived from the master key, so a guess cannot be checked without it; the
+    user is part of the hash, so one user's subjects cannot be linked to another's."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    @classmethod
+    def from_master(cls, master: MasterKey) -> SubjectMatcher:
+        return cls(master.derive(SUBJECT_MATCH_LABEL))
+
+    def match_key(self, user_id: str, subject: str) -> str:
+        """The same for two subjects that ``normalize_subject`` makes equal, for one user."""
+        message = msgspec.json.encode([user_id, normalize_subject(subject)])
+        digest = hmac.new(self._key, message, hashlib.sha256).digest()[:16]
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")

@@ -4,7 +4,9 @@
 ``engram mcp --profile P --http PORT`` serves several users over streamable HTTP; the user is
 then named per request by the ``X-Engram-User`` header. Tool results are JSON text content (and
 the same JSON as structured content); a tool's own errors are results with ``is_error`` set, in
-requirements §4's ``{"error": {...}}`` shape, so the LLM can read and correct them.
+requirements §4's ``{"error": {...}}`` shape, so the LLM can read and correct them. A user id the
+contracts refuse is refused before anything is served: at start for stdio, with HTTP 400 for a
+request (the session's first among them) whose header names one.
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ from typing import Any
 import mcp_types as types
 from mcp.server.lowlevel import Server
 
-from services.agents.specs import WRITE_TIMEOUT, ToolSpec
+from contracts.errors import EngramError, ErrorCode
+from services.agents.specs import WRITE_TIMEOUT, ToolSpec, error
 from services.agents.tools import ToolDispatcher, profile
+from services.application.decoding import check_user_id
 from services.bus.client import EngramClient
 
 log = logging.getLogger("engram.mcp")
 
-USER_HEADER = "x-engram-user"
+USER_HEADER = "X-Engram-User"
 
 
 def mcp_tool(spec: ToolSpec) -> types.Tool:
@@ -54,17 +58,16 @@ def build_server(client: EngramClient, profile_name: str, user_id: str | None, s
 
     async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         user = user_id or _header_user(ctx)
-        if user is None:
-            result: dict[str, Any] = {
-                "error": {"code": "INVALID_PARAMETER", "message": f"name the user in the {USER_HEADER} header"}
-            }
-        else:
-            spec = next((s for s in specs if s.name == params.name), None)
-            timeout = spec.timeout if spec is not None else WRITE_TIMEOUT
-            try:
-                result = await asyncio.wait_for(dispatcher_for(user).call(params.name, params.arguments), timeout)
-            except TimeoutError:
-                result = {"error": {"code": "TIMEOUT", "message": f"{params.name} took longer than {timeout:g} s"}}
+        spec = next((s for s in specs if s.name == params.name), None)
+        timeout = spec.timeout if spec is not None else WRITE_TIMEOUT
+        try:
+            if user is None:
+                raise EngramError(ErrorCode.INVALID_PARAMETER, f"name the user in the {USER_HEADER} header")
+            result = await asyncio.wait_for(dispatcher_for(user).call(params.name, params.arguments), timeout)
+        except EngramError as e:
+            result = error(e.code, e.message)
+        except TimeoutError:
+            result = error("TIMEOUT", f"{params.name} took longer than {timeout:g} s")
         return types.CallToolResult(
             content=[types.TextContent(text=json.dumps(result, ensure_ascii=False))],
             structured_content=result,
@@ -85,13 +88,37 @@ def _header_user(ctx: Any) -> str | None:
     headers = getattr(request, "headers", None)
     if headers is None:
         return None
-    value = headers.get(USER_HEADER)
+    value = headers.get(USER_HEADER.lower())
     return str(value) if value else None
+
+
+class RefuseBadUsers:
+    """ASGI middleware: a request whose header names a user id the contracts refuse is answered
+    400 with the reason in plain words (a JSON-RPC error), before a session is made for it."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        from starlette.responses import JSONResponse
+
+        if scope["type"] == "http":
+            named = [v for k, v in scope.get("headers", []) if k.lower() == USER_HEADER.lower().encode()]
+            try:
+                for value in named:
+                    check_user_id(value.decode("latin-1"), USER_HEADER)
+            except EngramError as e:
+                reply = {"jsonrpc": "2.0", "id": None, "error": {"code": -32602, "message": e.message}}
+                await JSONResponse(reply, status_code=400)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def serve_stdio(client: EngramClient, profile_name: str, user_id: str, session_id: str | None) -> None:
     from mcp.server.stdio import stdio_server
 
+    # Refused now, not on every call later: the agent's configuration is what is wrong.
+    check_user_id(user_id, "--user")
     async with client:
         server = build_server(client, profile_name, user_id, session_id)
         async with stdio_server() as (read_stream, write_stream):
@@ -103,6 +130,6 @@ async def serve_http(client: EngramClient, profile_name: str, host: str, port: i
 
     async with client:
         server = build_server(client, profile_name, None)
-        app = server.streamable_http_app(host=host)
+        app = RefuseBadUsers(server.streamable_http_app(host=host))
         config = uvicorn.Config(app, host=host, port=port, log_level="warning")
         await uvicorn.Server(config).serve()

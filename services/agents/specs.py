@@ -10,7 +10,18 @@ from typing import Any
 import msgspec
 
 from contracts.errors import ErrorCode
-from contracts.limits import NOTE_ID_PATTERN, SEARCH_TOP_K_DEFAULT, SEARCH_TOP_K_MAX
+from contracts.limits import (
+    CATEGORY_PATTERN,
+    MAX_CATEGORY_CHARS,
+    MAX_CONTENT_CHARS,
+    MAX_EPISODE_FIELD_CHARS,
+    MAX_QUERY_CHARS,
+    MAX_SUBJECT_CHARS,
+    NOT_BLANK,
+    NOTE_ID_PATTERN,
+    SEARCH_TOP_K_DEFAULT,
+    SEARCH_TOP_K_MAX,
+)
 from services.agents.session import AgentSession
 
 # Requirements §2: searches 15 s, writes 10 s.
@@ -57,11 +68,27 @@ def schema(properties: dict[str, Any], required: list[str] | None = None) -> dic
     return {"type": "object", "properties": properties, "required": required or [], "additionalProperties": False}
 
 
-STR: dict[str, Any] = {"type": "string"}
+def text(max_length: int, min_length: int = 1, **extra: Any) -> dict[str, Any]:
+    """A text parameter with the contracts' rule for text: not blank, and within these lengths."""
+    return {"type": "string", "minLength": min_length, "maxLength": max_length, "pattern": NOT_BLANK, **extra}
+
+
+# The contracts' limits, stated where the LLM reads them: what passes a tool's schema is not then
+# refused by a contract under another name (a tool's memory_id is a command's note_id).
+CONTENT = text(MAX_CONTENT_CHARS)
+QUERY = text(MAX_QUERY_CHARS)
+SUBJECT = text(MAX_SUBJECT_CHARS)
+LONG_TEXT = text(MAX_EPISODE_FIELD_CHARS)
 ID: dict[str, Any] = {"type": "string", "pattern": NOTE_ID_PATTERN, "description": "The 8-character memory id"}
 TOP_K: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": SEARCH_TOP_K_MAX, "default": SEARCH_TOP_K_DEFAULT}
-# The contract's Category (a slug of 1-50 characters) as one pattern, the whole rule where the LLM reads it.
-CATEGORY: dict[str, Any] = {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,49}$"}
+CATEGORY: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_CATEGORY_CHARS,
+    "pattern": CATEGORY_PATTERN,
+    "description": "a lower-case word of a-z, 0-9, _ and -, e.g. person, preference, project",
+}
+TIME: dict[str, Any] = {"type": "string", "format": "date-time"}
 
 
 def contract_default(struct: type[msgspec.Struct], name: str) -> Any:

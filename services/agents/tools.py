@@ -13,15 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
+from jsonschema import Draft202012Validator, FormatChecker, validators
+from jsonschema.exceptions import ValidationError, best_match
 
 from contracts.errors import EngramError, ErrorCode
 from services.agents.profiles import assistant, engram, forget, memento, runtime, versioned
 from services.agents.session import AgentSession
 from services.agents.specs import Result, Tool, ToolSpec, error
+from services.application.decoding import check_user_id, explain, join, path_name
 from services.bus.client import EngramClient
 
 __all__ = [
@@ -77,6 +79,8 @@ class ToolDispatcher:
     _session: AgentSession = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        # A user id the contracts refuse would fail every call: it is refused here, once.
+        check_user_id(self.user_id)
         self.profile_name = profile_name(self.profile_name)
         self._tools = {t.spec.name: t for t in _TOOLS[self.profile_name]}
         self._session = AgentSession(self.client, self.user_id, self.session_id)
@@ -100,7 +104,10 @@ class ToolDispatcher:
         ``INVALID_PARAMETER`` it can correct; a failure past that is Engram's, and raises."""
         tool = self._tools.get(name)
         if tool is None:
-            return error(ErrorCode.INVALID_PARAMETER, f"unknown tool {name!r} in profile {self.profile_name!r}")
+            return error(
+                ErrorCode.INVALID_PARAMETER,
+                f"unknown tool {name!r} in profile {self.profile_name!r}; its tools are {', '.join(self._tools)}",
+            )
         args = dict(arguments or {})
         problem = _invalid(tool.spec, args)
         if problem is not None:
@@ -111,20 +118,53 @@ class ToolDispatcher:
             return error(e.code, e.message)
 
 
-_VALIDATORS: dict[int, Draft202012Validator] = {}
+# Draft 2020-12 as the contracts read it: a whole number is an int (not 5.0, which a contract
+# refuses), and a date-time is what ``parse_time`` takes (the handlers' own reading of a time).
+_Validator = validators.extend(
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool)
+    ),
+)
+_FORMATS = FormatChecker(formats=())
 
 
-def _validator(spec: ToolSpec) -> Draft202012Validator:
+@_FORMATS.checks("date-time", raises=ValueError)
+def _is_time(value: object) -> bool:
+    if isinstance(value, str):
+        datetime.fromisoformat(value)
+    return True
+
+
+_VALIDATORS: dict[int, Any] = {}
+
+
+def _validator(spec: ToolSpec) -> Any:
     # Specs are module constants that live as long as the process: their id names them.
     if id(spec) not in _VALIDATORS:
-        _VALIDATORS[id(spec)] = Draft202012Validator(spec.parameters)
+        _VALIDATORS[id(spec)] = _Validator(spec.parameters, format_checker=_FORMATS)
     return _VALIDATORS[id(spec)]
 
 
 def _invalid(spec: ToolSpec, arguments: dict[str, Any]) -> str | None:
-    """Why the arguments do not fit the tool's schema, or None."""
+    """Why the arguments do not fit the tool's schema, in plain words naming the tool's own
+    parameter and the whole rule (an LLM reads them to correct its call), or None."""
     found = best_match(_validator(spec).iter_errors(arguments))
     if found is None:
         return None
-    where = ".".join(str(p) for p in found.absolute_path)
-    return f"{where}: {found.message}" if where else found.message
+    return _plain(spec, found)
+
+
+def _plain(spec: ToolSpec, found: ValidationError) -> str:
+    where = path_name(list(found.absolute_path))
+    if found.validator == "required":
+        missing = next(name for name in found.validator_value if name not in found.instance)
+        return f"{join(where, missing)} is required"
+    if found.validator == "additionalProperties":
+        known = list(found.schema.get("properties", {}))
+        unknown = next(name for name in found.instance if name not in known)
+        if not where:
+            return f"{unknown} is not a parameter of {spec.name}; its parameters are {', '.join(known)}"
+        return f"{join(where, unknown)} is not allowed; {where} takes {', '.join(known)}"
+    said = explain(where or "the arguments", found.schema, found.instance)
+    return said if said is not None else f"{where or 'the arguments'}: {found.message}"

@@ -85,12 +85,14 @@ class SaveAdvisor:
             )
         same_subject: list[str] = []
         if subject is not None:
+            # By its keyed hash, case and spacing aside: the index holds no subject text.
+            subject_key = self._runtime.subjects.match_key(user_id, subject)
             about = await index.nearest(
                 NearestQuery(
                     user_id=user_id,
                     using=DENSE,
                     dense=dense,
-                    match={**active, "subject": subject},
+                    match={**active, "subject_key": subject_key},
                     limit=self._limit * 3,
                 )
             )
@@ -117,8 +119,9 @@ def _action(new_id: str, similar: list[SimilarNote], same_subject: list[str], su
             f"supersede_note(note_id=<outdated id>, superseded_by={new_id}); keep the ones it complements."
         )
     if same_subject:
+        which = f"Memory {same_subject[0]} is" if len(same_subject) == 1 else f"Memories {', '.join(same_subject)} are"
         steps.append(
-            f"Memories {', '.join(same_subject)} are also about {subject!r}: when information changes, prefer "
+            f"{which} also about {subject!r}: when information changes, prefer "
             f"update_note on the existing memory over a new one."
         )
     return " ".join(steps) or None

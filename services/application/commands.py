@@ -88,7 +88,7 @@ class CommandService:
         return _encoder.encode(reply)
 
     async def execute(self, command: AnyCommand) -> NoteWritten | NotesWritten:
-        return await unit_of_work.run(self._store, command.user_id, command.command_id, _Write(self, command))
+        return await unit_of_work.run(self._store, command, _Write(self, command))
 
 
 class _Write(Work[NoteWritten | NotesWritten]):

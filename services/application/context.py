@@ -6,6 +6,10 @@ deterministically: notes ranked by relevance to the query (when given), then imp
 recency, then id, are taken while they fit; the chosen ones are then rendered in the canonical
 order (category, created_at, id) so adding one note never reshuffles the others. Tokens are
 counted with MiniLM's own WordPiece tokenizer (no download: it ships with the model package).
+
+A budget is a promise: the block never exceeds it. The profile and the episodes count like any
+note (the profile is kept first, then the episodes); a budget smaller than the block's frame
+(markdown's header, XML's empty ``<user_memory>``) is refused with the smallest one that works.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from xml.sax.saxutils import escape, quoteattr
 
+from contracts.errors import EngramError, ErrorCode
 from contracts.model import NoteKind, NoteView
 from contracts.queries import BuildContext, ContextReply, SearchNotes
 from services.application.ports import NoteHistory
@@ -62,16 +67,26 @@ def sentence(text: str) -> str:
     return text if text.endswith((".", "!", "?")) else text + "."
 
 
-def profile_of(notes: Sequence[NoteView]) -> dict[str, str]:
-    """Requirements §5's profile: notes of category ``profile`` whose subject is a profile field."""
+def is_profile(note: NoteView) -> bool:
+    """A note of category ``profile`` whose subject names a profile field."""
+    return note.category == PROFILE_CATEGORY and (note.subject or "").strip().lower() in PROFILE_FIELDS
+
+
+def profile_notes(notes: Sequence[NoteView]) -> list[NoteView]:
+    """The note shown for each profile field (the latest updated), in the fields' order."""
     found: dict[str, NoteView] = {}
     for note in notes:
-        field = (note.subject or "").strip().lower()
-        if note.category != PROFILE_CATEGORY or field not in PROFILE_FIELDS:
+        if not is_profile(note):
             continue
+        field = (note.subject or "").strip().lower()
         if field not in found or (note.updated_at, note.id) > (found[field].updated_at, found[field].id):
             found[field] = note
-    return {field: " ".join(found[field].content.split()) for field in PROFILE_FIELDS if field in found}
+    return [found[field] for field in PROFILE_FIELDS if field in found]
+
+
+def profile_of(notes: Sequence[NoteView]) -> dict[str, str]:
+    """Requirements §5's profile: notes of category ``profile`` whose subject is a profile field."""
+    return {(n.subject or "").strip().lower(): " ".join(n.content.split()) for n in profile_notes(notes)}
 
 
 def render_xml(
@@ -168,44 +183,72 @@ class ContextService:
                     SearchNotes(user_id=query.user_id, query=query.query, top_k=3, kind=NoteKind.EPISODE)
                 )
                 episodes = [h.note for h in hits.results if h.note is not None]
+        # ``fixed``: the parts kept before any other note (XML's profile), dropped last.
+        fixed: list[NoteView] = []
         if query.format == "markdown":
             candidates = [n for n in notes if n.kind is not NoteKind.EPISODE]
 
-            def render(chosen: Sequence[NoteView], eps: Sequence[NoteView]) -> str:
-                return render_markdown(chosen)
+            def render(kept: Sequence[NoteView], chosen: Sequence[NoteView], eps: Sequence[NoteView]) -> str:
+                # With notes to show, the header is the frame: a budget that fits no note still
+                # answers it (an empty text would read as "no memory at all").
+                return render_markdown(chosen) if chosen or not candidates else MARKDOWN_HEADER
+
+            def rendered(kept: Sequence[NoteView], chosen: Sequence[NoteView], eps: Sequence[NoteView]) -> list[str]:
+                return [n.id for n in canonical(chosen)]
 
             def cost(note: NoteView) -> int:
                 return self._count(markdown_line(note)) + 1
 
         else:
-            profile = profile_of(notes)
-            profile_ids = {
-                n.id for n in notes if n.category == PROFILE_CATEGORY and (n.subject or "").lower() in PROFILE_FIELDS
-            }
-            candidates = [n for n in notes if n.kind is not NoteKind.EPISODE and n.id not in profile_ids]
+            fixed = profile_notes(notes)
+            candidates = [n for n in notes if n.kind is not NoteKind.EPISODE and not is_profile(n)]
 
-            def render(chosen: Sequence[NoteView], eps: Sequence[NoteView]) -> str:
+            def render(kept: Sequence[NoteView], chosen: Sequence[NoteView], eps: Sequence[NoteView]) -> str:
                 facts = [n for n in chosen if n.kind is NoteKind.FACT]
                 rules = [n for n in chosen if n.kind is NoteKind.PROCEDURE]
-                return render_xml(profile, facts, rules, eps)
+                return render_xml(profile_of(kept), facts, rules, eps)
+
+            def rendered(kept: Sequence[NoteView], chosen: Sequence[NoteView], eps: Sequence[NoteView]) -> list[str]:
+                # In the order the block shows them: profile, facts, procedures, episodes.
+                facts = [n.id for n in canonical(chosen) if n.kind is NoteKind.FACT]
+                rules = [n.id for n in canonical(chosen) if n.kind is NoteKind.PROCEDURE]
+                return [n.id for n in kept] + facts + rules + [n.id for n in eps]
 
             def cost(note: NoteView) -> int:
                 return self._count(sentence(note.content)) + (8 if note.kind is NoteKind.PROCEDURE else 1)
 
         chosen = list(candidates)
-        text = render(chosen, episodes)
+        text = render(fixed, chosen, episodes)
         truncated = False
-        if query.max_tokens is not None and self._count(text) > query.max_tokens:
+        budget = query.max_tokens
+        if budget is not None and self._count(text) > budget:
             truncated = True
-            fixed = self._count(render([], episodes))
-            while episodes and fixed > query.max_tokens:
-                episodes = episodes[:-1]
-                fixed = self._count(render([], episodes))
-            chosen = select(candidates, cost, max(0, query.max_tokens - fixed), relevance)
-            text = render(chosen, episodes)
-            # The per-note estimate can be off by a token or two at the joins: trim until it fits.
-            while chosen and self._count(text) > query.max_tokens:
-                chosen = chosen[:-1]
-                text = render(chosen, episodes)
-        ids = [n.id for n in canonical(chosen)] + [n.id for n in episodes]
+            frame = self._count(render([], [], []))
+            if frame > budget:
+                raise EngramError(
+                    ErrorCode.INVALID_PARAMETER,
+                    f"max_tokens {budget} cannot hold this {query.format} block: its frame alone is {frame} "
+                    f"tokens, so give max_tokens of at least {frame} (the whole block is {self._count(text)})",
+                )
+            fixed = list(fixed)
+            # Episodes go before the profile: they are the larger, and the profile names the user.
+            while self._count(render(fixed, [], episodes)) > budget:
+                if episodes:
+                    episodes = episodes[:-1]
+                else:
+                    fixed = fixed[:-1]
+            spent = self._count(render(fixed, [], episodes))
+            chosen = select(candidates, cost, budget - spent, relevance)
+            text = render(fixed, chosen, episodes)
+            # The per-note estimate can be off by a token or two at the joins: trim the least
+            # ranked until it fits. The frame fits, so this ends.
+            while self._count(text) > budget:
+                if chosen:
+                    chosen = chosen[:-1]
+                elif episodes:
+                    episodes = episodes[:-1]
+                else:
+                    fixed = fixed[:-1]
+                text = render(fixed, chosen, episodes)
+        ids = rendered(fixed, chosen, episodes)
         return ContextReply(text=text, tokens=self._count(text), note_ids=ids, truncated=truncated)

@@ -33,6 +33,7 @@ from contracts.events import (
 )
 from contracts.queries import ForgetCandidate, ForgetReply, PendingForget, SearchNotes
 from services.application import unit_of_work
+from services.application.decoding import count
 from services.application.ports import (
     AccessStats,
     ErasureStep,
@@ -61,6 +62,20 @@ log = logging.getLogger("engram.forget")
 
 PREVIEW_CHARS = 120
 SCRUB_WAIT_SECONDS = 5.0
+# Forget by query lists a note only if it is close to the query: its cosine reaches the floor,
+# and is within the margin of the best candidate's (a faint match beside a strong one is noise).
+# Measured on the dev set (bench/bench_forget_floor.py, README "Forget by query"): every true
+# match is kept (the lowest at 0.211, at most 0.114 below its query's best), and 64% of the other
+# hits are dropped. The cosine, not the fused score: the score is scaled over each query's own
+# candidates, so it cannot tell a query about nothing from one about something.
+FORGET_SIMILARITY_FLOOR = 0.2
+FORGET_SIMILARITY_MARGIN = 0.15
+
+
+def close_enough(similarities: list[float]) -> list[bool]:
+    """Which of a forget query's hits (their cosines) are candidates."""
+    best = max(similarities, default=0.0)
+    return [c >= FORGET_SIMILARITY_FLOOR and c >= best - FORGET_SIMILARITY_MARGIN for c in similarities]
 
 
 def preview(text: str) -> str:
@@ -101,16 +116,15 @@ class ForgetService:
             return await self._candidates(command)
         if not command.note_ids:
             raise EngramError(ErrorCode.INVALID_PARAMETER, "give a query to find memories, or note_ids to forget")
-        return await unit_of_work.run(self._store, command.user_id, command.command_id, _ForgetNotes(self, command))
+        return await unit_of_work.run(self._store, command, _ForgetNotes(self, command))
 
     async def request_user(self, command: RequestForgetUser) -> ForgetReply:
         """Erase a whole user: pending on the account stream first, then every note at once.
         (Always two calls, whatever ENGRAM_FORGET_CONFIRMATION says.)"""
         user = command.user_id
-        erase = _Erase(
-            self, command, ACCOUNT, lambda count: f"ALL {count} memories (notes and conversation messages) of {user}"
-        )
-        return await unit_of_work.run(self._store, user, command.command_id, erase)
+        what = lambda n: f"ALL {count(n, 'memory', 'memories')} (notes and conversation messages) of {user}"  # noqa: E731
+        erase = _Erase(self, command, ACCOUNT, what)
+        return await unit_of_work.run(self._store, command, erase)
 
     async def request_session(self, command: RequestForgetSession) -> ForgetReply:
         """Erase one conversation: pending on the session's stream first, then every message of
@@ -118,9 +132,9 @@ class ForgetService:
         user, session = command.user_id, command.session_id
         control = session_stream(session)
         erase = _Erase(
-            self, command, control, lambda count: f"all {count} messages of conversation {session} of {user}"
+            self, command, control, lambda n: f"all {count(n, 'message')} of conversation {session} of {user}"
         )
-        return await unit_of_work.run(self._store, user, command.command_id, erase)
+        return await unit_of_work.run(self._store, command, erase)
 
     async def _scrub_after(self, token: str) -> None:
         await self._scrub.owe()
@@ -144,16 +158,18 @@ class ForgetService:
         found = await self._search.search(
             SearchNotes(user_id=command.user_id, query=command.query, top_k=command.top_k, after=command.after)
         )
+        keep = close_enough([h.similarity for h in found.results])
         candidates = [
             ForgetCandidate(note_id=h.note_id, preview=preview(h.content), similarity=h.similarity)
-            for h in found.results
+            for h, kept in zip(found.results, keep, strict=True)
+            if kept
         ]
         if not candidates:
-            message = f"No memories match {command.query!r}; nothing was deleted."
+            message = f"No memory matched {command.query!r}; nothing was deleted."
         else:
             message = (
-                f"Found {len(candidates)} memories; nothing was deleted. Ask the user which to delete, "
-                "then call forget with its memory_id (twice: the first call asks for confirmation)."
+                f"Found {count(len(candidates), 'memory', 'memories')}; nothing was deleted. Ask the user which "
+                "to delete, then call forget with its memory_id (twice: the first call asks for confirmation)."
             )
         return ForgetReply(status="candidates", message=message, candidates=candidates)
 

@@ -55,8 +55,11 @@ class ErasureStep(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
 
 
 class OutcomeDetail(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """What a reply needs besides the notes written; each command kind fills its own field."""
+    """What a reply needs besides the notes written; each command kind fills its own field.
+    ``request`` is a digest of the command, so a retry can be told from a different request
+    under the same command id (empty in outcomes stored before it was kept)."""
 
+    request: str = ""
     duplicates: list[HeldDraft] = msgspec.field(default_factory=list)
     forget: list[NoteForgetStep] = msgspec.field(default_factory=list)
     user: ErasureStep | None = None

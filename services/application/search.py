@@ -59,8 +59,10 @@ def _ts(at: datetime | None) -> float | None:
     return at.timestamp() if at is not None else None
 
 
-def _scopes(query: SearchNotes) -> list[dict[str, str | list[str]]]:
-    """The index filters a search runs with: the user's notes, and their conversations if asked."""
+def _scopes(query: SearchNotes, subject_key: Callable[[str, str], str]) -> list[dict[str, str | list[str]]]:
+    """The index filters a search runs with: the user's notes, and their conversations if asked.
+    A subject is matched by its keyed hash (the index holds no subject text), case and spacing
+    aside."""
     match: dict[str, str | list[str]] = {
         "record": MEMORY,
         "status": ["active", "superseded"] if query.include_superseded else "active",
@@ -70,7 +72,7 @@ def _scopes(query: SearchNotes) -> list[dict[str, str | list[str]]]:
     if query.kind is not None:
         match["kind"] = query.kind.value
     if query.subject is not None:
-        match["subject"] = query.subject
+        match["subject_key"] = subject_key(query.user_id, query.subject)
     scopes = [match]
     if query.include_conversation:
         # Without a session: every conversation the user has had (long-term memory).
@@ -117,7 +119,7 @@ class SearchService:
         window = TimeWindow(_ts(query.since), _ts(query.until))
         # Several points of one note or turn may rank together; fetch enough to fill top_k.
         limit = max(CANDIDATES, query.top_k * 10)
-        scopes = _scopes(query)
+        scopes = _scopes(query, self._runtime.subjects.match_key)
         asked = [
             NearestQuery(
                 user_id=query.user_id, using=DENSE, dense=dense, match=m, limit=limit, window=window, fields=FIELDS

@@ -9,6 +9,7 @@ outcome into a reply; this module owns the retries, the pauses between them and 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
 from abc import ABC, abstractmethod
@@ -16,6 +17,7 @@ from typing import Generic, TypeVar
 
 import msgspec
 
+from contracts.commands import AnyCommand
 from contracts.errors import EngramError, ErrorCode
 from services.application.ports import Appended, ContentTaken, EventStore, Outcome, OutcomeDetail
 from services.domain.decider import StreamAppend
@@ -59,10 +61,22 @@ class Work(ABC, Generic[R]):
         raise AssertionError(f"{type(self).__name__} claimed a content it does not handle: {refusal}")
 
 
-async def run(store: EventStore, user_id: str, command_id: str, work: Work[R]) -> R:
+async def run(store: EventStore, command: AnyCommand, work: Work[R]) -> R:
+    user_id, command_id = command.user_id, command.command_id
+    fingerprint = request_digest(command)
+
+    async def replay(first: Outcome) -> R:
+        if first.detail.request and first.detail.request != fingerprint:
+            raise EngramError(
+                ErrorCode.IDEMPOTENCY_CONFLICT,
+                f"command_id {command_id!r} was already used for a different request; a retry must repeat "
+                "the first request exactly, and a new request needs a new command_id. Nothing was written.",
+            )
+        return await work.replay(first)
+
     first = await store.outcome(user_id, command_id)
     if first is not None:
-        return await work.replay(first)
+        return await replay(first)
     for attempt in range(MAX_ATTEMPTS):
         try:
             decided = await work.decide()
@@ -70,23 +84,30 @@ async def run(store: EventStore, user_id: str, command_id: str, work: Work[R]) -
             # A copy of this very command (a client retrying eagerly) may have just won the race
             # and caused the refusal: its outcome is the answer, as for any retry.
             if (first := await store.outcome(user_id, command_id)) is not None:
-                return await work.replay(first)
+                return await replay(first)
             raise
         if not isinstance(decided, Decision):
             return decided
+        decided = msgspec.structs.replace(decided, detail=msgspec.structs.replace(decided.detail, request=fingerprint))
         result = await store.append(user_id, command_id, decided.appends, decided.detail)
         if isinstance(result, Appended):
             if result.replayed:
                 # A copy got there first, deciding on the states before it: this decision (say,
                 # a confirmation of the pending deletion the copy made) never happened.
-                return await work.replay(result.outcome)
+                return await replay(result.outcome)
             return await work.accepted(result.outcome, decided)
         if isinstance(result, ContentTaken):
             if (first := await store.outcome(user_id, command_id)) is not None:
-                return await work.replay(first)  # a copy of it won, as above
+                return await replay(first)  # a copy of it won, as above
             if (reply := await work.taken(result)) is not None:
                 return reply
             continue
         log.debug("conflict on %s (now v%d), deciding again", result.note_id, result.actual_version)
         await asyncio.sleep(random.uniform(0, PAUSE_STEP_SECONDS * min(attempt + 1, PAUSE_STEPS)))
     raise EngramError(ErrorCode.VERSION_CONFLICT, "the memory kept changing under this command; retry it")
+
+
+def request_digest(command: AnyCommand) -> str:
+    """The command as decoded, re-encoded (fields in one order, defaults spelled out), hashed: two
+    encodings of one request agree, any difference in what it asks does not."""
+    return hashlib.blake2b(msgspec.json.encode(command), digest_size=16).hexdigest()

@@ -500,14 +500,17 @@ _FORBIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def _check_text(field: str, value: str | None) -> None:
-    """Refuse what would corrupt storage or prompts: NUL and other control characters, and lone
-    surrogates (not encodable as UTF-8)."""
+    """Refuse what would corrupt storage or prompts: blank text (the contracts refuse it on the
+    wire; a command built in process is checked here too), NUL and other control characters, and
+    lone surrogates (not encodable as UTF-8)."""
     if value is None:
         return
+    if not value.strip():
+        raise EngramError(ErrorCode.INVALID_PARAMETER, f"{field} must not be blank")
     found = _FORBIDDEN.search(value)
     if found:
         ch = found.group()
         what = "an unpaired surrogate" if "\ud800" <= ch <= "\udfff" else "a control character"
         raise EngramError(
-            ErrorCode.INVALID_PARAMETER, f"'{field}' contains {what} (U+{ord(ch):04X}) at position {found.start()}"
+            ErrorCode.INVALID_PARAMETER, f"{field} contains {what} (U+{ord(ch):04X}) at position {found.start()}"
         )

@@ -1,12 +1,24 @@
-"""``engram health``: is the bus reachable, and how far behind the log is each projection and
-each request group. One JSON object; ``status`` is ``ok``, ``degraded`` (something lags or a
-deletion deadline is overdue) or ``down`` (Redis cannot be reached)."""
+"""``engram health``: is the bus reachable, are the workers ready, and how far behind the log is
+each projection and each request group. One JSON object; ``status`` is ``ok``, ``starting`` (a
+worker is still loading the embedding model, or the index is catching up with the log),
+``degraded`` (something lags, a deletion deadline is overdue, the model failed to load or the
+index was built with another model) or ``down`` (Redis cannot be reached, or no worker runs).
+
+The model lives in each worker's process, so every worker publishes its own readiness in Redis
+(``WorkerReport``, under ``engram:workers``) and ``health`` reads it from there: ``model`` is
+``loaded``, ``loading``, ``failed`` or ``off`` (no worker embeds), ``index`` is ``ready``,
+``catching up`` (not open yet, or more than ``CATCHING_UP_ENTRIES`` behind the log), ``refused``
+or ``off``. A deployment waits for ``engram health`` to exit 0."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 import time
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -17,9 +29,87 @@ from projections.history import live_generation
 from projections.index import live_index_generation
 from projections.tracking import position_key
 from services.bus.reclaimer import group_info
+from services.ops.periodic import every
+
+if TYPE_CHECKING:
+    from projections.index_runtime import IndexRuntime
+
+log = logging.getLogger("engram.health")
 
 LAG_ENTRIES_LIMIT = 1000  # more than this behind the log: degraded
 OVERDUE_SECONDS = 30  # a deletion deadline passed this long ago and still pending: degraded
+# The index is "catching up" (and health not ok) while more than this many log entries wait to be
+# embedded: a fresh start over an imported log, or a rebuild. A few entries in flight are not.
+CATCHING_UP_ENTRIES = 100
+REPORT_SECONDS = 2.0  # how often a worker refreshes its report
+SILENT_SECONDS = 10.0  # a worker whose report is older than this is gone (killed, or cut off)
+FORGOTTEN_SECONDS = 300.0  # reports this old are deleted (worker names carry the pid: each start is new)
+
+
+async def _now_ms(redis: Redis) -> int:
+    # Redis's clock, not this host's: workers on several hosts are compared with one clock.
+    seconds, micros = await redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+class WorkerReport:
+    """One worker's readiness, kept in Redis for ``engram health``: its roles, whether its
+    embedding model is loaded, whether it has the live index generation open."""
+
+    def __init__(self, redis: Redis, consumer: str, roles: Iterable[str], index: IndexRuntime | None) -> None:
+        self._redis = redis
+        self._consumer = consumer
+        self._roles = sorted(roles)
+        self._index = index
+
+    def state(self) -> dict[str, Any]:
+        index = self._index
+        state: dict[str, Any] = {
+            "roles": self._roles,
+            "model": index.model_state if index is not None else "off",
+            "index": index.index_state if index is not None else "off",
+        }
+        if index is not None and index.model_load_seconds is not None:
+            state["model_load_seconds"] = index.model_load_seconds
+        return state
+
+    async def publish(self) -> None:
+        """Write this worker's report now (also when its state changes, not to wait a round)."""
+        now = await _now_ms(self._redis)
+        await self._redis.hset(channels.WORKERS_KEY, self._consumer, json.dumps({**self.state(), "at": now}))
+        stale = [
+            name
+            for name, raw in (await self._redis.hgetall(channels.WORKERS_KEY)).items()
+            if now - int(json.loads(raw).get("at", 0)) > FORGOTTEN_SECONDS * 1000
+        ]
+        if stale:
+            await self._redis.hdel(channels.WORKERS_KEY, *stale)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await every(REPORT_SECONDS, stop, self.publish, "readiness report", log)
+
+    async def withdraw(self) -> None:
+        """A worker that stops says so at once (one that dies falls silent instead)."""
+        # Best effort on the way out: Redis may be the reason this worker stops.
+        with contextlib.suppress(Exception):
+            await self._redis.hdel(channels.WORKERS_KEY, self._consumer)
+
+
+async def _workers(redis: Redis) -> list[dict[str, Any]]:
+    now = await _now_ms(redis)
+    workers = []
+    for name, raw in sorted((await redis.hgetall(channels.WORKERS_KEY)).items()):
+        report = json.loads(raw)
+        age = now - int(report.pop("at", 0))
+        if age <= SILENT_SECONDS * 1000:
+            workers.append({"worker": name.decode(), **report, "seen_seconds_ago": round(max(age, 0) / 1000, 1)})
+    return workers
+
+
+def _worst(states: Iterable[str], order: tuple[str, ...]) -> str:
+    """The state furthest from ready (``order`` runs from worst to best); ``off`` when none."""
+    found = set(states) - {"off"}
+    return next((state for state in order if state in found), "off")
 
 
 async def _lag(redis: Redis, partition: int, checkpoint: bytes | None, head: tuple[int, int]) -> dict[str, Any]:
@@ -40,8 +130,18 @@ async def health(redis: Redis, partitions: int | None = None) -> dict[str, Any]:
         partitions = partitions or int(await redis.get(channels.PARTITIONS_KEY) or 1)
     except (RedisError, OSError) as e:
         return {"status": "down", "error": str(e)}
-    report: dict[str, Any] = {"status": "ok", "partitions": []}
-    degraded = False
+    workers = await _workers(redis)
+    model_state = _worst((w["model"] for w in workers), ("failed", "loading", "loaded"))
+    index_state = _worst((w["index"] for w in workers), ("refused", "opening", "open"))
+    report: dict[str, Any] = {
+        "status": "ok",
+        "model": model_state,
+        "index": index_state,
+        "workers": workers,
+        "partitions": [],
+    }
+    degraded = model_state == "failed" or index_state == "refused"
+    index_behind = False
     now_ms = time.time() * 1000
     for p in range(partitions):
         last = await redis.xrevrange(channels.event_log(p), count=1)
@@ -52,12 +152,13 @@ async def health(redis: Redis, partitions: int | None = None) -> dict[str, Any]:
         index_generation = await live_index_generation(redis, p)
         index_checkpoint = await redis.get(IndexKeys(p, index_generation).checkpoint)
         model = await redis.get(model_key(index_generation))
-        if index_checkpoint is not None or model is not None:
+        if index_checkpoint is not None or model is not None or index_state != "off":
             part["index"] = {
                 "generation": index_generation,
                 "model": json.loads(model) if model else None,
                 **await _lag(redis, p, index_checkpoint, head),
             }
+            index_behind |= part["index"]["lag_entries"] > CATCHING_UP_ENTRIES
         saga = SagaKeys(p)
         part["forget_saga"] = {
             **await _lag(redis, p, await redis.get(saga.checkpoint), head),
@@ -80,5 +181,15 @@ async def health(redis: Redis, partitions: int | None = None) -> dict[str, Any]:
         lags = [part["history"], part["forget_saga"], *([part["index"]] if "index" in part else [])]
         degraded |= any(x["lag_entries"] > LAG_ENTRIES_LIMIT for x in lags) or part["forget_saga"]["overdue"] > 0
         report["partitions"].append(part)
-    report["status"] = "degraded" if degraded else "ok"
+    if index_state == "open":
+        report["index"] = "catching up" if index_behind else "ready"
+    elif index_state == "opening":
+        report["index"] = "catching up"
+    if not workers:
+        report["status"] = "down"
+        report["error"] = f"no engram worker has reported in the last {SILENT_SECONDS:g} s: is `engram serve` running?"
+    elif degraded:
+        report["status"] = "degraded"
+    elif model_state == "loading" or report["index"] == "catching up":
+        report["status"] = "starting"
     return report

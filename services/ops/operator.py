@@ -8,6 +8,8 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+
 from contracts import channels
 from contracts.errors import EngramError, ErrorCode
 from services.adapters.redis_conn import close_redis, open_redis
@@ -43,7 +45,7 @@ async def operator_redis(settings: Settings, **options: Any) -> AsyncIterator[tu
     try:
         try:
             partitions = int(await redis.get(channels.PARTITIONS_KEY) or settings.partitions)
-        except OSError as e:
+        except (OSError, RedisConnectionError) as e:  # redis-py's ConnectionError is not an OSError
             raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {url}: {e}") from None
         yield redis, partitions
     finally:

@@ -9,7 +9,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from contracts.errors import EngramError, ErrorCode
-from services.adapters.crypto import load_master_key
+from services.adapters.crypto import SubjectMatcher, load_master_key
 from services.adapters.event_store import RedisEventStore
 from services.adapters.redis_conn import unlink_prefix
 from services.config import Settings
@@ -51,10 +51,11 @@ async def rebuild_index(redis: Redis, settings: Settings, partitions: int, progr
     from services.bootstrap import build_index_runtime
 
     settings = Settings(**{**settings.__dict__, "partitions": partitions})
-    store = event_store(redis, settings, partitions)
+    master = load_master_key(settings.data_dir)
+    store = RedisEventStore(redis, partitions, settings.idempotency_ttl_seconds, master)
     previous = await live_index_generation(redis, 0)
     generation = max(int(await redis.incr(GENERATIONS_KEY)), previous + 1)
-    runtime = build_index_runtime(redis, settings)
+    runtime = build_index_runtime(redis, settings, SubjectMatcher.from_master(master))
     await record_model(redis, generation, runtime.embedder)
     index = runtime.open_index(generation)
     await index.ensure(runtime.embedder.dimension)
@@ -63,7 +64,9 @@ async def rebuild_index(redis: Redis, settings: Settings, partitions: int, progr
     try:
         with progress("index", total) as bar:
             for p in range(partitions):
-                projection = IndexProjection(redis, index, runtime.embedder, p, generation, store=store)
+                projection = IndexProjection(
+                    redis, index, runtime.embedder, p, generation, store=store, subjects=runtime.subjects
+                )
                 read += await projection.rebuild(store, progress=bar.update)
     finally:
         await index.close()

@@ -56,8 +56,26 @@ def test_the_note_lifecycle_through_the_cli(env: dict[str, str]) -> None:
     partitions = int(env.get("ENGRAM_PARTITIONS", "1"))
     assert channels.parse_token(saved["token"])[0] == channels.partition_of("alice", partitions)
     note_id = saved["note_id"]
-    code, again, _ = cli(env, "save", "--user", "alice", "--command-id", "cli-1", "Alec is my boss")
+    code, again, _ = cli(
+        env,
+        "save",
+        "--user",
+        "alice",
+        "--category",
+        "person",
+        "--subject",
+        "Alec",
+        "--command-id",
+        "cli-1",
+        "Alec is my boss",
+    )
     assert again["note_id"] == note_id and again["replayed"] is True
+    # the same command id for another text is a client bug: refused, nothing written
+    code, reused, _ = cli(env, "save", "--user", "alice", "--command-id", "cli-1", "Alec is my brother")
+    assert code == 1 and reused["error"]["code"] == "IDEMPOTENCY_CONFLICT"
+    assert "'cli-1' was already used for a different request" in reused["error"]["message"]
+    code, listed, _ = cli(env, "list", "--user", "alice", "--after", again["token"])
+    assert [n["content"] for n in listed["notes"]] == ["Alec is my boss"]
 
     code, updated, _ = cli(
         env, "update", "--user", "alice", "--expected-version", "1", note_id, "Alec is my former boss"
@@ -203,7 +221,7 @@ def test_forget_in_two_calls_with_yes_and_for_a_whole_user(env: dict[str, str]) 
     assert at_once["status"] == "forgotten"
     cli(env, "save", "--user", "alice", "User likes tea")
     code, ask_all, _ = cli(env, "forget", "--user", "alice", "--all")
-    assert ask_all["status"] == "confirmation_required" and "ALL 1 memories" in ask_all["message"]
+    assert ask_all["status"] == "confirmation_required" and "ALL 1 memory (" in ask_all["message"]
     code, erased, _ = cli(env, "forget", "--user", "alice", "--all")
     assert erased["status"] == "forgotten" and len(erased["forgotten"]) == 1 and erased["erased_at"]
     code, listed, _ = cli(env, "list", "--user", "alice", "--after", erased["token"])
@@ -233,3 +251,223 @@ def test_tools_context_and_the_memory_command(env: dict[str, str]) -> None:
     )
     deleted = cli_text(env, "memory", "delete", "--user", "al", friday["note_id"])
     assert deleted.stdout == "Deleted: 'User prefers Thursday due dates'\n", deleted.stderr
+
+
+# Never a traceback (issue 13, item 4) ------------------------------------------------------------
+
+
+def engram_raw(env: dict[str, str], *args: str | bytes, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+    """Run `engram ARGS` with arguments given as bytes where the test needs bytes a shell would pass."""
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args], env=env, cwd=ROOT, capture_output=True, timeout=timeout
+    )
+
+
+NOT_UTF8 = b"caf\xe9"  # what `"$(printf 'caf\xe9')"` passes: Latin-1, not UTF-8
+
+
+def test_text_that_is_not_utf8_is_refused_in_words(env: dict[str, str]) -> None:
+    cases: list[tuple[str, tuple[str | bytes, ...]]] = [
+        ("text", ("save", "--user", "u", NOT_UTF8)),
+        ("--user", ("save", "--user", NOT_UTF8, "hello")),
+        ("--subject", ("save", "--user", "u", "--subject", NOT_UTF8, "hello")),
+        ("query", ("search", "--user", "u", NOT_UTF8)),
+        ("note_id", ("get", "--user", "u", b"AAAA\xe9AAA")),
+        ("text", ("update", "--user", "u", "AAAAAAAA", NOT_UTF8)),
+        ("--query", ("forget", "--user", "u", "--query", NOT_UTF8)),
+        ("old_id", ("supersede", "--user", "u", b"\xff", "AAAAAAAA")),
+    ]
+    for argument, args in cases:
+        done = engram_raw(env, *args, "--json")
+        assert done.returncode == 1, (args, done.stderr)
+        assert b"Traceback" not in done.stderr and done.stderr == b"", (args, done.stderr)
+        error = json.loads(done.stdout)["error"]
+        assert error["code"] == "INVALID_PARAMETER", (args, error)
+        assert error["message"].startswith(f"{argument} is not valid UTF-8"), (args, error)
+    plain = engram_raw(env, "save", "--user", "u", NOT_UTF8)
+    assert plain.returncode == 1 and plain.stdout == b""
+    assert plain.stderr.decode().splitlines() == [
+        "engram: INVALID_PARAMETER: text is not valid UTF-8 (byte 0xe9 at position 3); give text in UTF-8"
+    ]
+    code, listed, _ = cli(env, "list", "--user", "u")
+    assert code == 0 and listed["notes"] == []
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:
+    # `engram docs | head -1`: the document (100 KB) outgrows the pipe, and head closes it.
+    env = engram_env(ENGRAM_DATA_DIR=str(tmp_path))
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "docs"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert reader.stdout is not None and reader.stderr is not None
+    assert reader.stdout.readline() == b"{\n"
+    reader.stdout.close()
+    err = reader.stderr.read()
+    assert reader.wait(timeout=30) == 141  # what a shell reports for a writer its reader left: 128 + SIGPIPE
+    assert err == b"", err.decode()
+
+
+def test_operator_commands_without_redis_or_their_file_are_one_clear_line(tmp_path: Path) -> None:
+    env = engram_env(ENGRAM_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", ENGRAM_DATA_DIR=str(tmp_path))
+    for args in (("tail", "--count", "1"), ("export", "--out", str(tmp_path / "log.jsonl")), ("rebuild", "history")):
+        code, out, err = cli(env, *args)
+        assert code == 1 and err == "" and out["error"]["code"] == "UNAVAILABLE", (args, out, err)
+        assert "cannot reach the Engram bus" in out["error"]["message"]
+        plain = cli_text(env, *args)
+        assert plain.returncode == 1 and plain.stderr.startswith("engram: UNAVAILABLE: cannot reach the Engram bus")
+        assert len(plain.stderr.splitlines()) == 1, plain.stderr
+    missing = tmp_path / "missing.jsonl"
+    code, out, err = cli(env, "import", str(missing))
+    assert code == 1 and err == "" and out["error"]["code"] == "INVALID_PARAMETER"
+    assert out["error"]["message"] == f"cannot open {missing}: No such file or directory"
+    plain = cli_text(env, "schema", "--out", str(tmp_path / "no" / "schema.json"))
+    assert plain.returncode == 1 and len(plain.stderr.splitlines()) == 1, plain.stderr
+    assert plain.stderr.startswith("engram: INVALID_PARAMETER: cannot open ")
+
+
+def test_argument_errors_under_json_are_one_error_object(tmp_path: Path) -> None:
+    env = engram_env(ENGRAM_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", ENGRAM_DATA_DIR=str(tmp_path))
+    code, out, err = cli(env, "update", "--user", "u", "--expected-version", "abc", "AAAAAAAA")
+    assert code == 1 and err == "", err
+    assert out == {
+        "error": {
+            "code": "INVALID_PARAMETER",
+            "message": "engram update: argument --expected-version: invalid int value: 'abc'",
+        }
+    }
+    code, out, err = cli(env, "save", "--user", "u")
+    assert code == 1 and err == "" and out["error"]["code"] == "INVALID_PARAMETER"
+    assert "the following arguments are required: text" in out["error"]["message"]
+    code, out, _ = cli(env, "search", "--user", "u", "--since", "last week", "x")
+    assert code == 1 and out["error"]["code"] == "INVALID_PARAMETER" and "--since" in out["error"]["message"]
+    code, out, _ = cli(env, "sav", "--user", "u", "x")
+    assert (
+        code == 1 and out["error"]["code"] == "INVALID_PARAMETER" and "invalid choice: 'sav'" in out["error"]["message"]
+    )
+    # Without --json argparse keeps its usage line and exit status.
+    plain = cli_text(env, "save", "--user", "u")
+    assert plain.returncode == 2 and plain.stderr.startswith("usage: engram save")
+
+
+# Output for a person (issue 13, item 5) ----------------------------------------------------------
+
+ANSI = "\x1b["
+
+
+def human(env: dict[str, str], *args: str) -> str:
+    done = cli_text(env, *args)
+    assert done.returncode == 0 and done.stderr == "", (args, done.stderr)
+    assert ANSI not in done.stdout, "colour only on a terminal"
+    return done.stdout
+
+
+def test_human_output_says_what_the_reply_says(env: dict[str, str]) -> None:
+    saved = human(env, "save", "--user", "bob", "Likes black coffee")
+    first = saved.split()[1]
+    assert saved.startswith(f"saved {first} (version 1)") and "token " in saved
+    assert human(env, "save", "--user", "bob", "likes  BLACK coffee") == (
+        f"already saved as {first} (version 1): nothing new written\n"
+    )
+
+    _, newer, _ = cli(env, "save", "--user", "bob", "Drinks green tea now")
+    replaced = human(env, "supersede", "--user", "bob", first, newer["note_id"])
+    assert f"{first} is superseded by {newer['note_id']}" in replaced
+    token = replaced.split("token ")[1].split()[0]
+    assert token and ":" in token
+    old = human(env, "get", "--user", "bob", "--after", token, first)
+    assert "Likes black coffee" in old and f"superseded by {newer['note_id']}" in old
+    assert f"superseded by {newer['note_id']}" in human(env, "history", "--user", "bob", first)
+    listing = human(env, "list", "--user", "bob", "--include-superseded").splitlines()
+    assert len(listing) == 2 and f"superseded by {newer['note_id']}" in next(x for x in listing if first in x)
+
+    long_text = ("word " * 4000)[:16_383] + "!"
+    _, big, _ = cli(env, "save", "--user", "bob", long_text)
+    shown = human(env, "get", "--user", "bob", big["note_id"])
+    assert "… (16,384 characters; --json for all)" in shown and max(map(len, shown.splitlines())) < 1100
+    listed = human(env, "list", "--user", "bob")
+    assert max(map(len, listed.splitlines())) < 300 and "16,384 characters" in listed
+
+    _, gone, _ = cli(env, "forget", "--user", "bob", "--yes", newer["note_id"])
+    forgotten = human(env, "get", "--user", "bob", "--after", gone["token"], newer["note_id"])
+    assert "forgotten on " in forgotten and "its content is gone" in forgotten
+    history = human(env, "history", "--user", "bob", newer["note_id"])
+    assert history.strip() and "forgotten on " in history and "its content is gone" in history
+
+    health = human(env, "health")
+    assert health.startswith("status: ok\n") and "partition 0" in health and "{" not in health
+
+
+def test_colour_on_a_terminal(env: dict[str, str]) -> None:
+    import os
+    import pty
+
+    _, saved, _ = cli(env, "save", "--user", "bob", "Likes black coffee")
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "services.cli", "get", "--user", "bob", saved["note_id"]],
+            env={k: v for k, v in env.items() if k not in ("NO_COLOR", "FORCE_COLOR")} | {"TERM": "xterm-256color"},
+            cwd=ROOT,
+            stdout=follower,
+            stderr=subprocess.PIPE,
+            timeout=60,
+        )
+        os.close(follower)
+        follower = -1
+        out = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        if follower != -1:
+            os.close(follower)
+        os.close(leader)
+    assert done.returncode == 0 and "Likes black coffee" in out.decode() and ANSI in out.decode()
+
+
+def test_human_output_of_advice_and_search(env_with_index: dict[str, str]) -> None:
+    env = env_with_index
+    _, boss, _ = cli(env, "save", "--user", "ann", "--subject", "Alec", "Alec is my boss at TechCorp")
+    saved = human(env, "save", "--user", "ann", "--subject", "Alec", "Alec is my manager at TechCorp")
+    newer = saved.split()[1]
+    lines = saved.splitlines()
+    assert lines[0].startswith(f"saved {newer} (version 1)")
+    at = lines.index("similar notes (the new one may make them outdated):")
+    assert lines[at + 1].split()[0] == boss["note_id"] and lines[at + 1].endswith("[Alec] Alec is my boss at TechCorp")
+    assert f"same subject: {boss['note_id']}" in lines
+    assert "supersede" in saved.split("action required")[1]
+
+    done = human(env, "supersede", "--user", "ann", boss["note_id"], newer)
+    token = done.split("token ")[1].split()[0]
+    found = human(env, "search", "--user", "ann", "--include-superseded", "--after", token, "who is my boss?")
+    hit = next(x for x in found.splitlines() if boss["note_id"] in x)
+    assert f"superseded by {newer}" in hit and "memory" in hit
+    assert f"superseded by {newer}" not in human(env, "search", "--user", "ann", "--after", token, "who is my boss?")
+
+
+def test_the_readme_puts_engram_on_path() -> None:
+    """Issue 13, item 11: README's examples call `engram`; the lines before them put it on PATH."""
+    import os
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Using it", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    setup = []
+    for line in block.splitlines():
+        if line.startswith("engram "):
+            break
+        setup.append(line.split("#", 1)[0].strip())
+    venv_bin = str(Path(sys.executable).parent)
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != venv_bin and ".venv" not in p)
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"} | {"PATH": path}
+    script = "\n".join([*filter(None, setup), "engram --help"])
+    done = subprocess.run(["bash", "-ec", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("usage: engram"), done.stderr

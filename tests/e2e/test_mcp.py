@@ -70,6 +70,56 @@ async def test_the_forget_profile_over_mcp_needs_two_calls(env: dict[str, str]) 
         assert second["status"] == "forgotten" and second["deleted"] == [saved["note_id"]]
 
 
+async def test_what_an_llm_got_wrong_is_answered_in_plain_words_naming_its_parameter(env: dict[str, str]) -> None:
+    """The LLM reads the error to correct its call: the tool's own parameter and the allowed range or
+    shape, never a contract's field (top_k, note_id) or a validator's jargon."""
+    server = params(env, "--profile", "memento", "--user", "erin")
+    async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        for tool, arguments, says in (
+            (
+                "search_memories",
+                {"query": "bees", "limit": 1000},
+                "limit must be a whole number from 1 to 20; you gave 1000",
+            ),
+            (
+                "search_memories",
+                {"query": "bees", "limit": None},
+                "limit must be a whole number from 1 to 20; you gave null",
+            ),
+            (
+                "supersede_memory",
+                {"old_memory_id": "nope", "new_memory_id": "AAAAAAAA"},
+                "old_memory_id must be a memory id: 8 letters or digits",
+            ),
+            ("store_memory", {"content": "   "}, "content must not be blank"),
+        ):
+            result = await session.call_tool(tool, arguments)
+            error = json.loads(result.content[0].text)["error"]  # type: ignore[union-attr]
+            assert result.is_error and error["code"] == "INVALID_PARAMETER", error
+            assert error["message"].startswith(f"bad arguments for {tool}: ") and says in error["message"], error
+            assert (
+                "top_k" not in error["message"] and "note_id" not in error["message"] and "$." not in error["message"]
+            )
+
+
+def test_mcp_refuses_a_user_id_the_contract_refuses_at_start(env: dict[str, str]) -> None:
+    """Not later, on every call: the agent's configuration is what is wrong."""
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", "mcp", "--profile", "memento", "--user", "bad user"],
+        env=env,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "--user may contain only ASCII letters, digits and . _ : @ + / = | - (no spaces); you gave 'bad user'" in (
+        done.stderr
+    ), done.stderr
+
+
 async def test_streamable_http_serves_several_users_each_in_their_own_memory(env: dict[str, str]) -> None:
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared._httpx_utils import create_mcp_http_client
@@ -103,6 +153,16 @@ async def test_streamable_http_serves_several_users_each_in_their_own_memory(env
                 recent = await session.call_tool("list_recent_memories", {})
                 memories = json.loads(recent.content[0].text)["memories"]  # type: ignore[union-attr]
                 assert [m["id"] for m in memories] == [ids[user]], "each user sees only their own memory"
+        # A user id the contract refuses is refused when the session starts, in plain words.
+        import httpx
+
+        refused = httpx.post(
+            url,
+            headers={"X-Engram-User": "bad user", "Accept": "application/json, text/event-stream"},
+            json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}},
+        )
+        assert refused.status_code == 400
+        assert "X-Engram-User may contain only ASCII letters, digits" in refused.text, refused.text
     finally:
         server.terminate()
         server.wait(timeout=20)

@@ -18,7 +18,7 @@ from contracts.queries import ForgetReply, NoteWritten
 from projections.index import IndexProjection, live_index_generation
 from projections.index_runtime import edge_directory
 from projections.qdrant_edge import QdrantEdgeIndex
-from services.adapters.crypto import load_master_key
+from services.adapters.crypto import SubjectMatcher, load_master_key
 from services.adapters.embedder import MiniLMEmbedder
 from services.adapters.event_store import RedisEventStore
 from services.adapters.redis_server import RedisServer
@@ -102,8 +102,13 @@ async def test_index_killed_mid_load_and_mid_catch_up_equals_a_rebuild(tmp_path:
             await embedder.start()
             rebuilt = QdrantEdgeIndex(tmp_path / "rebuilt")
             await rebuilt.ensure(embedder.dimension)
-            store = RedisEventStore(redis, 1, 3600, load_master_key(data_dir, env={}))
-            await IndexProjection(redis, rebuilt, embedder, 0, generation=generation + 100, store=store).rebuild(store)
+            master = load_master_key(data_dir, env={})
+            store = RedisEventStore(redis, 1, 3600, master)
+            subjects = SubjectMatcher.from_master(master)
+            rebuilding = IndexProjection(
+                redis, rebuilt, embedder, 0, generation=generation + 100, store=store, subjects=subjects
+            )
+            await rebuilding.rebuild(store)
             assert shape(await rebuilt.payloads()) == shape(live)
             await rebuilt.close()
         finally:

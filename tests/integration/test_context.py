@@ -7,8 +7,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from contracts.errors import EngramError, ErrorCode
 from contracts.model import NoteKind
-from services.application.context import count_tokens
+from services.application.context import MARKDOWN_HEADER, count_tokens
 from services.bus.client import EngramClient
 
 pytestmark = pytest.mark.integration
@@ -54,11 +55,11 @@ async def test_markdown_is_seed_002s_block_and_byte_identical(client: EngramClie
 async def test_xml_is_seed_004s_block_with_profile_facts_procedures_and_relevant_episodes(
     client: EngramClient,
 ) -> None:
-    await client.save("alex", "Alex", category="profile", subject="name", advise=False)
-    await client.save("alex", "America/Los_Angeles", category="profile", subject="timezone", advise=False)
-    await client.save("alex", "Likes black coffee", category="food", advise=False)
-    await client.save("alex", "Works as software engineer", category="context", advise=False)
-    await client.save(
+    name = await client.save("alex", "Alex", category="profile", subject="name", advise=False)
+    zone = await client.save("alex", "America/Los_Angeles", category="profile", subject="timezone", advise=False)
+    coffee = await client.save("alex", "Likes black coffee", category="food", advise=False)
+    work = await client.save("alex", "Works as software engineer", category="context", advise=False)
+    rule = await client.save(
         "alex",
         "quick update: bullet points only",
         kind=NoteKind.PROCEDURE,
@@ -88,11 +89,13 @@ async def test_xml_is_seed_004s_block_with_profile_facts_procedures_and_relevant
         "    Works as software engineer. Likes black coffee.\n"
         "  </facts>\n"
         "  <procedures>\n"
-        f"    <procedure id=\"{block.note_ids[2]}\">When the user says 'quick update': answer with bullet points only."
+        f"    <procedure id=\"{rule.note_id}\">When the user says 'quick update': answer with bullet points only."
         "</procedure>\n"
         "  </procedures>\n"
         "</user_memory>\n"
     ), "episodes are never loaded wholesale"
+    # Every note rendered, in the order the block shows them: the profile's too.
+    assert block.note_ids == [name.note_id, zone.note_id, work.note_id, coffee.note_id, rule.note_id]
     focused = await client.context("alex", format="xml", query="what are my plans with my sister?", after=episode.token)
     assert "<relevant_episodes>" in focused.text and 'timestamp="2026-01-20 19:00"' in focused.text
     assert "<summary>Dinner plans with sister Sarah</summary>" in focused.text
@@ -112,5 +115,95 @@ async def test_a_budget_keeps_the_most_relevant_and_important_deterministically(
     assert (await client.context("alice", max_tokens=budget)).text == small.text
     focused = await client.context("alice", max_tokens=budget, query="who is my manager?")
     assert ids["Alec is the user's boss at TechCorp"] in focused.note_ids and focused.tokens <= budget
-    tiny = await client.context("alice", max_tokens=5)
-    assert tiny.tokens <= 5 or tiny.note_ids == []
+    with pytest.raises(EngramError) as refused:
+        await client.context("alice", max_tokens=5)
+    assert refused.value.code is ErrorCode.INVALID_PARAMETER
+
+
+XML_FRAME = "<user_memory>\n  <profile>\n  </profile>\n  <facts></facts>\n</user_memory>\n"
+FOCUS = "what are my plans with my sister?"
+
+
+async def remember_alex(client: EngramClient) -> tuple[dict[str, dict[str, str]], str]:
+    """A profile, facts, a procedure and an episode; for each note, per format, the text that
+    shows it in the block (present exactly when the note is rendered)."""
+    shown: dict[str, dict[str, str]] = {}
+
+    async def save(text: str, xml: str | None, **fields: object) -> str:
+        written = await client.save("alex", text, advise=False, **fields)  # type: ignore[arg-type]
+        note = written.note_id
+        shown[note] = {"markdown": f"[id:{note}]", "xml": xml or f'id="{note}"'}
+        return written.token
+
+    await save("Alex", "<name>Alex</name>", category="profile", subject="name")
+    await save(
+        "America/Los_Angeles", "<timezone>America/Los_Angeles</timezone>", category="profile", subject="timezone"
+    )
+    await save("Likes black coffee", "Likes black coffee.", category="food")
+    await save("Works as software engineer", "Works as software engineer.", category="context", importance=0.8)
+    await save("Has a sister called Sarah who lives in Oakland", "Has a sister called Sarah", category="family")
+    await save("Runs on Sunday mornings", "Runs on Sunday mornings.", category="hobby", importance=0.2)
+    await save(
+        "quick update: bullet points only",
+        None,
+        kind=NoteKind.PROCEDURE,
+        category="procedure",
+        trigger="the user says 'quick update'",
+        action="answer with bullet points only",
+    )
+    token = await save(
+        "Dinner with sister Sarah at Flour+Water",
+        None,
+        kind=NoteKind.EPISODE,
+        category="episode",
+        summary="Dinner plans with sister Sarah",
+        narrative="Alex asked to be reminded about dinner with his sister Sarah on Saturday at 7pm.",
+        occurred_at=datetime(2026, 1, 20, 19, 0, tzinfo=UTC),
+    )
+    return shown, token
+
+
+async def test_a_budget_smaller_than_the_frame_is_refused_naming_the_smallest_that_works(
+    client: EngramClient,
+) -> None:
+    _, token = await remember(client)
+    header = count_tokens(MARKDOWN_HEADER)
+    assert header > 20
+    for budget in (1, 20, header - 1):
+        with pytest.raises(EngramError) as refused:
+            await client.context("alice", max_tokens=budget, after=token)
+        assert refused.value.code is ErrorCode.INVALID_PARAMETER
+        assert f"at least {header}" in refused.value.message, refused.value.message
+    smallest = await client.context("alice", max_tokens=header)
+    assert smallest.text.startswith("## Your Memory") and smallest.tokens <= header
+    assert smallest.note_ids == [] and smallest.truncated
+
+    _, token = await remember_alex(client)
+    frame = count_tokens(XML_FRAME)
+    for budget in (1, frame - 1):
+        with pytest.raises(EngramError) as refused:
+            await client.context("alex", format="xml", query=FOCUS, max_tokens=budget, after=token)
+        assert refused.value.code is ErrorCode.INVALID_PARAMETER
+        assert f"at least {frame}" in refused.value.message, refused.value.message
+    bare = await client.context("alex", format="xml", query=FOCUS, max_tokens=frame)
+    assert bare.text == XML_FRAME and bare.note_ids == [] and bare.truncated
+
+
+@pytest.mark.parametrize("format", ["markdown", "xml"])
+async def test_no_budget_is_exceeded_and_note_ids_are_every_note_rendered(client: EngramClient, format: str) -> None:
+    shown, token = await remember_alex(client)
+    full = await client.context("alex", format=format, query=FOCUS, after=token)
+    rendered = {note for note, marks in shown.items() if marks[format] in full.text}
+    assert full.note_ids and set(full.note_ids) == rendered and not full.truncated
+    if format == "xml":
+        assert len(rendered) == len(shown), "the profile and the episode are in the full block"
+    frame = count_tokens(MARKDOWN_HEADER if format == "markdown" else XML_FRAME)
+    seen = set()
+    for budget in range(frame, full.tokens + 3, 2):
+        block = await client.context("alex", format=format, query=FOCUS, max_tokens=budget)
+        assert block.tokens <= budget and block.tokens == count_tokens(block.text), budget
+        assert block.truncated == (budget < full.tokens), budget
+        rendered = {note for note, marks in shown.items() if marks[format] in block.text}
+        assert sorted(block.note_ids) == sorted(rendered), (budget, block.text)
+        seen.add(len(rendered))
+    assert len(seen) > 3, "the budgets in between keep some of the notes"

@@ -5,6 +5,7 @@ and every file under the data dir, while rebuilds still agree with the live read
 from __future__ import annotations
 
 import asyncio
+import io
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from projections.history import HistoryProjection, drop_generation, live_generat
 from services.adapters.crypto import load_master_key
 from services.adapters.event_store import RedisEventStore
 from services.bus.client import EngramClient
+from services.ops.portable import export_log
 from tests.conftest import RunningService, service_settings
 from tests.support import every_value
 
@@ -35,8 +37,8 @@ async def test_a_query_returns_candidates_and_deletes_nothing(client: EngramClie
     reply = await client.forget("alice", query="San Francisco")
     assert reply.status == "candidates" and not reply.forgotten and not reply.pending
     found = [c.note_id for c in reply.candidates]
-    assert set(found[:2]) == {lives, visited}, "the two San Francisco notes lead, in either order"
-    ranked = (await client.search("alice", "San Francisco")).results
+    assert set(found) == {lives, visited}, "the two San Francisco notes, not the ramen (too weak a match)"
+    ranked = (await client.search("alice", "San Francisco")).results[: len(found)]
     assert found == [h.note_id for h in ranked], "best first: the search's order"
     assert [c.similarity for c in reply.candidates] == [h.similarity for h in ranked]
     assert all(c.preview and 0 < c.similarity <= 1 for c in reply.candidates)
@@ -175,18 +177,26 @@ async def test_an_expiry_due_while_the_service_was_down_is_applied_at_start(redi
         await redis.aclose()
 
 
-async def test_after_a_forget_the_plaintext_is_in_no_redis_key_and_no_file(service: RunningService) -> None:
+async def test_after_a_forget_the_plaintext_is_in_no_redis_key_no_file_and_no_export(
+    service: RunningService,
+) -> None:
+    """Content and subject alike: a subject is free text (a person's name, a place), so it is
+    personal data too, in the log, the note's stream, the index's state and shard, and an export."""
     secret = "My locker code at the Embarcadero gym is 4417-blue"
     async with EngramClient(service.settings.redis_url) as client:
-        note = (await client.save("alice", secret)).note_id
+        note = (await client.save("alice", secret, subject="Ottoline Quarrington")).note_id
         await client.update("alice", note, content=secret + " (since May)")
-        await client.search("alice", secret)
-        keep = await client.save("alice", "I like my coffee black", advise=False)
+        await client.update("alice", note, subject="Peregrine Fairweather")
+        await client.search("alice", secret, subject="Peregrine Fairweather")
+        keep = await client.save("alice", "I like my coffee black", subject="Barnaby Thistlewood", advise=False)
         await client.forget("alice", note_ids=[note])
         done = await client.forget("alice", note_ids=[note])
         await client.search("alice", "coffee", after=done.token)
         assert (await client.get_note("alice", keep.note_id)).content == "I like my coffee black"
+        kept = await client.search("alice", "coffee", subject="barnaby  THISTLEWOOD")
+        assert [h.note_id for h in kept.results] == [keep.note_id], "subject filters still match, case aside"
     needles = [secret.encode(), b"4417-blue", b"Embarcadero"]
+    needles += [b"Ottoline", b"Quarrington", b"Peregrine", b"Fairweather", b"ottoline", b"peregrine"]
     redis = aioredis.Redis.from_url(service.settings.redis_url)
     try:
         # The request streams are trimmed once the forget is acknowledged, just after its reply.
@@ -198,6 +208,11 @@ async def test_after_a_forget_the_plaintext_is_in_no_redis_key_and_no_file(servi
         assert found == [], f"plaintext left in {found}"
         blobs = [blob async for _, blob in every_value(redis)]
         assert any(b"coffee black" in blob for blob in blobs), "the scan sees plaintext where it is (the kept note)"
+        assert any(b"Barnaby Thistlewood" in blob for blob in blobs), "and the kept note's subject"
+        exported = io.StringIO()
+        await export_log(redis, 1, exported)
+        assert exported.getvalue().count("\n") > 5
+        assert not [n for n in needles if n.decode() in exported.getvalue()], "plaintext left in the export"
     finally:
         await redis.aclose()
     await service.engram.index.close() if service.engram.index else None

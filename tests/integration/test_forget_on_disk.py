@@ -1,5 +1,6 @@
-"""The embedded default keeps Redis's append-only file under the data dir: after a forget, no
-file there may hold the plaintext (the AOF is rewritten once the read model has dropped it)."""
+"""The embedded default keeps Redis's append-only file and the Qdrant Edge shard under the data
+dir: after a forget, no file there may hold the plaintext, content or subject (the AOF is
+rewritten once the read model has dropped it; the index never held either)."""
 
 from __future__ import annotations
 
@@ -13,23 +14,30 @@ from tests.conftest import RunningService, service_settings
 
 async def test_no_file_under_the_data_dir_holds_a_forgotten_text(tmp_path: Path) -> None:
     secret = "The alarm code for the Pacific Heights flat is 8093-zebra"
+    subject = "Wilhelmina Cartwright-Oduya"
+    needles = [b"8093-zebra", b"Wilhelmina", b"wilhelmina", b"Cartwright"]
     server = RedisServer(tmp_path / "redis", appendfsync="always").start()
-    running = await RunningService(service_settings(server.url, data_dir=tmp_path, index_enabled=False)).start()
+    running = await RunningService(service_settings(server.url, data_dir=tmp_path)).start()
+
+    def leaks() -> list[Path]:
+        return [p for p in tmp_path.rglob("*") if p.is_file() and any(n in p.read_bytes() for n in needles)]
+
     try:
         async with EngramClient(server.url) as client:
-            note = (await client.save("alice", secret)).note_id
-            await client.get_note("alice", note, after=(await client.save("alice", "I like tea")).token)
+            note = (await client.save("alice", secret, subject=subject)).note_id
+            tea = await client.save("alice", "I like tea", advise=False)
+            await client.search("alice", "tea", after=tea.token)
             aof = b"".join(p.read_bytes() for p in (tmp_path / "redis").rglob("*") if p.is_file())
             assert secret.encode() in aof, "before the forget the AOF holds the read model's copy"
+            assert subject.encode() in aof, "and the subject"
             await client.forget("alice", note_ids=[note], confirmed=True)
         # The scrub runs once the forget is acknowledged; the rewrite in the background.
         for _ in range(200):
-            leaks = [p for p in tmp_path.rglob("*") if p.is_file() and b"8093-zebra" in p.read_bytes()]
-            if not leaks:
+            if not leaks():
                 break
             await asyncio.sleep(0.05)
-        assert leaks == []
+        assert leaks() == []
     finally:
         await running.stop()
         server.stop()
-    assert not [p for p in tmp_path.rglob("*") if p.is_file() and b"8093-zebra" in p.read_bytes()]
+    assert leaks() == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
+import pytest
 
 from contracts.commands import RequestForget, SaveNote, UpdateNote
 from contracts.errors import EngramError, ErrorCode
@@ -19,6 +20,28 @@ async def test_same_command_id_twice_appends_once_and_replies_the_same(client: E
     assert (again.note_id, again.version, again.token) == (first.note_id, first.version, first.token)
     assert not first.replayed and again.replayed
     assert [e.command_id for e in await log_events(redis_url)] == ["cmd-1"]
+
+
+async def test_a_command_id_reused_for_a_different_request_is_refused_and_writes_nothing(
+    client: EngramClient, redis_url: str
+) -> None:
+    # given a note saved under a command id
+    first = await client.save("alice", "X", command_id="abc-1")
+    # when another request arrives under the same id (other text; another note to update)
+    with pytest.raises(EngramError) as other_text:
+        await client.save("alice", "Y", command_id="abc-1")
+    with pytest.raises(EngramError) as other_kind:
+        await client.update("alice", first.note_id, content="Z", command_id="abc-1")
+    # then each is IDEMPOTENCY_CONFLICT, in words, and nothing was written
+    for refused in (other_text.value, other_kind.value):
+        assert refused.code is ErrorCode.IDEMPOTENCY_CONFLICT
+        assert "'abc-1' was already used for a different request" in refused.message
+    assert [e.command_id for e in await log_events(redis_url)] == ["abc-1"]
+    notes = await client.list_notes("alice", after=first.token)
+    assert [n.content for n in notes.notes] == ["X"]
+    # and the identical retry still replays the first outcome
+    again = await client.save("alice", "X", command_id="abc-1")
+    assert again.replayed and (again.note_id, again.token) == (first.note_id, first.token)
 
 
 async def test_same_command_id_sent_concurrently_appends_once(client: EngramClient, redis_url: str) -> None:

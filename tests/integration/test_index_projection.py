@@ -38,7 +38,9 @@ async def test_index_rebuild_equals_live(
     rebuilt_index = QdrantEdgeIndex(tmp_path / "rebuilt")
     await rebuilt_index.ensure(runtime.embedder.dimension)
     store = RedisEventStore(redis, 1, 3600, master_key_for_tests())
-    projection = IndexProjection(redis, rebuilt_index, runtime.embedder, 0, generation=9, store=store)
+    projection = IndexProjection(
+        redis, rebuilt_index, runtime.embedder, 0, generation=9, store=store, subjects=runtime.subjects
+    )
     read = await projection.rebuild(store)
     assert read > 60
     assert shape(await rebuilt_index.payloads()) == shape(live)
@@ -58,7 +60,9 @@ async def test_replayed_events_leave_one_point_per_chunk(
     redis = aioredis.Redis.from_url(redis_url)
     store = RedisEventStore(redis, 1, 3600, master_key_for_tests())
     generation = await live_index_generation(redis, 0)
-    projection = IndexProjection(redis, runtime.index, runtime.embedder, 0, generation, store=store)
+    projection = IndexProjection(
+        redis, runtime.index, runtime.embedder, 0, generation, store=store, subjects=runtime.subjects
+    )
     everything = await store.read_log(0, "0", 10_000)
     await projection.apply(everything)  # at or before the checkpoint: skipped
     await redis.delete(projection.keys.checkpoint)
@@ -89,7 +93,10 @@ async def test_a_rebuild_gives_every_turn_the_same_context_as_live(
     store = RedisEventStore(redis, 1, 3600, master_key_for_tests())
     rebuilt = QdrantEdgeIndex(tmp_path / "rebuilt")
     await rebuilt.ensure(runtime.embedder.dimension)
-    await IndexProjection(redis, rebuilt, runtime.embedder, 0, generation=9, store=store).rebuild(store)
+    rebuilding = IndexProjection(
+        redis, rebuilt, runtime.embedder, 0, generation=9, store=store, subjects=runtime.subjects
+    )
+    await rebuilding.rebuild(store)
     assert sorted(tuple(p.get(f) for f in fields) for p in await rebuilt.payloads()) == live
     (vector,) = await runtime.embedder.embed(["what was the view from the summit like?"])
     ask = NearestQuery(user_id="alice", using=DENSE, dense=vector, match={"record": "conversation"}, limit=20)

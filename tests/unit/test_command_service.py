@@ -34,6 +34,31 @@ async def test_a_replayed_command_gets_its_first_outcome(service: CommandService
     assert (again.note_id, again.version, again.token, again.replayed) == (first.note_id, 1, first.token, True)  # type: ignore[union-attr]
 
 
+async def test_a_different_request_under_a_used_command_id_is_refused(
+    service: CommandService, store: InMemoryEventStore
+) -> None:
+    await service.execute(SaveNote(command_id="c1", user_id="u", content="hello"))
+    with pytest.raises(EngramError) as info:
+        await service.execute(SaveNote(command_id="c1", user_id="u", content="hello", importance=0.9))
+    assert info.value.code is ErrorCode.IDEMPOTENCY_CONFLICT
+    assert (await store.log_head(0))[1] == 1
+
+
+async def test_an_outcome_stored_before_requests_were_digested_still_answers_a_retry(
+    service: CommandService, store: InMemoryEventStore
+) -> None:
+    command = SaveNote(command_id="c1", user_id="u", content="hello")
+    first = await service.execute(command)
+    outcome = await store.outcome("u", "c1")
+    assert outcome is not None and outcome.detail.request, "the digest is kept with the outcome"
+    # as an earlier release stored it: no digest
+    store._outcomes[("u", "c1")] = msgspec.structs.replace(
+        outcome, detail=msgspec.structs.replace(outcome.detail, request="")
+    )
+    again = await service.execute(command)
+    assert again.replayed and again.note_id == first.note_id  # type: ignore[union-attr]
+
+
 async def test_losing_a_race_decides_again_on_the_new_state(service: CommandService, store: InMemoryEventStore) -> None:
     saved = await service.execute(SaveNote(command_id="c1", user_id="u", content="v1"))
     real_load = store.load

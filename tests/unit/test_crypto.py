@@ -5,11 +5,21 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
+import msgspec
 import pytest
 from cryptography.exceptions import InvalidTag
 
-from services.adapters.crypto import MasterKey, MasterKeyError, NoteCipher, is_sealed, load_master_key, shredded
-from tests.builders import saved
+from contracts.events import NoteUpdated
+from services.adapters.crypto import (
+    MasterKey,
+    MasterKeyError,
+    NoteCipher,
+    SubjectMatcher,
+    is_sealed,
+    load_master_key,
+    shredded,
+)
+from tests.builders import NOW, saved
 
 
 def test_content_is_sealed_and_opens_only_with_the_notes_key() -> None:
@@ -17,15 +27,48 @@ def test_content_is_sealed_and_opens_only_with_the_notes_key() -> None:
     key = master.new_data_key()
     event = saved(content="Alec is my boss")
     sealed = NoteCipher(key).seal_event(event)
-    assert is_sealed(sealed) and "Alec" not in sealed.content and sealed.subject == "Alec"
+    assert is_sealed(sealed) and "Alec" not in sealed.content
     assert NoteCipher(key).open_event(sealed) == event
     with pytest.raises(InvalidTag):
         NoteCipher(master.new_data_key()).open_event(sealed)
 
 
+def test_the_subject_is_sealed_like_content_in_a_save_and_in_an_update() -> None:
+    """A subject is free text (a person's name, a place): personal data, gone with the key."""
+    cipher = NoteCipher(MasterKey(bytes(32)).new_data_key())
+    renamed = NoteUpdated(
+        event_id="e2", note_id="AAAAAAAA", user_id="alice", version=2, command_id="c1", at=NOW, subject="Ottoline"
+    )
+    for event in (saved(subject="Ottoline"), renamed):
+        sealed = cipher.seal_event(event)
+        assert is_sealed(sealed) and sealed.subject is not None and "Ottoline" not in sealed.subject
+        assert cipher.open_event(sealed) == event
+        assert shredded(sealed).subject is None
+
+
+def test_an_event_sealed_before_subjects_were_opens_with_its_plaintext_subject() -> None:
+    cipher = NoteCipher(MasterKey(bytes(32)).new_data_key())
+    event = saved(subject="Alec")
+    legacy = msgspec.structs.replace(cipher.seal_event(saved(subject=None)), subject="Alec")
+    assert cipher.open_event(legacy) == event
+    assert shredded(legacy).subject is None, "its key gone, it reads without its subject"
+
+
 def test_a_shredded_event_reads_without_content() -> None:
     sealed = NoteCipher(MasterKey(bytes(32)).new_data_key()).seal_event(saved())
-    assert shredded(sealed).content == "" and shredded(sealed).version == 1
+    assert shredded(sealed).content == "" and shredded(sealed).version == 1 and shredded(sealed).subject is None
+
+
+def test_subjects_match_by_a_keyed_hash_case_and_spacing_aside() -> None:
+    matcher = SubjectMatcher.from_master(MasterKey(bytes(32)))
+    key = matcher.match_key("alice", "Sarah Smith")
+    assert key == matcher.match_key("alice", "  sarah\tSMITH ") == matcher.match_key("alice", "SARAH  smith")
+    assert "sarah" not in key.casefold() and "smith" not in key.casefold()
+    assert key != matcher.match_key("alice", "Sarah Smyth")
+    assert key != matcher.match_key("bob", "Sarah Smith"), "one user's subjects cannot be linked to another's"
+    other = SubjectMatcher.from_master(MasterKey(bytes([1]) * 32))
+    assert key != other.match_key("alice", "Sarah Smith"), "without the master key no guess can be checked"
+    assert SubjectMatcher.from_master(MasterKey(bytes(32))).match_key("alice", "Sarah Smith") == key, "stable"
 
 
 def test_data_keys_are_wrapped_for_one_note_and_one_master_key() -> None:

@@ -66,7 +66,9 @@ def test_save_onto_a_taken_id_asks_for_another_attempt() -> None:
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"content": "a\x00b"}, "control character"),
+        ({"content": "a\x00b"}, "content contains a control character (U+0000) at position 1"),
+        ({"content": " \n\t"}, "content must not be blank"),
+        ({"content": "x", "subject": "  "}, "subject must not be blank"),
         ({"content": "bad \ud800 surrogate"}, "unpaired surrogate"),
         ({"content": "x", "kind": NoteKind.PROCEDURE, "trigger": "on Friday"}, "trigger' and 'action"),
         ({"content": "x", "narrative": "long story"}, "belong to episodes"),

@@ -351,3 +351,17 @@ async def test_a_query_and_ids_together_or_neither_are_refused(world: World) -> 
     with pytest.raises(EngramError) as no_search:
         await world.forget.request(RequestForget(command_id="s", user_id="alice", query="San Francisco"))
     assert no_search.value.code is ErrorCode.UNAVAILABLE, "without an index, forget by id"
+
+
+async def test_counts_in_the_replies_agree_in_number(world: World) -> None:
+    await world.save("Lives in San Francisco")
+    await world.record("s1", "hello")
+    asked_user = await world.forget.request_user(RequestForgetUser(command_id="erase-1", user_id="alice"))
+    assert "ALL 2 memories (notes" in asked_user.pending[0].preview
+    asked_session = await world.forget.request_session(
+        RequestForgetSession(command_id="s-1", user_id="alice", session_id="s1")
+    )
+    assert "all 1 message of conversation s1" in asked_session.pending[0].preview
+    await world.save("Bob's only note", user="bob")
+    asked_bob = await world.forget.request_user(RequestForgetUser(command_id="erase-b", user_id="bob"))
+    assert "ALL 1 memory (notes" in asked_bob.pending[0].preview

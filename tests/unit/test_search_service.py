@@ -6,6 +6,7 @@ windows, superseded and forgotten notes, conversations, and waiting for a token.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -14,13 +15,21 @@ from typing import cast
 
 import pytest
 
-from contracts.commands import MessageDraft, RecordMessages, RequestForget, SaveNote, SupersedeNote
+from contracts.commands import (
+    MessageDraft,
+    RecordMessages,
+    RequestForget,
+    SaveNote,
+    SupersedeNote,
+    UpdateNote,
+)
 from contracts.errors import EngramError, ErrorCode
 from contracts.model import NoteStatus
 from contracts.queries import SearchNotes, SearchReply
+from projections.index import sparse_query
 from projections.index_runtime import IndexRuntime
 from projections.qdrant_edge import QdrantEdgeIndex
-from projections.vector_index import CONVERSATION, MEMORY
+from projections.vector_index import CONVERSATION, MEMORY, SPARSE, NearestQuery
 from services.application.commands import CommandService
 from services.application.forget import ForgetService
 from services.application.search import SearchService
@@ -120,6 +129,48 @@ async def test_a_search_never_returns_another_users_notes(world: World) -> None:
     # then
     assert ids(for_alice) == [alices] and ids(for_bob) == [bobs] and for_carol.results == []
     assert {h.note.user_id for h in for_alice.results} == {"alice"}  # type: ignore[union-attr]
+
+
+async def test_a_subject_filter_matches_case_and_spacing_aside_and_the_index_holds_no_subject(
+    world: World, index: QdrantEdgeIndex
+) -> None:
+    # given notes about two people, the same name for another user, and a note renamed
+    sarah = await world.save("Works on the Platform team", subject="Sarah Lindqvist")
+    await world.save("Works on the Design team", subject="Marco")
+    await world.save("Works on the Platform team", user="bob", subject="Sarah Lindqvist")
+    renamed = await world.save("Works on the Data team", subject="Marco")
+    await world.commands.execute(
+        UpdateNote(command_id="u", user_id="alice", note_id=renamed, subject="sarah lindqvist")
+    )
+    # when / then
+    assert set(ids(await world.find("team", subject="SARAH  lindqvist"))) == {sarah, renamed}
+    assert ids(await world.find("team", subject="Sarah")) == [], "a whole subject, not a word of it"
+    assert ids(await world.find("team", user="bob", subject="Marco")) == []
+    # and the name is still a keyword (BM25 keeps hashed term ids, not the text), also of a
+    # note whose content changed since (its subject read back from the store)
+    await world.commands.execute(UpdateNote(command_id="c", user_id="alice", note_id=sarah, content="Leads Platform"))
+    await world.runtime.catch_up()
+    ask = NearestQuery(user_id="alice", using=SPARSE, sparse=sparse_query("Lindqvist"), match={}, limit=10)
+    assert {h.payload["note_id"] for h in await index.nearest(ask)} == {sarah, renamed}
+    payloads = await index.payloads()
+    assert payloads and not [p for p in payloads if "lindqvist" in str(p).casefold() or "marco" in str(p).casefold()]
+
+
+async def test_an_index_state_written_with_a_plaintext_subject_is_hashed_when_next_touched(
+    world: World, index: QdrantEdgeIndex
+) -> None:
+    # given a note's index state as versions before hashed subjects wrote it
+    note = await world.save("Works on the Platform team", subject="Sarah")
+    await world.runtime.catch_up()
+    (key,) = [k for k, v in world.runtime.redis.values.items() if b'"subject_key"' in v]
+    state = json.loads(world.runtime.redis.values[key])
+    del state["subject_key"]
+    world.runtime.redis.values[key] = json.dumps(state | {"subject": "Sarah"}).encode()
+    # when the note changes
+    await world.commands.execute(UpdateNote(command_id="u", user_id="alice", note_id=note, importance=0.9))
+    # then the state keeps only the hash, and the filter matches
+    assert ids(await world.find("team", subject="sarah")) == [note]
+    assert b"Sarah" not in world.runtime.redis.values[key]
 
 
 async def test_since_and_until_bound_when_a_note_happened(world: World) -> None:

@@ -4,13 +4,17 @@ passes on only what the LLM gave: the contract defaults the rest."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from contracts.errors import EngramError, ErrorCode
+from contracts.limits import NOTE_ID_PATTERN
 from contracts.model import NoteKind
 from contracts.queries import NoteWritten
-from services.agents.tools import ToolDispatcher
+from services.agents.tools import PROFILES, ToolDispatcher
 
 
 class NoBus:
@@ -21,22 +25,133 @@ class NoBus:
 
 
 @pytest.mark.parametrize(
-    ("tool", "arguments", "says"),
+    ("profile", "tool", "arguments", "says"),
     [
-        ("search", {}, "'query' is a required property"),
-        ("search", {"query": "x", "top_k": 50}, "top_k"),
-        ("search", {"query": "x", "colour": "red"}, "colour"),
-        ("search", {"query": 7}, "query"),
-        ("save", {"content": "x", "kind": "dream"}, "kind"),
-        ("update", {"note_id": "short", "content": "x"}, "note_id"),
+        ("engram", "search", {}, "query is required"),
+        ("engram", "search", {"query": "x", "top_k": 50}, "top_k must be a whole number from 1 to 20; you gave 50"),
+        ("engram", "search", {"query": "x", "colour": "red"}, "colour is not a parameter of search; its parameters"),
+        ("engram", "search", {"query": 7}, "query must be text of at most 2,000 characters; you gave 7"),
+        ("engram", "search", {"query": "  "}, "query must not be blank"),
+        ("engram", "search", {"query": "x", "since": "yesterday"}, "since must be a time"),
+        ("engram", "search", {"query": "x", "since": "yesterday"}, "you gave 'yesterday'"),
+        ("engram", "save", {"content": "x", "kind": "dream"}, "kind must be one of fact, episode or procedure"),
+        ("engram", "save", {"content": ""}, "content must not be blank"),
+        ("engram", "save", {"content": " \n "}, "content must not be blank"),
+        ("engram", "save", {"content": "x" * 16_385}, "content must be at most 16,384 characters; you gave 16,385"),
+        ("engram", "save", {"content": "x", "subject": "s" * 201}, "subject must be at most 200 characters"),
+        ("engram", "save", {"content": "x", "category": "Bad Cat"}, "category must be a lower-case word"),
+        ("engram", "save", {"content": "x", "links": ["nope"]}, "links[0] must be a memory id: 8 letters or digits"),
+        ("engram", "update", {"note_id": "short", "content": "x"}, "note_id must be a memory id"),
+        ("engram", "context", {"max_tokens": 10**9}, "max_tokens must be a whole number from 1 to 200,000"),
+        (
+            "memento",
+            "search_memories",
+            {"query": "x", "limit": 1000},
+            "limit must be a whole number from 1 to 20; you gave 1000",
+        ),
+        (
+            "memento",
+            "search_memories",
+            {"query": "x", "limit": None},
+            "limit must be a whole number from 1 to 20; you gave null",
+        ),
+        ("memento", "search_memories", {"query": None}, "query must be text"),
+        (
+            "memento",
+            "supersede_memory",
+            {"old_memory_id": "nope", "new_memory_id": "AAAAAAAA"},
+            "old_memory_id must be a memory id: 8 letters or digits",
+        ),
+        ("memento", "supersede_memory", {"old_memory_id": "nope", "new_memory_id": "AAAAAAAA"}, "you gave 'nope'"),
+        (
+            "memento",
+            "store_memory",
+            {"content": "x", "confidence": 2},
+            "confidence must be a number from 0 to 1; you gave 2",
+        ),
+        ("memento", "list_recent_memories", {"limit": 0}, "limit must be a whole number from 1 to 50; you gave 0"),
+        (
+            "versioned",
+            "add_to_memory",
+            {"content": "hey", "category": "person"},
+            "content must be 5 to 500 characters; you gave 3",
+        ),
+        ("versioned", "add_to_memory", {"content": "      ", "category": "person"}, "content must not be blank"),
+        (
+            "versioned",
+            "update_memory",
+            {"memory_id": "nope", "content": "Sarah moved"},
+            "memory_id must be a memory id",
+        ),
+        ("assistant", "extract_memory", {"facts": []}, "facts must have 1 to 100 items; you gave 0"),
+        (
+            "assistant",
+            "extract_memory",
+            {"facts": [{"content": "x", "category": "Bad"}]},
+            "facts[0].category must be a lower-case word",
+        ),
+        ("assistant", "extract_memory", {"facts": [{"category": "person"}]}, "facts[0].content is required"),
+        (
+            "assistant",
+            "remove_memory",
+            {"fact_ids": ["AAAAAAAA"] * 21},
+            "fact_ids must have 1 to 20 items; you gave 21",
+        ),
+        ("runtime", "memory_delete", {"note_id": 12345678}, "note_id must be a memory id"),
+        (
+            "runtime",
+            "memory_search",
+            {"query": "x", "include_conversation": "yes"},
+            "include_conversation must be true or false; you gave 'yes'",
+        ),
+        ("forget", "forget", {"memory_ids": ["nope"]}, "memory_ids[0] must be a memory id"),
     ],
 )
-async def test_arguments_that_do_not_fit_the_schema_are_refused_with_the_reason(
-    tool: str, arguments: dict[str, Any], says: str
+async def test_arguments_that_do_not_fit_the_schema_are_refused_in_plain_words(
+    profile: str, tool: str, arguments: dict[str, Any], says: str
 ) -> None:
-    reply = await ToolDispatcher(NoBus(), "alice", "engram").call(tool, arguments)  # type: ignore[arg-type]
+    """The message names the tool's own parameter and the whole rule (an LLM reads it to correct
+    the call), never a contract's field or a validator's jargon."""
+    reply = await ToolDispatcher(NoBus(), "alice", profile).call(tool, arguments)  # type: ignore[arg-type]
     assert reply["error"]["code"] == "INVALID_PARAMETER"
-    assert says in reply["error"]["message"] and reply["error"]["message"].startswith(f"bad arguments for {tool}")
+    message = reply["error"]["message"]
+    assert message.startswith(f"bad arguments for {tool}: ") and says in message, message
+    assert "$." not in message and "Expected" not in message and "None" not in message
+
+
+def _strings(node: Any, where: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    if isinstance(node, dict):
+        if node.get("type") == "string":
+            yield where, node
+        for key, value in node.items():
+            yield from _strings(value, f"{where}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _strings(value, f"{where}[{i}]")
+
+
+def test_every_tool_schema_carries_the_contracts_limits() -> None:
+    """What passes a tool's schema is not refused by the contract for its shape: every text has a
+    length limit (or is a choice, a time), every memory id the contract's pattern, and nothing
+    takes null."""
+    for name, specs in PROFILES.items():
+        for spec in specs:
+            for where, node in _strings(spec.parameters, f"{name}.{spec.name}"):
+                bounded = node.keys() & {"enum", "format", "maxLength"} or node.get("pattern") == NOTE_ID_PATTERN
+                assert bounded, where
+                parameter = where.rsplit(".properties.", 1)[-1].split(".")[0]
+                if parameter.endswith(("_id", "_ids")) or parameter == "links":
+                    assert node.get("pattern") == NOTE_ID_PATTERN, where
+            assert "null" not in json.dumps(spec.parameters), spec.name
+
+
+async def test_a_dispatcher_for_a_user_id_the_contract_refuses_is_not_made() -> None:
+    with pytest.raises(EngramError) as info:
+        ToolDispatcher(NoBus(), "bad user", "memento")  # type: ignore[arg-type]
+    assert info.value.code is ErrorCode.INVALID_PARAMETER
+    assert "may contain only ASCII letters, digits and . _ : @ + / = | - (no spaces); you gave 'bad user'" in (
+        info.value.message
+    )
 
 
 async def test_a_bug_behind_a_valid_call_is_an_internal_error_not_bad_arguments() -> None:

@@ -8,7 +8,18 @@ from contracts.limits import MAX_BATCH_NOTES, MAX_FORGET_IDS
 from contracts.model import NoteStatus
 from services.agents.profiles.forget import request_forget
 from services.agents.session import AgentSession
-from services.agents.specs import CATEGORY, ID, READ_TIMEOUT, STR, Arguments, Result, Tool, ToolSpec, given, schema
+from services.agents.specs import (
+    CATEGORY,
+    CONTENT,
+    ID,
+    READ_TIMEOUT,
+    Arguments,
+    Result,
+    Tool,
+    ToolSpec,
+    given,
+    schema,
+)
 
 EXTRACT_MEMORY = ToolSpec(
     "extract_memory",
@@ -20,7 +31,7 @@ EXTRACT_MEMORY = ToolSpec(
                 "type": "array",
                 "minItems": 1,
                 "maxItems": MAX_BATCH_NOTES,
-                "items": schema({"content": STR, "category": CATEGORY}, ["content"]),
+                "items": schema({"content": CONTENT, "category": CATEGORY}, ["content"]),
             }
         },
         ["facts"],
@@ -45,7 +56,7 @@ async def extract_memory(s: AgentSession, a: Arguments) -> Result:
 UPDATE_MEMORY = ToolSpec(
     "update_memory",
     "Update an existing fact when the user corrects or clarifies it (fact_id from list_memories).",
-    schema({"fact_id": ID, "content": STR, "category": CATEGORY}, ["fact_id"]),
+    schema({"fact_id": ID, "content": CONTENT, "category": CATEGORY}, ["fact_id"]),
     read_only=False,
 )
 

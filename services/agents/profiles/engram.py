@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import msgspec
 
-from contracts.limits import parse_time
+from contracts.limits import MAX_CONTEXT_TOKENS, MAX_FORGET_IDS, parse_time
 from contracts.model import NoteKind, NoteSource
 from services.agents.profiles.forget import FORGET, forget
 from services.agents.session import AgentSession
 from services.agents.specs import (
     CATEGORY,
+    CONTENT,
     ID,
+    LONG_TEXT,
+    QUERY,
     READ_TIMEOUT,
-    STR,
+    SUBJECT,
+    TIME,
     TOP_K,
     Arguments,
     Result,
@@ -27,7 +31,7 @@ SEARCH = ToolSpec(
     "Search the user's memory by meaning and keywords; best first, superseded notes left out unless asked.",
     schema(
         {
-            "query": STR,
+            "query": QUERY,
             "top_k": TOP_K,
             "category": CATEGORY,
             "include_superseded": {"type": "boolean", "default": False},
@@ -37,13 +41,11 @@ SEARCH = ToolSpec(
                 "description": "also search what was said in every past conversation with the user",
             },
             "since": {
-                "type": "string",
-                "format": "date-time",
+                **TIME,
                 "description": "only what happened (was said, or occurred) at or after this time",
             },
             "until": {
-                "type": "string",
-                "format": "date-time",
+                **TIME,
                 "description": "only what happened at or before this time",
             },
             "ranking": {
@@ -75,19 +77,24 @@ SAVE = ToolSpec(
     "and says when one should be superseded or updated instead.",
     schema(
         {
-            "content": STR,
+            "content": CONTENT,
             "category": CATEGORY,
-            "subject": STR,
+            "subject": SUBJECT,
             "kind": {"type": "string", "enum": [k.value for k in NoteKind]},
             "confidence": {"type": "number", "minimum": 0, "maximum": 1},
             "source": {"type": "string", "enum": [s.value for s in NoteSource]},
             "importance": {"type": "number", "minimum": 0, "maximum": 1},
-            "summary": STR,
-            "narrative": STR,
-            "occurred_at": {"type": "string", "format": "date-time"},
-            "trigger": STR,
-            "action": STR,
-            "links": {"type": "array", "items": ID, "description": "an episode's facts (their ids)"},
+            "summary": LONG_TEXT,
+            "narrative": LONG_TEXT,
+            "occurred_at": TIME,
+            "trigger": LONG_TEXT,
+            "action": LONG_TEXT,
+            "links": {
+                "type": "array",
+                "items": ID,
+                "maxItems": MAX_FORGET_IDS,
+                "description": "an episode's facts (their ids)",
+            },
         },
         ["content"],
     ),
@@ -114,7 +121,7 @@ async def save(s: AgentSession, a: Arguments) -> Result:
 UPDATE = ToolSpec(
     "update",
     "Change a note (same id, new version) when information was corrected.",
-    schema({"note_id": ID, "content": STR, "category": CATEGORY, "subject": STR}, ["note_id"]),
+    schema({"note_id": ID, "content": CONTENT, "category": CATEGORY, "subject": SUBJECT}, ["note_id"]),
     read_only=False,
 )
 
@@ -173,8 +180,8 @@ CONTEXT = ToolSpec(
     schema(
         {
             "format": {"type": "string", "enum": ["markdown", "xml"], "default": "markdown"},
-            "query": STR,
-            "max_tokens": {"type": "integer", "minimum": 1},
+            "query": QUERY,
+            "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_CONTEXT_TOKENS},
         }
     ),
     read_only=True,

@@ -9,7 +9,7 @@ from contracts.errors import ErrorCode
 from contracts.limits import MAX_FORGET_IDS
 from contracts.queries import ForgetReply
 from services.agents.session import AgentSession
-from services.agents.specs import ID, STR, Arguments, Result, Tool, ToolSpec, error, schema
+from services.agents.specs import ID, QUERY, Arguments, Result, Tool, ToolSpec, error, schema
 
 FORGET = ToolSpec(
     "forget",
@@ -34,7 +34,7 @@ FORGET = ToolSpec(
                 "maxItems": MAX_FORGET_IDS,
                 "description": "Several ids at once",
             },
-            "query": {**STR, "description": "Find candidates to delete (deletes nothing)"},
+            "query": {**QUERY, "description": "Find candidates to delete (deletes nothing)"},
         }
     ),
     read_only=False,

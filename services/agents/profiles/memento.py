@@ -8,8 +8,10 @@ from contracts.limits import LIST_RECENT_DEFAULT, LIST_RECENT_MAX
 from contracts.model import NoteSource, NoteView
 from services.agents.session import AgentSession
 from services.agents.specs import (
+    CONTENT,
+    ID,
+    QUERY,
     READ_TIMEOUT,
-    STR,
     TOP_K,
     Arguments,
     Result,
@@ -30,7 +32,7 @@ STORE_MEMORY = ToolSpec(
     "the response for supersede suggestions.",
     schema(
         {
-            "content": {**STR, "description": "The fact or information to remember; a standalone statement."},
+            "content": {**CONTENT, "description": "The fact or information to remember; a standalone statement."},
             "confidence": {
                 "type": "number",
                 "minimum": 0,
@@ -75,7 +77,7 @@ async def store_memory(s: AgentSession, a: Arguments) -> Result:
 SUPERSEDE_MEMORY = ToolSpec(
     "supersede_memory",
     "Mark an old memory as outdated when replaced by newer information. Call this when store_memory suggests it.",
-    schema({"old_memory_id": STR, "new_memory_id": STR}, ["old_memory_id", "new_memory_id"]),
+    schema({"old_memory_id": ID, "new_memory_id": ID}, ["old_memory_id", "new_memory_id"]),
     read_only=False,
 )
 
@@ -90,7 +92,7 @@ async def supersede_memory(s: AgentSession, a: Arguments) -> Result:
 SEARCH_MEMORIES = ToolSpec(
     "search_memories",
     "Search for relevant memories based on a query. Automatically filters out superseded memories.",
-    schema({"query": STR, "limit": TOP_K}, ["query"]),  # the search's top_k, by memento's name
+    schema({"query": QUERY, "limit": TOP_K}, ["query"]),  # the search's top_k, by memento's name
     read_only=True,
     timeout=READ_TIMEOUT,
 )

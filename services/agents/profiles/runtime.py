@@ -5,7 +5,19 @@ from __future__ import annotations
 
 from services.agents.profiles.forget import request_forget
 from services.agents.session import AgentSession
-from services.agents.specs import ID, READ_TIMEOUT, STR, TOP_K, Arguments, Result, Tool, ToolSpec, given, schema
+from services.agents.specs import (
+    CONTENT,
+    ID,
+    QUERY,
+    READ_TIMEOUT,
+    TOP_K,
+    Arguments,
+    Result,
+    Tool,
+    ToolSpec,
+    given,
+    schema,
+)
 
 MEMORY_SEARCH = ToolSpec(
     "memory_search",
@@ -15,7 +27,7 @@ MEMORY_SEARCH = ToolSpec(
     "set include_conversation to true to also search the current conversation history.",
     schema(
         {
-            "query": {**STR, "description": "Natural language search query"},
+            "query": {**QUERY, "description": "Natural language search query"},
             "top_k": {**TOP_K, "description": "Max results to return (default: 5, max: 20)"},
             "include_conversation": {
                 "type": "boolean",
@@ -54,7 +66,7 @@ MEMORY_SAVE = ToolSpec(
     "this proactively whenever the user shares preferences, makes decisions, states facts, or tells you "
     "something worth remembering across conversations. Saved notes persist across all sessions and "
     "channels. Returns a note_id for future reference.",
-    schema({"content": {**STR, "description": "Natural language text to save"}}, ["content"]),
+    schema({"content": {**CONTENT, "description": "Natural language text to save"}}, ["content"]),
     read_only=False,
 )
 
@@ -73,7 +85,7 @@ MEMORY_UPDATE = ToolSpec(
     "Update a previously saved note with new content. Use this when the user corrects or changes "
     "previously stored information (e.g., a new preferred name, an updated preference). First use "
     "memory_search to find the note and its note_id, then call this with the note_id and the new content.",
-    schema({"note_id": ID, "content": STR}, ["note_id", "content"]),
+    schema({"note_id": ID, "content": CONTENT}, ["note_id", "content"]),
     read_only=False,
 )
 

@@ -4,10 +4,10 @@ subjects, a known subject pointing to update_memory, updates reporting old -> ne
 from __future__ import annotations
 
 from services.agents.session import AgentSession
-from services.agents.specs import ID, Arguments, Result, Tool, ToolSpec, given, schema
+from services.agents.specs import ID, SUBJECT, Arguments, Result, Tool, ToolSpec, given, schema, text
 
 # Requirements §3's bounds, checked by the schema before a handler runs.
-CONTENT = {"type": "string", "minLength": 5, "maxLength": 500}
+CONTENT = text(500, min_length=5)
 
 ADD_TO_MEMORY = ToolSpec(
     "add_to_memory",
@@ -19,7 +19,7 @@ ADD_TO_MEMORY = ToolSpec(
         {
             "content": CONTENT,
             "category": {"type": "string", "enum": ["person", "preference", "context", "project"]},
-            "subject": {"type": "string", "maxLength": 200},
+            "subject": SUBJECT,
         },
         ["content", "category"],
     ),

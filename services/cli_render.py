@@ -1,0 +1,352 @@
+"""What ``engram`` prints for a person (without ``--json``): every reply in words, compact. Each
+function takes a reply (``contracts/queries.py``) and answers a ``rich`` ``Text``; ``show`` prints
+it, in colour only when stdout is a terminal. Long text is cut with a marker that says how long it
+was; ``--json`` always has all of it. Content is the user's (or an LLM's) text: it is never read
+as markup, and control characters are shown escaped, not sent to the terminal."""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from contracts.model import NoteStatus, NoteView, VersionView
+from contracts.queries import ForgetReply, HistoryReply, NoteWritten, SearchHit, SearchReply
+
+# A note's text on one line of a listing (list, search, history, similar notes), and in full view (get).
+LINE_CHARS = 160
+NOTE_CHARS = 1_000
+
+ID = "cyan"
+DIM = "dim"
+SUPERSEDED = "yellow"
+GONE = "red"
+HEADING = "bold"
+
+
+def show(renderable: Text | str) -> None:
+    """Print one reply on stdout: colour only on a terminal, lines never wrapped or cropped by us."""
+    text = renderable if isinstance(renderable, Text) else Text(renderable)
+    Console(highlight=False, soft_wrap=True, emoji=False, markup=False).print(text)
+
+
+# text -------------------------------------------------------------------------------------------
+
+
+def cut(text: str, limit: int, *, one_line: bool = False) -> str:
+    """``text`` as it is safe to print: control characters escaped, on one line if asked (every
+    run of whitespace one space), and at most ``limit`` characters before a marker that gives the
+    full length."""
+    shown = " ".join(text.split()) if one_line else text
+    shown = "".join(_visible(c) for c in shown)
+    if len(shown) <= limit:
+        return shown
+    return f"{shown[:limit].rstrip()}… ({len(text):,} characters; --json for all)"
+
+
+def _visible(char: str) -> str:
+    # Format characters are escaped too (a bidi override can make text read otherwise), except
+    # the joiners that emoji and some scripts need.
+    if char in "\n\t\u200c\u200d" or unicodedata.category(char) not in ("Cc", "Cf"):
+        return char
+    return char.encode("unicode_escape").decode("ascii")
+
+
+def when(moment: datetime | None) -> str:
+    if moment is None:
+        return "unknown time"
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC)
+    return f"{moment:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _lines(*parts: Text | None) -> Text:
+    return Text("\n").join(p for p in parts if p is not None)
+
+
+def _id(note_id: str) -> Text:
+    return Text(note_id, style=ID)
+
+
+# writes -----------------------------------------------------------------------------------------
+
+
+def _written(reply: NoteWritten) -> Text:
+    text = Text.assemble(" token ", (reply.token, DIM))
+    if reply.replayed:
+        text.append(" (replayed: this command id was applied before; nothing new written)")
+    return text
+
+
+def saved(reply: NoteWritten) -> Text:
+    """A ``SaveNote`` reply: the note made, or the one that already held the text; then the advice."""
+    if reply.duplicate:
+        return Text.assemble(
+            "already saved as ", _id(reply.note_id), f" (version {reply.version}): nothing new written"
+        )
+    parts: list[Text | None] = [
+        Text.assemble("saved ", _id(reply.note_id), f" (version {reply.version})", _written(reply))
+    ]
+    if reply.similar:
+        parts.append(Text("similar notes (the new one may make them outdated):", style=HEADING))
+        parts += [
+            Text.assemble(
+                "  ",
+                _id(s.note_id),
+                f"  {s.similarity:.2f}  ",
+                f"[{s.subject}] " if s.subject else "",
+                cut(s.content, LINE_CHARS, one_line=True),
+            )
+            for s in reply.similar
+        ]
+    if reply.same_subject:
+        parts.append(
+            Text.assemble(("same subject: ", HEADING), Text(", ", style="").join(map(_id, reply.same_subject)))
+        )
+    if reply.action_required:
+        parts.append(Text.assemble(("action required: ", HEADING), cut(reply.action_required, NOTE_CHARS)))
+    return _lines(*parts)
+
+
+def updated(reply: NoteWritten) -> Text:
+    return Text.assemble("updated ", _id(reply.note_id), f" to version {reply.version}", _written(reply))
+
+
+def superseded(reply: NoteWritten) -> Text:
+    return Text.assemble(
+        _id(reply.note_id),
+        " is superseded by ",
+        _id(reply.superseded_by or "?"),
+        f" (version {reply.version})",
+        _written(reply),
+    )
+
+
+def forget(reply: ForgetReply) -> Text:
+    """A forget reply: its message, the candidates a query found, when a pending deletion lapses,
+    and the receipt of an erasure."""
+    parts: list[Text | None] = [Text(cut(reply.message, NOTE_CHARS))]
+    parts += [
+        Text.assemble("  ", _id(c.note_id), f"  {c.similarity:.2f}  ", cut(c.preview, LINE_CHARS, one_line=True))
+        for c in reply.candidates
+    ]
+    if reply.pending:
+        deadline = min(p.expires_at for p in reply.pending)
+        parts.append(Text(f"run the same command again before {when(deadline)} to confirm", style=DIM))
+    if reply.erased_at is not None:
+        parts.append(Text(f"erased on {when(reply.erased_at)}"))
+    if reply.token:
+        parts.append(Text.assemble("token ", (reply.token, DIM), " (replayed)" if reply.replayed else ""))
+    return _lines(*parts)
+
+
+# reads ------------------------------------------------------------------------------------------
+
+
+def _forgotten(note_id: str, at: datetime | None) -> Text:
+    return Text.assemble(_id(note_id), (f" forgotten on {when(at)}; its content is gone", GONE))
+
+
+def _status(note: NoteView) -> Text | None:
+    if note.status is NoteStatus.SUPERSEDED:
+        return Text.assemble(("superseded by ", SUPERSEDED), _id(note.superseded_by or "?"))
+    return None
+
+
+def note(view: NoteView) -> Text:
+    """``GetNote``: the note in full (long text cut), its place in the lifecycle, its times."""
+    if view.status is NoteStatus.FORGOTTEN:
+        return _forgotten(view.id, view.updated_at)
+    facts = [view.kind.value, view.category, f"version {view.version}"]
+    if view.subject:
+        facts.append(f"subject {view.subject}")
+    parts: list[Text | None] = [
+        Text.assemble("[id:", _id(view.id), "] ", (" · ".join(cut(f, LINE_CHARS, one_line=True) for f in facts), DIM)),
+        Text(cut(view.content, NOTE_CHARS)),
+    ]
+    for label, value in (
+        ("summary", view.summary),
+        ("narrative", view.narrative),
+        ("when", view.trigger),
+        ("do", view.action),
+    ):
+        if value:
+            parts.append(Text.assemble((f"{label}: ", HEADING), cut(value, NOTE_CHARS)))
+    parts.append(_status(view))
+    if view.supersedes:
+        parts.append(Text.assemble("supersedes ", Text(", ").join(map(_id, view.supersedes))))
+    if view.links:
+        parts.append(Text.assemble("links ", Text(", ").join(map(_id, view.links))))
+    times = [f"saved {when(view.created_at)}"]
+    if view.occurred_at is not None:
+        times.insert(0, f"happened {when(view.occurred_at)}")
+    if view.updated_at != view.created_at:
+        times.append(f"updated {when(view.updated_at)}")
+    if view.access_count:
+        times.append(f"read {view.access_count} times")
+    parts.append(Text(" · ".join(times), style=DIM))
+    return _lines(*parts)
+
+
+def history(reply: HistoryReply, view: NoteView | None = None) -> Text:
+    """``GetHistory``, one line a version. A forgotten note's versions are gone with its content;
+    ``view`` (its tombstone) says when it was forgotten."""
+    parts: list[Text | None] = [_version(v) for v in reply.versions]
+    if reply.status == NoteStatus.FORGOTTEN.value:
+        parts.append(_forgotten(reply.note_id, view.updated_at if view is not None else None))
+    elif not parts:
+        parts.append(Text(f"{reply.note_id}: no versions ({reply.status})"))
+    return _lines(*parts)
+
+
+def _version(v: VersionView) -> Text:
+    head = Text(f"v{v.version}  {when(v.created_at)}  {v.change:<10}  ")
+    if v.superseded_by:
+        return Text.assemble(head, ("superseded by ", SUPERSEDED), _id(v.superseded_by))
+    if v.status is NoteStatus.FORGOTTEN:
+        return Text.assemble(head, ("its content is gone", GONE))
+    return Text.assemble(head, f"[{v.subject}] " if v.subject else "", cut(v.content, LINE_CHARS, one_line=True))
+
+
+def _note_line(view: NoteView, *, extra: Iterable[str] = ()) -> Text:
+    facts = [*extra, view.category, f"v{view.version}"]
+    line = Text.assemble("[id:", _id(view.id), "] ", (f"({', '.join(facts)})", DIM), " ")
+    status = _status(view)
+    if status is not None:
+        line.append_text(Text.assemble("(", status, ") "))
+    if view.subject:
+        line.append(f"[{cut(view.subject, LINE_CHARS, one_line=True)}] ")
+    line.append(cut(view.content, LINE_CHARS, one_line=True))
+    return line
+
+
+def notes(views: list[NoteView], total: int | None = None) -> Text:
+    """``ListNotes`` and ``ListRecent``: one line a note."""
+    if not views:
+        return Text("(no memories)")
+    parts = [_note_line(v) for v in views]
+    if total is not None and total > len(views):
+        parts.append(Text(f"… {total - len(views)} more", style=DIM))
+    return _lines(*parts)
+
+
+def search(reply: SearchReply) -> Text:
+    """``SearchNotes``, best first: the fused score, where the hit was found, and for a note that
+    was replaced, by what."""
+    if not reply.results:
+        return Text("(nothing found)")
+    return _lines(*(_hit(hit) for hit in reply.results))
+
+
+def _hit(hit: SearchHit) -> Text:
+    line = Text(f"{hit.score:.2f} ")
+    if hit.message is not None:
+        m = hit.message
+        said = cut(m.speaker or m.role, LINE_CHARS, one_line=True)
+        where = (
+            f"conversation {cut(m.session_id, LINE_CHARS, one_line=True)}, {said}, {when(m.sent_at or m.created_at)}"
+        )
+        line.append_text(Text.assemble("[id:", _id(hit.note_id), "] ", (f"({where})", DIM), " "))
+        line.append(cut(hit.content, LINE_CHARS, one_line=True))
+        return line
+    if hit.note is not None:
+        line.append_text(_note_line(hit.note, extra=[hit.found_in]))
+        return line
+    line.append_text(Text.assemble("[id:", _id(hit.note_id), "] ", (f"({hit.found_in})", DIM), " "))
+    line.append(cut(hit.content, LINE_CHARS, one_line=True))
+    return line
+
+
+# operations -------------------------------------------------------------------------------------
+
+
+def health(report: Mapping[str, Any]) -> Text:
+    """``engram health``: its status first, then every other part of the report, whatever keys
+    it has: a section a line where its values fit on one, nested parts indented."""
+    status = str(report.get("status", "unknown"))
+    style = "green" if status == "ok" else "yellow" if status == "degraded" else GONE
+    parts = [Text.assemble("status: ", (status, style))]
+    for key, value in report.items():
+        if key != "status":
+            parts += _section(_label(key), value, 0)
+    return _lines(*parts)
+
+
+def _label(key: object) -> str:
+    return str(key).replace("_", " ")
+
+
+def _scalar(value: object) -> str:
+    if value is True:
+        return "yes"
+    if value is False:
+        return "no"
+    if value is None:
+        return "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return cut(str(value), LINE_CHARS, one_line=True)
+
+
+def _inline(value: object) -> str | None:
+    """The value on one line, or None when it holds sections of its own."""
+    if isinstance(value, Mapping):
+        inner = [(_label(k), _inline(v)) for k, v in value.items()]
+        if any(v is None or isinstance(value[k], Mapping) for k, (_, v) in zip(value, inner, strict=True)):
+            return None
+        return "(" + ", ".join(f"{k} {v}" for k, v in inner) + ")" if inner else "none"
+    if isinstance(value, list):
+        if any(isinstance(v, Mapping | list) for v in value):
+            return None
+        return ", ".join(_scalar(v) for v in value) or "none"
+    return _scalar(value)
+
+
+def _section(title: str, value: object, depth: int) -> list[Text]:
+    pad = "  " * depth
+    if isinstance(value, Mapping):
+        # The parts of a top-level section get a line each; deeper down they fit on their parent's.
+        inline = {k: None if depth == 0 and isinstance(v, Mapping) else _inline(v) for k, v in value.items()}
+        summary = ", ".join(f"{_label(k)} {v}" for k, v in inline.items() if v is not None)
+        lines = [Text(f"{pad}{title}" + (f": {summary}" if summary else ""))]
+        for k, v in value.items():
+            if inline[k] is None:
+                lines += _section(_label(k), v, depth + 1)
+        return lines
+    if isinstance(value, list) and _inline(value) is None:
+        lines = []
+        for i, item in enumerate(value):
+            # A list of records (partitions...) titles each by its first field when that is a plain value.
+            if isinstance(item, Mapping) and item:
+                first, first_value = next(iter(item.items()))
+                if _inline(first_value) is not None and not isinstance(first_value, Mapping):
+                    rest = {k: v for k, v in item.items() if k != first}
+                    lines += _section(f"{_label(first)} {_scalar(first_value)}", rest, depth)
+                    continue
+            lines += _section(f"{title} {i}", item, depth)
+        return lines
+    return [Text(f"{pad}{title}: {_inline(value)}")]
+
+
+# requirements §3's /memory ------------------------------------------------------------------------
+
+
+def memory_list(views: list[NoteView]) -> str:
+    """Requirements §3's ``/memory list``, as its document shows it (plain text)."""
+    if not views:
+        return "📝 No memories yet.\n"
+    lines = ["📝 Your memories:", ""]
+    category = None
+    for view in views:  # already in (category, created_at, id) order
+        if view.category != category:
+            if category is not None:
+                lines.append("")
+            category = view.category
+            lines.append(f"**{category.title()}**")
+        lines.append(f"• [{view.id}] {view.content}")
+    lines += ["", "Use /memory delete <id> to remove a memory."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,243 @@
+"""What `engram` prints for a person (services/cli_render.py): the facts of each reply, in words."""
+
+from __future__ import annotations
+
+import io
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console
+
+from contracts.model import MessageView, NoteKind, NoteSource, NoteStatus, NoteView, VersionView
+from contracts.queries import (
+    ForgetReply,
+    HistoryReply,
+    NoteWritten,
+    PendingForget,
+    SearchHit,
+    SearchReply,
+    SimilarNote,
+)
+from services import cli_render as render
+
+T0 = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+T1 = datetime(2026, 5, 2, 8, 30, tzinfo=UTC)
+
+
+def view(note_id: str = "AAAAAAAA", content: str = "Alec is my boss", **kw: Any) -> NoteView:
+    values: dict[str, Any] = {
+        "id": note_id,
+        "user_id": "alice",
+        "kind": NoteKind.FACT,
+        "content": content,
+        "category": "person",
+        "subject": "Alec",
+        "confidence": 1.0,
+        "source": NoteSource.EXPLICIT,
+        "importance": 0.5,
+        "created_at": T0,
+        "updated_at": T0,
+        "last_accessed_at": None,
+        "version": 1,
+        "status": NoteStatus.ACTIVE,
+        "supersedes": [],
+        "superseded_by": None,
+    }
+    return NoteView(**(values | kw))
+
+
+def test_a_save_says_what_was_written_and_the_advice() -> None:
+    reply = NoteWritten(
+        note_id="BBBBBBBB",
+        version=1,
+        token="0:5-0",
+        similar=[
+            SimilarNote(
+                note_id="AAAAAAAA",
+                content="Alec is my boss",
+                similarity=0.8312,
+                category="person",
+                subject="Alec",
+                confidence=1.0,
+                source="explicit",
+                created_at=T0,
+            )
+        ],
+        same_subject=["AAAAAAAA", "CCCCCCCC"],
+        action_required="Memory BBBBBBBB is close to AAAAAAAA. If it makes any of them outdated, call supersede.",
+    )
+    assert render.saved(reply).plain.splitlines() == [
+        "saved BBBBBBBB (version 1) token 0:5-0",
+        "similar notes (the new one may make them outdated):",
+        "  AAAAAAAA  0.83  [Alec] Alec is my boss",
+        "same subject: AAAAAAAA, CCCCCCCC",
+        "action required: Memory BBBBBBBB is close to AAAAAAAA. If it makes any of them outdated, call supersede.",
+    ]
+
+
+def test_a_duplicate_save_says_nothing_new_was_written() -> None:
+    reply = NoteWritten(note_id="AAAAAAAA", version=3, token="0:5-0", duplicate=True)
+    assert render.saved(reply).plain == "already saved as AAAAAAAA (version 3): nothing new written"
+    replayed = NoteWritten(note_id="AAAAAAAA", version=1, token="0:5-0", replayed=True)
+    assert "replayed" in render.saved(replayed).plain and "nothing new written" in render.saved(replayed).plain
+
+
+def test_update_and_supersede_print_their_token() -> None:
+    reply = NoteWritten(note_id="AAAAAAAA", version=2, token="0:9-0", superseded_by="BBBBBBBB")
+    assert render.superseded(reply).plain == "AAAAAAAA is superseded by BBBBBBBB (version 2) token 0:9-0"
+    assert render.updated(reply).plain == "updated AAAAAAAA to version 2 token 0:9-0"
+
+
+def test_a_note_in_full_says_what_replaced_it() -> None:
+    shown = render.note(view(status=NoteStatus.SUPERSEDED, superseded_by="BBBBBBBB", version=2, updated_at=T1))
+    assert shown.plain.splitlines() == [
+        "[id:AAAAAAAA] fact · person · version 2 · subject Alec",
+        "Alec is my boss",
+        "superseded by BBBBBBBB",
+        "saved 2026-05-01 12:00:00 UTC · updated 2026-05-02 08:30:00 UTC",
+    ]
+
+
+def test_a_forgotten_note_says_when_and_that_its_content_is_gone() -> None:
+    tombstone = view(content="", subject=None, status=NoteStatus.FORGOTTEN, updated_at=T1, version=3)
+    expected = "AAAAAAAA forgotten on 2026-05-02 08:30:00 UTC; its content is gone"
+    assert render.note(tombstone).plain == expected
+    assert (
+        render.history(HistoryReply(note_id="AAAAAAAA", status="forgotten", versions=[]), tombstone).plain == expected
+    )
+
+
+def test_history_one_line_a_version_and_the_replacement() -> None:
+    versions = [
+        VersionView(
+            version=1,
+            change="saved",
+            content="Alec is my boss",
+            category="person",
+            subject="Alec",
+            status=NoteStatus.ACTIVE,
+            created_at=T0,
+            command_id="c1",
+        ),
+        VersionView(
+            version=2,
+            change="superseded",
+            content="Alec is my boss",
+            category="person",
+            subject="Alec",
+            status=NoteStatus.SUPERSEDED,
+            created_at=T1,
+            command_id="c2",
+            superseded_by="BBBBBBBB",
+        ),
+    ]
+    shown = render.history(HistoryReply(note_id="AAAAAAAA", status="superseded", versions=versions))
+    assert shown.plain.splitlines() == [
+        "v1  2026-05-01 12:00:00 UTC  saved       [Alec] Alec is my boss",
+        "v2  2026-05-02 08:30:00 UTC  superseded  superseded by BBBBBBBB",
+    ]
+
+
+def test_long_text_is_cut_with_a_marker_and_a_listing_keeps_one_line_a_note() -> None:
+    long = "line one\n" + "x" * 16_375
+    assert len(long) == 16_384
+    full = render.note(view(content=long)).plain
+    assert "… (16,384 characters; --json for all)" in full and len(full) < render.NOTE_CHARS + 200
+    listed = render.notes([view(content=long), view("BBBBBBBB", "short")], 2).plain.splitlines()
+    assert len(listed) == 2 and listed[0].startswith("[id:AAAAAAAA] (person, v1) [Alec] line one xxx")
+    assert listed[0].endswith("… (16,384 characters; --json for all)") and len(listed[0]) < 250
+    assert render.notes([], 0).plain == "(no memories)"
+    assert render.notes([view()], 7).plain.splitlines()[-1] == "… 6 more"
+
+
+def test_control_characters_are_shown_not_sent_to_the_terminal() -> None:
+    assert render.cut("a\x1b[31mred\x07", 100) == "a\\x1b[31mred\\x07"
+    assert render.cut("tab\tand\nnewline", 100) == "tab\tand\nnewline"
+    assert render.cut("tab\tand\nnewline", 100, one_line=True) == "tab and newline"
+    assert render.cut("[bold]not markup[/bold] :smile:", 100) == "[bold]not markup[/bold] :smile:"
+
+
+def test_search_marks_superseded_hits_and_where_each_was_found() -> None:
+    old = view(status=NoteStatus.SUPERSEDED, superseded_by="BBBBBBBB")
+    turn = MessageView(
+        id="MMMMMMMM",
+        user_id="alice",
+        session_id="s-42",
+        role="user",
+        speaker="Caroline",
+        content="I went to the support group yesterday",
+        created_at=T1,
+        sent_at=T0,
+    )
+    reply = SearchReply(
+        results=[
+            SearchHit(note_id=old.id, content=old.content, score=0.91, similarity=0.7, found_in="memory", note=old),
+            SearchHit(
+                note_id=turn.id,
+                content=turn.content,
+                score=0.52,
+                similarity=0.4,
+                found_in="conversation",
+                message=turn,
+            ),
+        ]
+    )
+    assert render.search(reply).plain.splitlines() == [
+        "0.91 [id:AAAAAAAA] (memory, person, v1) (superseded by BBBBBBBB) [Alec] Alec is my boss",
+        "0.52 [id:MMMMMMMM] (conversation s-42, Caroline, 2026-05-01 12:00:00 UTC) I went to the support group "
+        "yesterday",
+    ]
+    assert render.search(SearchReply(results=[])).plain == "(nothing found)"
+
+
+def test_a_forget_reply_says_until_when_to_confirm_and_the_receipt() -> None:
+    asked = ForgetReply(
+        status="confirmation_required",
+        message="Please confirm: Delete 'Alec is my boss' (AAAAAAAA)?",
+        pending=[PendingForget(note_id="AAAAAAAA", preview="Alec is my boss", request_count=1, expires_at=T1)],
+        token="0:7-0",
+    )
+    assert render.forget(asked).plain.splitlines() == [
+        "Please confirm: Delete 'Alec is my boss' (AAAAAAAA)?",
+        "run the same command again before 2026-05-02 08:30:00 UTC to confirm",
+        "token 0:7-0",
+    ]
+    erased = ForgetReply(status="forgotten", message="Erased 2 memories.", forgotten=["A", "B"], erased_at=T1)
+    assert render.forget(erased).plain.splitlines() == ["Erased 2 memories.", "erased on 2026-05-02 08:30:00 UTC"]
+
+
+def test_health_is_a_readable_summary_of_whatever_the_report_holds() -> None:
+    report = {
+        "status": "degraded",
+        "model": {"ready": True, "load_seconds": 6.5},
+        "partitions": [
+            {
+                "partition": 0,
+                "log_length": 4,
+                "history": {"checkpoint": "5-0", "lag_entries": 0, "lag_ms": 0},
+                "index": {"generation": 1, "model": {"name": "all-MiniLM-L6-v2", "dimension": 384}, "lag_entries": 2},
+                "commands": {"group": True, "pending": 0, "dead_letters": 0},
+            }
+        ],
+    }
+    assert render.health(report).plain.splitlines() == [
+        "status: degraded",
+        "model: ready yes, load seconds 6.5",
+        "partition 0: log length 4",
+        "  history: checkpoint 5-0, lag entries 0, lag ms 0",
+        "  index: generation 1, model (name all-MiniLM-L6-v2, dimension 384), lag entries 2",
+        "  commands: group yes, pending 0, dead letters 0",
+    ]
+    assert render.health({"status": "down", "error": "connection refused"}).plain == (
+        "status: down\nerror: connection refused"
+    )
+
+
+def test_colour_only_on_a_terminal() -> None:
+    reply = NoteWritten(note_id="AAAAAAAA", version=1, token="0:5-0")
+    for terminal, coloured in ((False, False), (True, True)):
+        out = io.StringIO()
+        Console(file=out, force_terminal=terminal, highlight=False, soft_wrap=True).print(render.saved(reply))
+        assert ("\x1b[" in out.getvalue()) is coloured
+        assert re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue()) == "saved AAAAAAAA (version 1) token 0:5-0\n"
