@@ -25,7 +25,7 @@ from contracts.limits import parse_time
 from contracts.model import NoteKind, NoteSource, NoteStatus
 from services import cli_render as render
 from services.adapters.redis_conn import close_redis
-from services.config import ROLES, Settings, parse_roles
+from services.config import ROLES, SettingError, Settings, parse_roles
 from services.ops.operator import connect, follow_log, operator_redis, resolve_url
 
 if TYPE_CHECKING:
@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(as_json, ErrorCode.INVALID_PARAMETER.value, f"{e.parser.prog}: {e.message}")
         except EngramError as e:
             return _fail(as_json, e.code.value, e.message)
+        except SettingError as e:
+            return _fail(as_json, ErrorCode.INVALID_PARAMETER.value, f"bad configuration: {e}")
         except (RedisConnectionError, RedisTimeoutError, RedisClusterException) as e:
             # The operator commands (tail, export, rebuild...) talk to Redis itself.
             return _fail(as_json, ErrorCode.UNAVAILABLE.value, f"cannot reach the Engram bus: {e}")

@@ -98,7 +98,7 @@ def saved(reply: NoteWritten) -> Text:
                 "  ",
                 _id(s.note_id),
                 f"  {s.similarity:.2f}  ",
-                f"[{s.subject}] " if s.subject else "",
+                f"[{cut(s.subject, LINE_CHARS, one_line=True)}] " if s.subject else "",
                 cut(s.content, LINE_CHARS, one_line=True),
             )
             for s in reply.similar
@@ -209,7 +209,8 @@ def _version(v: VersionView) -> Text:
         return Text.assemble(head, ("superseded by ", SUPERSEDED), _id(v.superseded_by))
     if v.status is NoteStatus.FORGOTTEN:
         return Text.assemble(head, ("its content is gone", GONE))
-    return Text.assemble(head, f"[{v.subject}] " if v.subject else "", cut(v.content, LINE_CHARS, one_line=True))
+    subject = f"[{cut(v.subject, LINE_CHARS, one_line=True)}] " if v.subject else ""
+    return Text.assemble(head, subject, cut(v.content, LINE_CHARS, one_line=True))
 
 
 def _note_line(view: NoteView, *, extra: Iterable[str] = ()) -> Text:
@@ -347,6 +348,8 @@ def memory_list(views: list[NoteView]) -> str:
                 lines.append("")
             category = view.category
             lines.append(f"**{category.title()}**")
-        lines.append(f"• [{view.id}] {view.content}")
+        # Its exact text, on its line, with nothing that could drive the terminal.
+        shown = "".join(_visible(c) for c in view.content.replace("\n", " "))
+        lines.append(f"• [{view.id}] {shown}")
     lines += ["", "Use /memory delete <id> to remove a memory."]
     return "\n".join(lines) + "\n"

@@ -11,12 +11,24 @@ from services.application.ranking import DEFAULT_POLICY, FUSION_METHODS, Ranking
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
+class SettingError(ValueError):
+    """An environment variable the service cannot use; the message names it."""
+
+
 def _int(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
+    raw = os.environ.get(name)
+    try:
+        return default if raw is None else int(raw)
+    except ValueError:
+        raise SettingError(f"{name}={raw!r} is not a whole number") from None
 
 
 def _float(name: str, default: float) -> float:
-    return float(os.environ.get(name, default))
+    raw = os.environ.get(name)
+    try:
+        return default if raw is None else float(raw)
+    except ValueError:
+        raise SettingError(f"{name}={raw!r} is not a number") from None
 
 
 def _policy(method: str, weights: str) -> RankingPolicy:
@@ -99,6 +111,16 @@ class Settings:
 
     @classmethod
     def from_env(cls) -> Settings:
+        """Settings from ``ENGRAM_*`` variables; a bad value is a ``ValueError`` naming it."""
+        try:
+            return cls._from_env()
+        except SettingError:
+            raise
+        except ValueError as e:  # a list setting that does not parse (weights, roles, fusion)
+            raise SettingError(str(e)) from None
+
+    @classmethod
+    def _from_env(cls) -> Settings:
         url = os.environ.get("ENGRAM_REDIS_URL") or os.environ.get("REDIS_URL")
         return cls(
             # With no URL configured, this address is tried first (then a private redis-server).

@@ -51,6 +51,10 @@ def decode_request(body: bytes, decoder: msgspec.json.Decoder[T], what: str) -> 
             # A typed decode can stop at the first wrong value before reaching broken JSON after it.
             document = msgspec.json.decode(body)
         except msgspec.DecodeError as broken:
+            if " - at `$" in str(e):
+                # Valid JSON the untyped decode refuses too (a number out of range): msgspec's own
+                # words, which name the field.
+                raise EngramError(ErrorCode.INVALID_PARAMETER, f"invalid {what}: {e}") from None
             raise _malformed(broken) from None
         reason = _plain(str(e), decoder.type, document, f"a {what}")
         raise EngramError(ErrorCode.INVALID_PARAMETER, f"invalid {what}: {reason}") from None

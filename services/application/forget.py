@@ -73,9 +73,11 @@ FORGET_SIMILARITY_MARGIN = 0.15
 
 
 def close_enough(similarities: list[float]) -> list[bool]:
-    """Which of a forget query's hits (their cosines) are candidates."""
+    """Which of a forget query's hits (their cosines) are candidates. A cosine of exactly 0 is a
+    note the keywords found beyond the nearest by meaning (a user with many notes, a rare word
+    such as an order number): its cosine is unknown, and the words it shares make it one."""
     best = max(similarities, default=0.0)
-    return [c >= FORGET_SIMILARITY_FLOOR and c >= best - FORGET_SIMILARITY_MARGIN for c in similarities]
+    return [c == 0.0 or (c >= FORGET_SIMILARITY_FLOOR and c >= best - FORGET_SIMILARITY_MARGIN) for c in similarities]
 
 
 def preview(text: str) -> str:

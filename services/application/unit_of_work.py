@@ -107,7 +107,27 @@ async def run(store: EventStore, command: AnyCommand, work: Work[R]) -> R:
     raise EngramError(ErrorCode.VERSION_CONFLICT, "the memory kept changing under this command; retry it")
 
 
+# Not part of what a command asks: the contract version it was written against, and the token a
+# request waits for before reading (a retry may carry a newer one).
+_NOT_THE_REQUEST = frozenset({"schema_version", "after"})
+
+
 def request_digest(command: AnyCommand) -> str:
-    """The command as decoded, re-encoded (fields in one order, defaults spelled out), hashed: two
-    encodings of one request agree, any difference in what it asks does not."""
-    return hashlib.blake2b(msgspec.json.encode(command), digest_size=16).hexdigest()
+    """What the command asks, hashed: its fields that differ from their defaults (so a field a
+    later release adds, or a default spelled out, does not make a retry look different), in one
+    order, with its wire tag."""
+    asked = {
+        field.encode_name: getattr(command, field.name)
+        for field in msgspec.structs.fields(command)
+        if field.name not in _NOT_THE_REQUEST and not _is_default(field, getattr(command, field.name))
+    }
+    body = msgspec.json.encode([type(command).__struct_config__.tag, asked], order="sorted")
+    return hashlib.blake2b(body, digest_size=16).hexdigest()
+
+
+def _is_default(field: msgspec.structs.FieldInfo, value: object) -> bool:
+    if field.default is not msgspec.NODEFAULT:
+        return bool(value == field.default)
+    if field.default_factory is not msgspec.NODEFAULT:
+        return bool(value == field.default_factory())
+    return False

@@ -175,3 +175,11 @@ async def test_content_is_released_by_an_update_or_a_supersede(service: CommandS
     assert not again.duplicate and again.note_id != a.note_id  # type: ignore[union-attr]
     await service.execute(UpdateNote(command_id="u2", user_id="u", note_id=b.note_id, content="Lives in Denver"))  # type: ignore[union-attr]
     assert not (await service.execute(SaveNote(command_id="d", user_id="u", content="Lives in Austin"))).duplicate  # type: ignore[union-attr]
+
+
+async def test_a_retry_spelling_out_a_default_or_carrying_a_newer_token_is_the_same_request(
+    service: CommandService,
+) -> None:
+    first = await service.execute(SaveNote(command_id="c1", user_id="u", content="hello"))
+    again = await service.execute(SaveNote(command_id="c1", user_id="u", content="hello", importance=0.5))
+    assert again.replayed and again.note_id == first.note_id  # type: ignore[union-attr]

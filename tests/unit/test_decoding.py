@@ -112,3 +112,11 @@ def test_a_user_id_is_checked_against_the_contract_under_the_name_the_caller_kno
     )
     with pytest.raises(EngramError, match="at most 128 characters"):
         check_user_id("u" * 129, "--user")
+
+
+def test_a_number_too_large_for_json_is_named_not_called_malformed() -> None:
+    body = b'{"type":"save_note","command_id":"c1","user_id":"alice","content":"x","confidence":1e400}'
+    with pytest.raises(EngramError) as info:
+        decode_command(body)
+    assert info.value.code is ErrorCode.INVALID_PARAMETER
+    assert "confidence" in info.value.message and "malformed" not in info.value.message

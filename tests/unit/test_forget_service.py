@@ -365,3 +365,19 @@ async def test_counts_in_the_replies_agree_in_number(world: World) -> None:
     await world.save("Bob's only note", user="bob")
     asked_bob = await world.forget.request_user(RequestForgetUser(command_id="erase-b", user_id="bob"))
     assert "ALL 1 memory (notes" in asked_bob.pending[0].preview
+
+
+def test_forget_candidates_are_close_matches_or_keyword_only_hits() -> None:
+    from services.application.forget import close_enough
+
+    # the best, one close to it, one far below it, one under the floor, one the keywords alone found
+    assert close_enough([0.62, 0.50, 0.30, 0.15, 0.0]) == [True, True, False, False, True]
+    assert close_enough([0.12, 0.05]) == [False, False], "nothing matched"
+    assert close_enough([]) == []
+
+
+async def test_a_forget_retried_with_a_newer_token_replays(world: World) -> None:
+    note = await world.save("Lives in San Francisco")
+    first = await world.ask(note, command_id="f-1", after="0:1-0")
+    again = await world.ask(note, command_id="f-1", after="0:9-0")
+    assert again.replayed and [p.note_id for p in again.pending] == [p.note_id for p in first.pending]

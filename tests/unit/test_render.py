@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import io
+import json
 import re
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from rich.console import Console
 
 from contracts.model import MessageView, NoteKind, NoteSource, NoteStatus, NoteView, VersionView
@@ -241,3 +243,17 @@ def test_colour_only_on_a_terminal() -> None:
         Console(file=out, force_terminal=terminal, highlight=False, soft_wrap=True).print(render.saved(reply))
         assert ("\x1b[" in out.getvalue()) is coloured
         assert re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue()) == "saved AAAAAAAA (version 1) token 0:5-0\n"
+
+
+def test_a_bad_setting_is_one_line_naming_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.cli import main
+
+    monkeypatch.setenv("ENGRAM_PARTITIONS", "x")
+    assert main(["health", "--json"]) == 1
+    out = capsys.readouterr().out
+    assert json.loads(out)["error"] == {
+        "code": "INVALID_PARAMETER",
+        "message": "bad configuration: ENGRAM_PARTITIONS='x' is not a whole number",
+    }

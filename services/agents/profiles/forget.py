@@ -42,10 +42,15 @@ FORGET = ToolSpec(
 
 
 async def forget(s: AgentSession, a: Arguments) -> Result:
-    ids = list(a.get("memory_ids") or []) + ([a["memory_id"]] if a.get("memory_id") else [])
+    ids = list(dict.fromkeys([*(a.get("memory_ids") or []), *([a["memory_id"]] if a.get("memory_id") else [])]))
     query = a.get("query")
     if not ids and not query:
         return error(ErrorCode.INVALID_PARAMETER, "give memory_id to delete, or query to find candidates")
+    if len(ids) > MAX_FORGET_IDS:
+        return error(
+            ErrorCode.INVALID_PARAMETER,
+            f"memory_id and memory_ids together name {len(ids)} memories; at most {MAX_FORGET_IDS} at once",
+        )
     return await request_forget(s, ids, None if ids else query)
 
 
