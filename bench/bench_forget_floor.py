@@ -22,20 +22,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.bench_quality import DEVSET, load, wait_for_index
+from bench.bench_quality import DEVSET, devset_service
 from contracts.limits import SEARCH_TOP_K_DEFAULT
 from contracts.queries import SearchNotes
-from services.adapters.redis_server import RedisServer
 from services.application.forget import FORGET_SIMILARITY_FLOOR, FORGET_SIMILARITY_MARGIN, close_enough
 from services.application.search import SearchService
-from services.bootstrap import build
-from services.bus.client import EngramClient
-from services.config import Settings
 
 Hit = tuple[float, float, bool]  # similarity, score, true match
 
@@ -91,24 +86,10 @@ async def main() -> None:
     parser.add_argument("--dump", type=Path, help="write every hit (similarity, score, true match) here as JSON")
     args = parser.parse_args()
     devset = json.loads(DEVSET.read_text())
-    with tempfile.TemporaryDirectory() as tmp:
-        server = RedisServer(Path(tmp) / "redis").start()
-        settings = Settings(redis_url=server.url, redis_url_configured=True, data_dir=Path(tmp))
-        app = build(settings)
-        ready = asyncio.Event()
-        serving = asyncio.create_task(app.run(ready))
-        try:
-            await asyncio.wait_for(ready.wait(), 60)
-            async with EngramClient(server.url, timeout=120) as client:
-                ids, token = await load(client, devset, args.filler)
-                await wait_for_index(client, devset["users"][0]["user"], token)
-            assert app.index is not None
-            search = SearchService(app.index, app.history, 30, settings.search_policy)
-            queries = await collect(search, devset, ids, args.top_k)
-        finally:
-            app.stopping.set()
-            await serving
-            server.stop()
+    async with devset_service(devset, args.filler) as (app, settings, ids):
+        assert app.index is not None
+        search = SearchService(app.index, app.history, 30, settings.search_policy)
+        queries = await collect(search, devset, ids, args.top_k)
     if args.dump:
         args.dump.write_text(json.dumps(queries))
     hits = [h for q in queries for h in q]

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ from contracts.queries import SearchNotes
 from services.adapters.redis_server import RedisServer
 from services.application.ranking import FUSION_METHODS, RankingPolicy
 from services.application.search import SearchService
-from services.bootstrap import build
+from services.bootstrap import Engram, build
 from services.bus.client import EngramClient
 from services.config import Settings
 
@@ -97,6 +99,31 @@ async def evaluate(search: SearchService, devset: dict[str, Any], ids: dict[str,
     }, misses
 
 
+@contextlib.asynccontextmanager
+async def devset_service(
+    devset: dict[str, Any], filler: int
+) -> AsyncIterator[tuple[Engram, Settings, dict[str, dict[str, str]]]]:
+    """The real service in this process (a private redis-server, Qdrant Edge and MiniLM in a
+    temporary data dir) with the dev set saved among ``filler`` notes per user and indexed;
+    yields it, its settings and the dev set's note ids."""
+    with tempfile.TemporaryDirectory() as tmp:
+        server = RedisServer(Path(tmp) / "redis").start()
+        settings = Settings(redis_url=server.url, redis_url_configured=True, data_dir=Path(tmp))
+        app = build(settings)
+        ready = asyncio.Event()
+        serving = asyncio.create_task(app.run(ready))
+        try:
+            await asyncio.wait_for(ready.wait(), 60)
+            async with EngramClient(server.url, timeout=120) as client:
+                ids, token = await load(client, devset, filler)
+                await wait_for_index(client, devset["users"][0]["user"], token)
+            yield app, settings, ids
+        finally:
+            app.stopping.set()
+            await serving
+            server.stop()
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--filler", type=int, default=200, help="synthetic notes per user around the facts")
@@ -111,37 +138,23 @@ async def main() -> None:
     )
     args = parser.parse_args()
     devset = json.loads(DEVSET.read_text())
-    with tempfile.TemporaryDirectory() as tmp:
-        server = RedisServer(Path(tmp) / "redis").start()
-        settings = Settings(redis_url=server.url, redis_url_configured=True, data_dir=Path(tmp))
-        app = build(settings)
-        ready = asyncio.Event()
-        serving = asyncio.create_task(app.run(ready))
-        try:
-            await asyncio.wait_for(ready.wait(), 60)
-            async with EngramClient(server.url, timeout=120) as client:
-                ids, token = await load(client, devset, args.filler)
-                await wait_for_index(client, devset["users"][0]["user"], token)
-            assert app.index is not None
-            results = {}
-            extra = [(str(policy), policy) for policy in args.also]
-            plain = [
-                ("dense", RankingPolicy("minmax", 1.0, 0.0)),
-                # BM25's own order; 0 exactly for notes with no BM25 score (minmax would also give
-                # 0 to the weakest BM25 candidate, and evaluate drops score-0 hits).
-                ("bm25", RankingPolicy("score", 0.0, 1.0)),
-                ("fused", settings.search_policy),
-            ]
-            for name, policy in plain + extra:
-                search = SearchService(app.index, app.history, 30, policy)
-                results[name], misses = await evaluate(search, devset, ids, keyword_only=name == "bm25")
-                if args.show_misses:
-                    for miss in misses:
-                        print(f"  {name} miss: {miss}")
-        finally:
-            app.stopping.set()
-            await serving
-            server.stop()
+    async with devset_service(devset, args.filler) as (app, settings, ids):
+        assert app.index is not None
+        results = {}
+        extra = [(str(policy), policy) for policy in args.also]
+        plain = [
+            ("dense", RankingPolicy("minmax", 1.0, 0.0)),
+            # BM25's own order; 0 exactly for notes with no BM25 score (minmax would also give
+            # 0 to the weakest BM25 candidate, and evaluate drops score-0 hits).
+            ("bm25", RankingPolicy("score", 0.0, 1.0)),
+            ("fused", settings.search_policy),
+        ]
+        for name, policy in plain + extra:
+            search = SearchService(app.index, app.history, 30, policy)
+            results[name], misses = await evaluate(search, devset, ids, keyword_only=name == "bm25")
+            if args.show_misses:
+                for miss in misses:
+                    print(f"  {name} miss: {miss}")
     print(f"dev set: {results['fused']['queries']} questions, {args.filler} filler notes per user")
     for name, figures in results.items():
         print(f"{name:>14}: recall@5 {figures['recall@5']:.3f}  MRR@10 {figures['mrr@10']:.3f}")

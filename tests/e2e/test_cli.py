@@ -38,37 +38,14 @@ def env_with_index(bus: dict[str, str], tmp_path: Path) -> Iterator[dict[str, st
 
 
 def test_the_note_lifecycle_through_the_cli(env: dict[str, str]) -> None:
-    code, saved, _ = cli(
-        env,
-        "save",
-        "--user",
-        "alice",
-        "--category",
-        "person",
-        "--subject",
-        "Alec",
-        "--command-id",
-        "cli-1",
-        "Alec is my boss",
-    )
+    save = ["save", "--user", "alice", "--category", "person", "--subject", "Alec", "--command-id", "cli-1"]
+    code, saved, _ = cli(env, *save, "Alec is my boss")
     assert code == 0 and saved["version"] == 1 and len(saved["note_id"]) == 8
     # The token names alice's partition: the users are spread over partitions (and cluster slots).
     partitions = int(env.get("ENGRAM_PARTITIONS", "1"))
     assert channels.parse_token(saved["token"])[0] == channels.partition_of("alice", partitions)
     note_id = saved["note_id"]
-    code, again, _ = cli(
-        env,
-        "save",
-        "--user",
-        "alice",
-        "--category",
-        "person",
-        "--subject",
-        "Alec",
-        "--command-id",
-        "cli-1",
-        "Alec is my boss",
-    )
+    code, again, _ = cli(env, *save, "Alec is my boss")
     assert again["note_id"] == note_id and again["replayed"] is True
     # the same command id for another text is a client bug: refused, nothing written
     code, reused, _ = cli(env, "save", "--user", "alice", "--command-id", "cli-1", "Alec is my brother")
