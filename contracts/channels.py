@@ -144,6 +144,20 @@ class HistoryKeys(GenerationKeys):
     def message(self, user_id: str, message_id: str) -> str:
         return f"{self.prefix}msg:{user_id}:{message_id}"
 
+    def keyed(self, user_id: str) -> str:
+        """A user's keyed notes: category and key -> the active note holding them."""
+        return f"{self.prefix}keyed:{user_id}"
+
+    def said(self, user_id: str, session_id: str) -> str:
+        """One conversation's listed turns, by log position. The session is named by a digest,
+        as in ``IndexKeys.session``."""
+        digest = hashlib.blake2b(session_id.encode(), digest_size=12).hexdigest()
+        return f"{self.prefix}said:{user_id}:{digest}"
+
+    def sessions(self, user_id: str) -> str:
+        """The sessions a user has spoken in (an erasure of the user drops their listings)."""
+        return f"{self.prefix}sessions:{user_id}"
+
 
 class IndexKeys(GenerationKeys):
     """The vector index projection's own state (projections/index.py) of one partition and

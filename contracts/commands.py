@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -14,6 +14,7 @@ from contracts.limits import (
     MAX_BATCH_MESSAGES,
     MAX_BATCH_NOTES,
     MAX_FORGET_IDS,
+    MAX_INDEX_FIELDS,
     MAX_QUERY_CHARS,
     NOT_BLANK,
     SEARCH_TOP_K_DEFAULT,
@@ -22,6 +23,7 @@ from contracts.limits import (
     Category,
     CommandId,
     Content,
+    Key,
     LongText,
     NoteId,
     ShortText,
@@ -109,6 +111,21 @@ class SupersedeNote(Command, tag="supersede_note", frozen=True, kw_only=True):
     superseded_by: NoteId
 
 
+class PutNote(Command, tag="put_note", frozen=True, kw_only=True):
+    """Put a structured value under a caller-chosen ``key`` in ``category`` (an upsert, as a
+    key-value store's put): the first put saves a note (``NoteSaved``, version 1), a later put
+    of a different value updates it (``NoteUpdated``; its history keeps every version), the
+    same value again changes nothing. The value is sealed like content and shredded when the
+    note is forgotten. The text searched is the value's fields named by ``index`` (dotted
+    paths, ``$`` for the whole value), the whole value by default. ``expected_version``: the
+    note's version (0: the key must be free), else ``VERSION_CONFLICT``."""
+
+    category: Category = DEFAULT_CATEGORY
+    key: Key
+    value: dict[str, Any]
+    index: Annotated[list[ShortText], msgspec.Meta(min_length=1, max_length=MAX_INDEX_FIELDS)] | None = None
+
+
 Role = Annotated[str, msgspec.Meta(pattern="^(user|assistant|system|tool)$")]
 
 
@@ -124,6 +141,9 @@ class RecordMessage(Command, tag="record_message", frozen=True, kw_only=True):
     content: Content
     speaker: ShortText | None = None
     sent_at: AwareTime | None = None
+    # The caller's own record of the turn (an agent framework's input item), kept whole and
+    # sealed; ``content`` is its text, what searches match.
+    item: dict[str, Any] | None = None
 
 
 class MessageDraft(msgspec.Struct, frozen=True, kw_only=True):
@@ -133,6 +153,7 @@ class MessageDraft(msgspec.Struct, frozen=True, kw_only=True):
     content: Content
     speaker: ShortText | None = None
     sent_at: AwareTime | None = None
+    item: dict[str, Any] | None = None
 
 
 class RecordMessages(Command, tag="record_messages", frozen=True, kw_only=True):
@@ -143,6 +164,15 @@ class RecordMessages(Command, tag="record_messages", frozen=True, kw_only=True):
 
     session_id: ShortText
     messages: Annotated[list[MessageDraft], msgspec.Meta(min_length=1, max_length=MAX_BATCH_MESSAGES)]
+
+
+class RetractMessage(Command, tag="retract_message", frozen=True, kw_only=True):
+    """Take back one recorded turn (an agent framework's "pop the last item"): it leaves the
+    conversation's listing and searches (``MessageRetracted``); the log keeps it, as it keeps
+    everything, until its session or user is forgotten. An unknown, retracted or forgotten
+    message is ``MEMORY_NOT_FOUND``."""
+
+    message_id: NoteId
 
 
 class RequestForget(Command, tag="request_forget", frozen=True, kw_only=True):
@@ -190,10 +220,12 @@ class ExpireForget(Command, tag="expire_forget", frozen=True, kw_only=True):
 AnyCommand = (
     SaveNote
     | SaveNotes
+    | PutNote
     | UpdateNote
     | SupersedeNote
     | RecordMessage
     | RecordMessages
+    | RetractMessage
     | RequestForget
     | RequestForgetUser
     | RequestForgetSession

@@ -42,6 +42,9 @@ class NoteSaved(Event, tag="note_saved", frozen=True, kw_only=True):
     trigger: str | None = None
     action: str | None = None
     links: list[str] = msgspec.field(default_factory=list)
+    # A note put by key (PutNote): the key, and the JSON text of its value (both sealed).
+    key: str | None = None
+    value: str | None = None
 
 
 class NoteUpdated(Event, tag="note_updated", frozen=True, kw_only=True):
@@ -52,6 +55,8 @@ class NoteUpdated(Event, tag="note_updated", frozen=True, kw_only=True):
     subject: str | None = None
     confidence: float | None = None
     importance: float | None = None
+    # A keyed note's new value, as JSON text (sealed).
+    value: str | None = None
 
 
 class NoteSuperseded(Event, tag="note_superseded", frozen=True, kw_only=True):
@@ -69,6 +74,15 @@ class MessageRecorded(Event, tag="message_recorded", frozen=True, kw_only=True):
     content: str
     speaker: str | None = None
     sent_at: datetime | None = None
+    # The caller's own record of the turn, as JSON text (sealed).
+    item: str | None = None
+
+
+class MessageRetracted(Event, tag="message_retracted", frozen=True, kw_only=True):
+    """A recorded turn was taken back: it leaves its conversation's listing and searches. Its
+    content stays sealed in the log until its session or user is forgotten."""
+
+    session_id: str
 
 
 class ForgetRequested(Event, tag="forget_requested", frozen=True, kw_only=True):
@@ -129,6 +143,7 @@ AnyEvent = (
     | NoteUpdated
     | NoteSuperseded
     | MessageRecorded
+    | MessageRetracted
     | ForgetRequested
     | ForgetExpired
     | NoteForgotten

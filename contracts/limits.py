@@ -12,7 +12,13 @@ import msgspec
 
 MAX_CONTENT_CHARS = 16_384
 MAX_SUBJECT_CHARS = 200
-MAX_CATEGORY_CHARS = 50
+MAX_CATEGORY_CHARS = 200
+# A caller-chosen key (PutNote) and the structured value it names.
+MAX_KEY_CHARS = 512
+MAX_VALUE_BYTES = 65_536
+MAX_INDEX_FIELDS = 20
+# How deep a search may page (SearchNotes.offset + top_k).
+SEARCH_DEPTH_MAX = 100
 MAX_ID_CHARS = 128
 MAX_BATCH_NOTES = 100
 MAX_BATCH_MESSAGES = 100
@@ -34,7 +40,8 @@ DEFAULT_CATEGORY = "general"
 # A printable-ASCII id without whitespace: users ("alice@example.com", "tg:12345") and command ids.
 ID_PATTERN = r"^[A-Za-z0-9._:@+/=|-]+$"
 NOTE_ID_PATTERN = r"^[A-Za-z0-9]{8}$"
-CATEGORY_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
+# One segment, or a path of them ("memories/alice"): a LangGraph namespace is a category path.
+CATEGORY_PATTERN = r"^[a-z0-9][a-z0-9_-]*(/[a-z0-9][a-z0-9_-]*)*$"
 # At least one non-whitespace character.
 NOT_BLANK = r"\S"
 # A consistency token: '<partition>:<log entry id>'.
@@ -77,7 +84,21 @@ Category = Annotated[
         min_length=1,
         max_length=MAX_CATEGORY_CHARS,
         pattern=CATEGORY_PATTERN,
-        description="Lower-case slug, e.g. person, preference, context, project.",
+        description=(
+            "Lower-case slug, e.g. person, preference, context, project; or a path of slugs separated by "
+            f"'/' (e.g. memories/alice), up to {MAX_CATEGORY_CHARS} characters."
+        ),
+    ),
+]
+Key = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=MAX_KEY_CHARS,
+        pattern=NOT_BLANK,
+        description=(
+            f"A caller-chosen key, unique among a user's active notes of one category; 1-{MAX_KEY_CHARS} chars."
+        ),
     ),
 ]
 Subject = Annotated[

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
+from typing import Any
 
 import msgspec
 
@@ -68,6 +69,10 @@ class NoteView(msgspec.Struct, frozen=True, kw_only=True):
     links: list[str] = msgspec.field(default_factory=list)
     # How often a search or a read returned it (kept beside the read model, not in the log).
     access_count: int = 0
+    # A note put by key (``PutNote``): its key, unique among the user's active notes of its
+    # category, and the JSON object it holds (its content is the text of that value).
+    key: str | None = None
+    value: dict[str, Any] | None = None
 
 
 class MessageView(msgspec.Struct, frozen=True, kw_only=True):
@@ -82,6 +87,12 @@ class MessageView(msgspec.Struct, frozen=True, kw_only=True):
     created_at: datetime
     speaker: str | None = None
     sent_at: datetime | None = None
+    # The caller's own record of the turn (e.g. an agent framework's input item), kept whole.
+    item: dict[str, Any] | None = None
+    # 1 as recorded; 2 once retracted (RetractMessage), when the read model keeps only this
+    # marker, no text, so that replaying the log out of order cannot bring the turn back.
+    version: int = 1
+    retracted: bool = False
 
 
 class VersionView(msgspec.Struct, frozen=True, kw_only=True):
@@ -97,3 +108,5 @@ class VersionView(msgspec.Struct, frozen=True, kw_only=True):
     command_id: str
     origin: Origin | None = None
     superseded_by: str | None = None
+    # A keyed note's value at this version.
+    value: dict[str, Any] | None = None

@@ -7,22 +7,25 @@ A query may carry ``after``, the consistency token a command returned: the respo
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from contracts.base import Message
 from contracts.errors import ErrorReply
 from contracts.limits import (
+    LIST_NOTES_MAX,
     LIST_RECENT_DEFAULT,
     LIST_RECENT_MAX,
     MAX_CONTEXT_TOKENS,
     MAX_QUERY_CHARS,
     NOT_BLANK,
+    SEARCH_DEPTH_MAX,
     SEARCH_TOP_K_DEFAULT,
     SEARCH_TOP_K_MAX,
     AwareTime,
     Category,
+    Key,
     NoteId,
     ShortText,
     Subject,
@@ -45,6 +48,21 @@ class GetNote(Query, tag="get_note", frozen=True, kw_only=True):
     note_id: NoteId
 
 
+class GetNoteByKey(Query, tag="get_note_by_key", frozen=True, kw_only=True):
+    """The active note put under ``key`` in ``category`` (``PutNote``); ``MEMORY_NOT_FOUND``
+    if there is none (never put, superseded or forgotten)."""
+
+    category: Category
+    key: Key
+
+
+# A filter on a keyed note's value (LangGraph's ``filter``): {"field": value} is equality,
+# {"field": {"$eq"|"$ne"|"$gt"|"$gte"|"$lt"|"$lte": value}} compares; every condition must hold.
+# A dotted field ("a.b") reads nested objects. A note without a value matches no condition
+# (but "$ne", which a missing field satisfies).
+Where = Annotated[dict[str, Any], msgspec.Meta(max_length=20)]
+
+
 class GetHistory(Query, tag="get_history", frozen=True, kw_only=True):
     """Every version of one note, oldest first."""
 
@@ -56,7 +74,32 @@ class ListNotes(Query, tag="list_notes", frozen=True, kw_only=True):
     across calls for the same memory state, so a prompt built from it can be cached)."""
 
     category: Category | None = None
+    # A category and every category under it ("memories" also lists "memories/alice").
+    category_prefix: Category | None = None
     include_superseded: bool = False
+    where: Where | None = None
+    # Only notes put by key (a key-value store's items), not those saved as text.
+    keyed_only: bool = False
+    # A page of the listing; ``total`` in the reply counts every note that matched.
+    offset: Annotated[int, msgspec.Meta(ge=0)] = 0
+    limit: Annotated[int, msgspec.Meta(ge=1, le=LIST_NOTES_MAX)] | None = None
+
+
+class ListCategories(Query, tag="list_categories", frozen=True, kw_only=True):
+    """The categories holding at least one of the user's active notes, sorted; with ``prefix``
+    only that category and those under it (a LangGraph store's ``list_namespaces``)."""
+
+    prefix: Category | None = None
+    # Only categories holding a note put by key.
+    keyed_only: bool = False
+
+
+class ListMessages(Query, tag="list_messages", frozen=True, kw_only=True):
+    """One conversation's recorded turns, oldest first (retracted and forgotten turns left
+    out); with ``limit``, its latest ``limit`` turns. An unknown session has none."""
+
+    session_id: ShortText
+    limit: Annotated[int, msgspec.Meta(ge=1, le=LIST_NOTES_MAX)] | None = None
 
 
 class ListRecent(Query, tag="list_recent", frozen=True, kw_only=True):
@@ -74,7 +117,15 @@ class SearchNotes(Query, tag="search_notes", frozen=True, kw_only=True):
 
     query: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_QUERY_CHARS, pattern=NOT_BLANK)]
     top_k: Annotated[int, msgspec.Meta(ge=1, le=SEARCH_TOP_K_MAX)] = SEARCH_TOP_K_DEFAULT
+    # Skip the best ``offset`` results (a page further down); offset + top_k is at most 100.
+    offset: Annotated[int, msgspec.Meta(ge=0, le=SEARCH_DEPTH_MAX)] = 0
     category: Category | None = None
+    # A category and every category under it.
+    category_prefix: Category | None = None
+    # Keyed notes whose value passes this filter (see ``Where``).
+    where: Where | None = None
+    # Only notes put by key.
+    keyed_only: bool = False
     kind: NoteKind | None = None
     subject: Subject | None = None
     include_superseded: bool = False
@@ -106,7 +157,17 @@ class BuildContext(Query, tag="build_context", frozen=True, kw_only=True):
     max_tokens: Annotated[int, msgspec.Meta(ge=1, le=MAX_CONTEXT_TOKENS)] | None = None
 
 
-AnyQuery = GetNote | GetHistory | ListNotes | ListRecent | SearchNotes | BuildContext
+AnyQuery = (
+    GetNote
+    | GetNoteByKey
+    | GetHistory
+    | ListNotes
+    | ListRecent
+    | ListCategories
+    | ListMessages
+    | SearchNotes
+    | BuildContext
+)
 
 
 class WrittenNote(msgspec.Struct, frozen=True, kw_only=True):
@@ -177,6 +238,19 @@ class NotesReply(Message, tag="notes", frozen=True, kw_only=True):
     """Answer to ``ListNotes`` and ``ListRecent``."""
 
     notes: list[NoteView]
+    total: int
+
+
+class CategoriesReply(Message, tag="categories", frozen=True, kw_only=True):
+    """Answer to ``ListCategories``."""
+
+    categories: list[str]
+
+
+class MessagesReply(Message, tag="messages", frozen=True, kw_only=True):
+    """Answer to ``ListMessages``: the turns oldest first, and how many the session holds."""
+
+    messages: list[MessageView]
     total: int
 
 
@@ -258,6 +332,8 @@ AnyReply = (
     | NoteReply
     | HistoryReply
     | NotesReply
+    | CategoriesReply
+    | MessagesReply
     | SearchReply
     | ForgetReply
     | ContextReply
@@ -265,4 +341,6 @@ AnyReply = (
 )
 
 CommandReply = NoteWritten | NotesWritten | ForgetReply | ErrorReply
-QueryReply = NoteReply | HistoryReply | NotesReply | SearchReply | ContextReply | ErrorReply
+QueryReply = (
+    NoteReply | HistoryReply | NotesReply | CategoriesReply | MessagesReply | SearchReply | ContextReply | ErrorReply
+)

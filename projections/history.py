@@ -19,14 +19,26 @@ from redis.exceptions import WatchError
 
 from contracts import channels
 from contracts.channels import HistoryKeys
-from contracts.events import MessageRecorded, NoteForgotten, NoteSaved, NoteSuperseded, UserForgotten, is_control_stream
+from contracts.events import (
+    MessageRecorded,
+    MessageRetracted,
+    NoteForgotten,
+    NoteSaved,
+    NoteSuperseded,
+    SessionForgotten,
+    UserForgotten,
+    is_control_stream,
+)
 from contracts.model import MessageView, NoteStatus, NoteView, VersionView
 from projections.history_model import (
     add_supersedes,
     evolve_view,
+    keyed_field,
     message_view,
     order_member,
     recent_score,
+    retracted_view,
+    said_score,
     version_entry,
 )
 from projections.tracking import CheckpointReader, GenerationalProjection, read_generation, read_position
@@ -52,6 +64,12 @@ class _Writes(msgspec.Struct):
     dropped: set[str] = msgspec.field(default_factory=set)
     # Every key of an erased user's notes and messages, and their listings (RequestForgetUser).
     erased: set[str] = msgspec.field(default_factory=set)
+    # Key lookups to set (a note id) or drop (None), by (hash, field), the last word in log order.
+    keyed: dict[tuple[str, str], str | None] = msgspec.field(default_factory=dict)
+    # Conversation listings: a turn added at its place (a score) or taken out (None).
+    said: dict[tuple[str, str], float | None] = msgspec.field(default_factory=dict)
+    # Each user's conversation listings, so an erasure of the user can drop them.
+    sessions: dict[str, set[str]] = msgspec.field(default_factory=dict)
 
 
 class HistoryProjection(GenerationalProjection[_Writes]):
@@ -69,8 +87,18 @@ class HistoryProjection(GenerationalProjection[_Writes]):
         return _note_keys(self.keys, batch)
 
     async def _plan(self, batch: Sequence[LogEntry], state: dict[str, bytes | None]) -> _Writes:
-        views = {k: (_view_decoder.decode(r) if r is not None else None) for k, r in state.items()}
-        return _fold(batch, views, self.keys)
+        said = f"{self.keys.prefix}msg:"
+        views = {
+            k: (_view_decoder.decode(r) if r is not None else None) for k, r in state.items() if not k.startswith(said)
+        }
+        turns = {k: _message_decoder.decode(r) for k, r in state.items() if k.startswith(said) and r is not None}
+        # An erased user's conversation listings, named where their turns were recorded.
+        listings = {
+            e.event.user_id: {m.decode() for m in await self._redis.smembers(self.keys.sessions(e.event.user_id))}  # type: ignore[misc]
+            for e in batch
+            if isinstance(e.event, UserForgotten)
+        }
+        return _fold(batch, views, self.keys, listings, turns)
 
     def _queue(self, pipe: Pipeline, writes: _Writes) -> None:
         keys = self.keys
@@ -86,6 +114,18 @@ class HistoryProjection(GenerationalProjection[_Writes]):
             pipe.hset(key, mapping=entries)
         for key in writes.dropped:
             pipe.delete(key)
+        for (name, field), note_id in writes.keyed.items():
+            if note_id is None:
+                pipe.hdel(name, field)
+            else:
+                pipe.hset(name, field, note_id)
+        for (name, message_id), score in writes.said.items():
+            if score is None:
+                pipe.zrem(name, message_id)
+            else:
+                pipe.zadd(name, {message_id: score})
+        for user_id, listings in writes.sessions.items():
+            pipe.sadd(keys.sessions(user_id), *listings)  # relative names: a rebuild's keys match
         if writes.erased:
             pipe.delete(*writes.erased)
 
@@ -117,18 +157,33 @@ def _note_keys(keys: HistoryKeys, batch: Sequence[LogEntry]) -> list[str]:
     for entry in batch:
         event = entry.event
         found[keys.note(event.user_id, event.note_id)] = None
+        if isinstance(event, MessageRecorded | MessageRetracted):
+            found[keys.message(event.user_id, event.note_id)] = None
         if isinstance(event, NoteSuperseded):
             found[keys.note(event.user_id, event.superseded_by)] = None
     return list(found)
 
 
-def _fold(batch: Sequence[LogEntry], views: dict[str, NoteView | None], keys: HistoryKeys) -> _Writes:
-    """The writes a batch makes, computed in memory in log order."""
+def _fold(
+    batch: Sequence[LogEntry],
+    views: dict[str, NoteView | None],
+    keys: HistoryKeys,
+    listings: dict[str, set[str]] | None = None,
+    turns: dict[str, MessageView] | None = None,
+) -> _Writes:
+    """The writes a batch makes, computed in memory in log order. ``listings``: the conversation
+    listings (relative key names) of each user a batch erases; ``turns``: the read model's
+    records of the batch's turns."""
     writes = _Writes(views={}, versions={}, stale_members={}, messages={})
+    turns = dict(turns or {})
     for entry in batch:
         event = entry.event
         if isinstance(event, UserForgotten):
             user = event.user_id
+            said = {keys.prefix + name for name in (listings or {}).get(user, set()) | writes.sessions.pop(user, set())}
+            writes.erased |= said | {keys.sessions(user), keys.keyed(user)}
+            writes.keyed = {k: v for k, v in writes.keyed.items() if k[0] != keys.keyed(user)}
+            writes.said = {k: v for k, v in writes.said.items() if k[0] not in said}
             for note_id in event.erased:
                 for key in (keys.note(user, note_id), keys.versions(user, note_id), keys.message(user, note_id)):
                     writes.erased.add(key)
@@ -139,10 +194,25 @@ def _fold(batch: Sequence[LogEntry], views: dict[str, NoteView | None], keys: Hi
             writes.erased |= {keys.order(user, True), keys.order(user, False), keys.recent(user)}
             writes.stale_members.pop(user, None)
             continue
+        if isinstance(event, SessionForgotten):
+            said_key = keys.said(event.user_id, event.session_id)
+            writes.erased.add(said_key)
+            writes.said = {k: v for k, v in writes.said.items() if k[0] != said_key}
         if is_control_stream(event.note_id):
             continue  # an account or session stream: pending erasures live in the forget saga
-        if isinstance(event, MessageRecorded):
-            writes.messages[keys.message(event.user_id, event.note_id)] = message_view(event)
+        if isinstance(event, MessageRecorded | MessageRetracted):
+            message_key = keys.message(event.user_id, event.note_id)
+            known = turns.get(message_key)
+            if known is not None and known.version >= event.version:
+                continue  # applied before (a replay), or retracted already
+            said_key = keys.said(event.user_id, event.session_id)
+            if isinstance(event, MessageRecorded):
+                turns[message_key] = writes.messages[message_key] = message_view(event)
+                writes.said[(said_key, event.note_id)] = said_score(entry.position)
+                writes.sessions.setdefault(event.user_id, set()).add(said_key[len(keys.prefix) :])
+            else:
+                turns[message_key] = writes.messages[message_key] = retracted_view(event)
+                writes.said[(said_key, event.note_id)] = None
             continue
         if isinstance(event, NoteForgotten):
             # A forgotten message (its session or its user erased) leaves the read model too.
@@ -158,6 +228,7 @@ def _fold(batch: Sequence[LogEntry], views: dict[str, NoteView | None], keys: Hi
             # this means corruption. Skipping keeps the projection flowing; rebuild will agree.
             continue
         view = evolve_view(current, event)
+        _track_key(writes, keys, current, view)
         if current is not None and order_member(current) != order_member(view):
             writes.stale_members.setdefault(event.user_id, set()).add(order_member(current))
         views[key] = view
@@ -182,6 +253,15 @@ def _fold(batch: Sequence[LogEntry], views: dict[str, NoteView | None], keys: Hi
     return writes
 
 
+def _track_key(writes: _Writes, keys: HistoryKeys, before: NoteView | None, after: NoteView) -> None:
+    """A keyed note is found by its key while it is active; superseded or forgotten, the key is
+    free for a new note (the event store released its claim in the same append)."""
+    if before is not None and before.key is not None and after.status is not NoteStatus.ACTIVE:
+        writes.keyed[(keys.keyed(after.user_id), keyed_field(before.category, before.key))] = None
+    if after.key is not None and after.status is NoteStatus.ACTIVE:
+        writes.keyed[(keys.keyed(after.user_id), keyed_field(after.category, after.key))] = after.id
+
+
 def _index(pipe: Pipeline, keys: HistoryKeys, view: NoteView) -> None:
     member = order_member(view)
     if view.status is NoteStatus.FORGOTTEN:
@@ -196,6 +276,15 @@ def _index(pipe: Pipeline, keys: HistoryKeys, view: NoteView) -> None:
     else:
         pipe.zrem(keys.order(view.user_id, False), member)
         pipe.zrem(keys.recent(view.user_id), view.id)
+
+
+def _under(category: str, prefix: str) -> bool:
+    """Whether a category is ``prefix`` or below it, by whole segments."""
+    return category == prefix or category.startswith(prefix + "/")
+
+
+def _category_range(category: str) -> tuple[bytes, bytes]:
+    return f"[{category}\x00".encode(), f"({category}\x01".encode()
 
 
 class HistoryReader(CheckpointReader):
@@ -232,13 +321,15 @@ class HistoryReader(CheckpointReader):
             i: _view_decoder.decode(r) for i, r in zip(note_ids, raws[: len(note_ids)], strict=True) if r is not None
         }
         said = raws[len(note_ids) :]
-        messages = {i: _message_decoder.decode(r) for i, r in zip(message_ids, said, strict=True) if r is not None}
+        decoded = (_message_decoder.decode(r) for r in said if r is not None)
+        messages = {m.id: m for m in decoded if not m.retracted}
         return notes, messages
 
     async def get_message(self, user_id: str, message_id: str) -> MessageView | None:
         keys = await self._keys(user_id)
         raw = await self._redis.get(keys.message(user_id, message_id))
-        return _message_decoder.decode(raw) if raw is not None else None
+        message = _message_decoder.decode(raw) if raw is not None else None
+        return message if message is not None and not message.retracted else None
 
     async def history(self, user_id: str, note_id: str) -> tuple[NoteView, list[VersionView]] | None:
         keys = await self._keys(user_id)
@@ -251,15 +342,75 @@ class HistoryReader(CheckpointReader):
         versions = sorted((_version_decoder.decode(v) for v in raw_versions.values()), key=lambda v: v.version)
         return _view_decoder.decode(raw_view), versions
 
-    async def list_notes(self, user_id: str, category: str | None, include_superseded: bool) -> list[NoteView]:
+    async def get_by_key(self, user_id: str, category: str, key: str) -> NoteView | None:
+        keys = await self._keys(user_id)
+        note_id = await self._redis.hget(keys.keyed(user_id), keyed_field(category, key))  # type: ignore[misc]
+        if note_id is None:
+            return None
+        view = await self.get_note(user_id, note_id.decode())
+        return view if view is not None and view.status is NoteStatus.ACTIVE and view.key == key else None
+
+    async def list_notes(
+        self, user_id: str, category: str | None, include_superseded: bool, category_prefix: str | None = None
+    ) -> list[NoteView]:
         keys = await self._keys(user_id)
         order = keys.order(user_id, include_superseded)
-        if category is None:
-            members = await self._redis.zrange(order, 0, -1)
+        if category is not None:
+            if category_prefix is not None and not _under(category, category_prefix):
+                return []
+            members = await self._redis.zrangebylex(order, *_category_range(category))
+        elif category_prefix is not None:
+            # The category itself, then those under it: '/' sorts after the NUL that ends a
+            # category in a member, and '0' right after '/'.
+            members = await self._redis.zrangebylex(order, *_category_range(category_prefix))
+            below = f"[{category_prefix}/".encode(), f"({category_prefix}0".encode()
+            members += await self._redis.zrangebylex(order, *below)
         else:
-            members = await self._redis.zrangebylex(order, f"[{category}\x00".encode(), f"({category}\x01".encode())
+            members = await self._redis.zrange(order, 0, -1)
         ids = [m.rsplit(b"\x00", 1)[1].decode() for m in members]
         return await self._views(keys, user_id, ids)
+
+    async def categories(self, user_id: str, prefix: str | None, keyed_only: bool = False) -> list[str]:
+        """The categories of the user's active notes, read off the listing one category at a
+        time: each read skips past every member of the category it found. ``keyed_only``: read
+        off the key lookup instead (one entry per keyed note)."""
+        keys = await self._keys(user_id)
+        if keyed_only:
+            keyed = {
+                field.split(b"\x00", 1)[0].decode()
+                async for field, _ in self._redis.hscan_iter(keys.keyed(user_id), count=1000)
+            }
+            return sorted(n for n in keyed if prefix is None or _under(n, prefix))
+        order = keys.order(user_id, False)
+        names: list[str] = []
+        cursor = f"[{prefix}\x00".encode() if prefix is not None else b"-"
+        while True:
+            first = await self._redis.zrangebylex(order, cursor, b"+", start=0, num=1)
+            if not first:
+                break
+            category = first[0].split(b"\x00", 1)[0]
+            if prefix is not None and not _under(category.decode(), prefix):
+                if category.decode() < prefix + "/":  # a sibling such as "prefix-x" lies between
+                    cursor = f"[{prefix}/".encode()
+                    continue
+                break
+            names.append(category.decode())
+            cursor = b"[" + category + b"\x01"
+        return names
+
+    async def messages(self, user_id: str, session_id: str, limit: int | None) -> tuple[list[MessageView], int]:
+        """A conversation's listed turns, oldest first (the latest ``limit``), and their number."""
+        keys = await self._keys(user_id)
+        said = keys.said(user_id, session_id)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zrange(said, -limit if limit else 0, -1)
+            pipe.zcard(said)
+            members, total = await pipe.execute()
+        if not members:
+            return [], int(total)
+        raws = await self._redis.mget([keys.message(user_id, m.decode()) for m in members])
+        listed = (_message_decoder.decode(r) for r in raws if r is not None)
+        return [m for m in listed if not m.retracted], int(total)
 
     async def list_recent(self, user_id: str, limit: int) -> tuple[list[NoteView], int]:
         keys = await self._keys(user_id)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import msgspec
 
 from contracts.events import (
@@ -9,6 +12,7 @@ from contracts.events import (
     ForgetExpired,
     ForgetRequested,
     MessageRecorded,
+    MessageRetracted,
     NoteForgotten,
     NoteSaved,
     NoteSuperseded,
@@ -28,7 +32,27 @@ def message_view(event: MessageRecorded) -> MessageView:
         created_at=event.at,
         speaker=event.speaker,
         sent_at=event.sent_at,
+        item=_object(event.item),
     )
+
+
+def retracted_view(event: MessageRetracted) -> MessageView:
+    """What the read model keeps of a retracted turn: that it was, and no text."""
+    return MessageView(
+        id=event.note_id,
+        user_id=event.user_id,
+        session_id=event.session_id,
+        role="user",
+        content="",
+        created_at=event.at,
+        version=event.version,
+        retracted=True,
+    )
+
+
+def _object(text: str | None) -> dict[str, Any] | None:
+    """A value or item kept as JSON text in the log (read back empty once shredded)."""
+    return json.loads(text) if text else None
 
 
 def evolve_view(view: NoteView | None, event: AnyEvent) -> NoteView:
@@ -57,6 +81,8 @@ def evolve_view(view: NoteView | None, event: AnyEvent) -> NoteView:
             trigger=event.trigger,
             action=event.action,
             links=list(event.links),
+            key=event.key,
+            value=_object(event.value),
         )
     if view is None:
         raise ValueError(f"{type(event).__name__} for unknown note {event.note_id}")
@@ -66,6 +92,8 @@ def evolve_view(view: NoteView | None, event: AnyEvent) -> NoteView:
             for f in ("content", "category", "subject", "confidence", "importance")
             if (v := getattr(event, f)) is not None
         }
+        if event.value is not None:
+            changes["value"] = _object(event.value)
         return msgspec.structs.replace(view, version=event.version, updated_at=event.at, **changes)
     if isinstance(event, NoteSuperseded):
         return msgspec.structs.replace(
@@ -97,6 +125,8 @@ def tombstone(view: NoteView, event: NoteForgotten) -> NoteView:
         trigger=None,
         action=None,
         superseded_by=None,
+        key=None,
+        value=None,
     )
 
 
@@ -129,7 +159,20 @@ def version_entry(view: NoteView, event: AnyEvent) -> VersionView:
         command_id=event.command_id,
         origin=event.origin,
         superseded_by=view.superseded_by,
+        value=view.value,
     )
+
+
+def keyed_field(category: str, key: str) -> str:
+    """A keyed note's field in its user's key lookup (GetNoteByKey)."""
+    return f"{category}\x00{key}"
+
+
+def said_score(position: str) -> float:
+    """A turn's place in its conversation: its log position (milliseconds, then sequence) as
+    one float that keeps its precision (sequence numbers past 4095 in one millisecond aside)."""
+    ms, seq = position.split("-")
+    return int(ms) * 4096 + min(int(seq), 4095)
 
 
 def order_member(view: NoteView) -> bytes:

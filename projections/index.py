@@ -30,6 +30,7 @@ from redis.asyncio.client import Pipeline
 from contracts.channels import IndexKeys
 from contracts.events import (
     MessageRecorded,
+    MessageRetracted,
     NoteForgotten,
     NoteSaved,
     NoteSuperseded,
@@ -82,6 +83,9 @@ class NoteMeta(msgspec.Struct, kw_only=True, omit_defaults=True):
             "version": self.version,
             "status": self.status,
             "category": self.category,
+            # The category and each path above it, so a search can take a category with all
+            # those under it ("memories" finds "memories/alice").
+            "category_path": category_path(self.category),
             "kind": self.kind,
             "record": self.record,
             "created_at": self.created_at,
@@ -99,6 +103,11 @@ class NoteMeta(msgspec.Struct, kw_only=True, omit_defaults=True):
         for key in ("user_id", "note_id", "chunk"):
             del fields[key]
         return fields
+
+
+def category_path(category: str) -> list[str]:
+    segments = category.split("/")
+    return ["/".join(segments[: i + 1]) for i in range(len(segments))]
 
 
 _meta_decoder = msgspec.json.Decoder(NoteMeta)
@@ -243,7 +252,9 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
             elif isinstance(event, NoteSuperseded):
                 meta.version = event.version
                 meta.status = "superseded"
-            elif isinstance(event, NoteForgotten):
+            elif isinstance(event, NoteForgotten | MessageRetracted):
+                # A retracted turn leaves searches as a forgotten note does (its text stays in
+                # the log, sealed, until its session or user is forgotten).
                 meta.version = event.version
                 meta.status = "forgotten"
                 meta.subject_key = None

@@ -18,7 +18,17 @@ SPARSE = "bm25"
 # Payload fields with an index: the tenant first, then every filter a search can use. A subject
 # is personal data that a deleted point's payload would keep on disk: it is filtered on as
 # ``subject_key``, its keyed hash (``services.adapters.crypto.SubjectMatcher``).
-KEYWORD_FIELDS = ("user_id", "note_id", "status", "category", "kind", "subject_key", "record", "session_id")
+KEYWORD_FIELDS = (
+    "user_id",
+    "note_id",
+    "status",
+    "category",
+    "category_path",
+    "kind",
+    "subject_key",
+    "record",
+    "session_id",
+)
 INTEGER_FIELDS = ("chunk", "version")
 # When a point's note or turn happened (seconds since the epoch): sent_at, occurred_at or saved.
 FLOAT_FIELDS = ("time",)

@@ -7,9 +7,12 @@ command -v "$PY" >/dev/null 2>&1 || PY=python3
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-stamp=.venv/.engram-installed
+# ENGRAM_EXTRAS: the optional parts to install besides the dev tools (scripts/test.sh adds the
+# framework adapters so their tests run).
+extras="${ENGRAM_EXTRAS:-dev}"
+stamp=".venv/.engram-installed-${extras//,/-}"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[dev]"
+  .venv/bin/python -m pip install --quiet -e ".[$extras]"
   touch "$stamp"
 fi

@@ -2,7 +2,7 @@
 # Set-up, then the whole test suite (unit, integration, e2e, faults) against real Redis.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh || exit 1
+ENGRAM_EXTRAS=dev,langgraph,openai-agents,autogen,integrations-test bash scripts/setup.sh || exit 1
 export HF_HUB_OFFLINE=1
 .venv/bin/python -m pytest "$@"
 rc=$?

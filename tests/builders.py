@@ -75,8 +75,9 @@ bodies = st.one_of(
 
 
 async def mixed_workload(client: EngramClient, users: int = 6, steps: int = 120, seed: int = 7) -> str:
-    """Saves, updates (some with category or subject changes), supersedes and batches across users.
-    Returns the last token."""
+    """Saves, updates (some with category or subject changes), supersedes and batches across users;
+    every 7th step also a put by key (some keys put again), every 11th a conversation turn (every
+    other one retracted). Returns the last token."""
     rng = random.Random(seed)
     notes: dict[str, list[str]] = {f"user-{u}": [] for u in range(users)}
     token = ""
@@ -107,6 +108,15 @@ async def mixed_workload(client: EngramClient, users: int = 6, steps: int = 120,
                 mine.extend(n.note_id for n in batch.notes)
                 reply = batch  # type: ignore[assignment]
             token = reply.token
+            if step % 7 == 0:
+                token = (
+                    await client.put(user, "kv/items", f"k{step % 3}", {"step": step, "text": f"item {step}"})
+                ).token
+            if step % 11 == 0:
+                turn = await client.record_message(user, f"s{step % 2}", f"turn {step}", item={"step": step})
+                token = turn.token
+                if step % 22 == 0:
+                    token = (await client.retract_message(user, turn.note_id)).token
         except EngramError:
             pass  # superseding a note that another step superseded: refusals are part of the mix
     return token

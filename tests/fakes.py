@@ -15,6 +15,7 @@ from contracts import channels
 from contracts.events import (
     AnyEvent,
     MessageRecorded,
+    MessageRetracted,
     NoteForgotten,
     NoteSaved,
     NoteSuperseded,
@@ -175,6 +176,9 @@ class InMemoryHistory(CheckpointReader):
         if isinstance(event, MessageRecorded):
             self._messages[key] = message_view(event)
             return
+        if isinstance(event, MessageRetracted):
+            self._messages.pop(key, None)
+            return
         if isinstance(event, NoteForgotten):
             self._messages.pop(key, None)
         current = self._views.get(key)
@@ -224,7 +228,18 @@ class InMemoryHistory(CheckpointReader):
         versions = self._versions.get((user_id, note_id), {})
         return view, [versions[v] for v in sorted(versions)]
 
-    async def list_notes(self, user_id: str, category: str | None, include_superseded: bool) -> list[NoteView]:
+    async def get_by_key(self, user_id: str, category: str, key: str) -> NoteView | None:
+        await self._follow()
+        found = [
+            v
+            for (user, _), v in self._views.items()
+            if user == user_id and v.status is NoteStatus.ACTIVE and v.key == key and v.category == category
+        ]
+        return found[0] if found else None
+
+    async def list_notes(
+        self, user_id: str, category: str | None, include_superseded: bool, category_prefix: str | None = None
+    ) -> list[NoteView]:
         await self._follow()
         listed = [
             v
@@ -232,8 +247,19 @@ class InMemoryHistory(CheckpointReader):
             if user == user_id
             and (v.status is NoteStatus.ACTIVE or (include_superseded and v.status is NoteStatus.SUPERSEDED))
             and (category is None or v.category == category)
+            and (category_prefix is None or f"{v.category}/".startswith(f"{category_prefix}/"))
         ]
         return sorted(listed, key=order_member)
+
+    async def categories(self, user_id: str, prefix: str | None, keyed_only: bool = False) -> list[str]:
+        listed = await self.list_notes(user_id, None, False, prefix)
+        return sorted({v.category for v in listed if v.key is not None or not keyed_only})
+
+    async def messages(self, user_id: str, session_id: str, limit: int | None) -> tuple[list[MessageView], int]:
+        await self._follow()
+        # Recorded order: the log's, which the fake keeps as insertion order of the dict.
+        said = [m for (user, _), m in self._messages.items() if user == user_id and m.session_id == session_id]
+        return (said[-limit:] if limit else said), len(said)
 
     async def list_recent(self, user_id: str, limit: int) -> tuple[list[NoteView], int]:
         await self._follow()

@@ -165,6 +165,8 @@ async def dump(redis: aioredis.Redis, partition: int, generation: int) -> dict[b
             value = await redis.hgetall(key)
         elif kind == "zset":
             value = await redis.zrange(key, 0, -1, withscores=True)
+        elif kind == "set":
+            value = sorted(await redis.smembers(key))
         else:
             raise AssertionError(kind)
         out[key[len(prefix) :]] = value

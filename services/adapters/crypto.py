@@ -34,7 +34,18 @@ log = logging.getLogger("engram.crypto")
 SEALED_PREFIX = "enc1:"
 # The event fields that hold what the user said or whom it is about; everything else is metadata.
 # Events written before a field joined this list keep it in plain text and still load.
-SEALED_FIELDS = ("content", "summary", "narrative", "trigger", "action", "speaker", "subject")
+SEALED_FIELDS = (
+    "content",
+    "summary",
+    "narrative",
+    "trigger",
+    "action",
+    "speaker",
+    "subject",
+    "key",
+    "value",
+    "item",
+)
 _NONCE = 12
 # HKDF info of the subject matching key: a new version of the label is a new key, so changing
 # how subjects are hashed means an index rebuild.

@@ -16,6 +16,7 @@ import msgspec
 from contracts import channels
 from contracts.commands import (
     AnyCommand,
+    PutNote,
     RecordMessages,
     RequestForget,
     RequestForgetSession,
@@ -31,7 +32,9 @@ from services.application.advice import SaveAdvisor
 from services.application.decoding import decode_request
 from services.application.ports import ContentTaken, EventStore, HeldDraft, Outcome, OutcomeDetail
 from services.application.unit_of_work import Decision, Work
-from services.domain.decider import IdCollision, decide, first_of_each_content, note_ids_for
+from services.domain.decider import IdCollision, decide, decide_put, first_of_each_content, note_ids_for
+from services.domain.ids import new_note_id
+from services.domain.values import key_claim
 
 if TYPE_CHECKING:
     from services.application.forget import ForgetService
@@ -88,7 +91,9 @@ class CommandService:
         return _encoder.encode(reply)
 
     async def execute(self, command: AnyCommand) -> NoteWritten | NotesWritten:
-        return await unit_of_work.run(self._store, command, _Write(self, command))
+        work: Work[NoteWritten | NotesWritten]
+        work = _Put(self, command) if isinstance(command, PutNote) else _Write(self, command)
+        return await unit_of_work.run(self._store, command, work)
 
 
 class _Write(Work[NoteWritten | NotesWritten]):
@@ -152,6 +157,51 @@ class _Write(Work[NoteWritten | NotesWritten]):
         reply = _reply(command, self._partition, Outcome(position=position, notes=[], detail=held), replayed=False)
         assert isinstance(reply, NotesWritten)
         return reply
+
+
+class _Put(Work[NoteWritten | NotesWritten]):
+    """A put by key: the note holding the key is found by its claim in the event store (the
+    authority, not a read model), then updated; with none, a new note claims the key. Two puts
+    racing on a new key: one claim wins, the other decides again and updates the winner."""
+
+    def __init__(self, service: CommandService, command: PutNote) -> None:
+        self._store = service._store
+        self._clock = service._clock
+        self._command = command
+        self._partition = self._store.partition_of(command.user_id)
+        self._salt = 0
+
+    async def decide(self) -> Decision | NoteWritten:
+        command, store = self._command, self._store
+        holder = await store.content_holder(command.user_id, key_claim(command.category, command.key))
+        while True:
+            note_id = holder or new_note_id(command.user_id, command.command_id, 0, self._salt)
+            loaded = (await store.load(command.user_id, [note_id]))[note_id]
+            if holder is None and loaded.state.exists:
+                self._salt += 1  # a derived id is taken: derive the next one
+                continue
+            break
+        appends = decide_put(command, note_id, loaded.state, self._clock())
+        if appends[0].events:
+            return Decision(appends=appends)
+        token = channels.format_token(self._partition, loaded.position or "0-0")
+        return NoteWritten(note_id=note_id, version=loaded.state.version, token=token)
+
+    async def accepted(self, outcome: Outcome, decision: Decision) -> NoteWritten:
+        return _one(outcome, self._partition, replayed=False)
+
+    async def replay(self, first: Outcome) -> NoteWritten:
+        return _one(first, self._partition, replayed=True)
+
+    async def taken(self, refusal: ContentTaken) -> None:
+        return None  # another put claimed the key first: decide again, as an update of it
+
+
+def _one(outcome: Outcome, partition: int, replayed: bool) -> NoteWritten:
+    note_id, version = outcome.notes[0]
+    return NoteWritten(
+        note_id=note_id, version=version, token=channels.format_token(partition, outcome.position), replayed=replayed
+    )
 
 
 def _reply(command: AnyCommand, partition: int, outcome: Outcome, replayed: bool) -> NoteWritten | NotesWritten:

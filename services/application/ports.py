@@ -164,7 +164,19 @@ class NoteHistory(Protocol):
 
     async def history(self, user_id: str, note_id: str) -> tuple[NoteView, list[VersionView]] | None: ...
 
-    async def list_notes(self, user_id: str, category: str | None, include_superseded: bool) -> list[NoteView]: ...
+    async def get_by_key(self, user_id: str, category: str, key: str) -> NoteView | None:
+        """The active note put under ``key`` in ``category``."""
+
+    async def list_notes(
+        self, user_id: str, category: str | None, include_superseded: bool, category_prefix: str | None = None
+    ) -> list[NoteView]: ...
+
+    async def categories(self, user_id: str, prefix: str | None, keyed_only: bool = False) -> list[str]:
+        """The categories of the user's active notes, sorted (``prefix``: it and those under it;
+        ``keyed_only``: of notes put by key)."""
+
+    async def messages(self, user_id: str, session_id: str, limit: int | None) -> tuple[list[MessageView], int]:
+        """A conversation's listed turns, oldest first (its latest ``limit``), and how many it has."""
 
     async def list_recent(self, user_id: str, limit: int) -> tuple[list[NoteView], int]:
         """The most recently used notes and how many notes the user has."""

@@ -12,12 +12,17 @@ from contracts.model import NoteStatus
 from contracts.queries import (
     AnyQuery,
     BuildContext,
+    CategoriesReply,
     ContextReply,
     GetHistory,
     GetNote,
+    GetNoteByKey,
     HistoryReply,
+    ListCategories,
+    ListMessages,
     ListNotes,
     ListRecent,
+    MessagesReply,
     NoteReply,
     NotesReply,
     QueryReply,
@@ -28,6 +33,7 @@ from services.application.context import ContextService
 from services.application.decoding import decode_request
 from services.application.ports import AccessStats, NoteHistory
 from services.application.search import SearchService
+from services.domain.values import check_where, matches
 
 _query_decoder = msgspec.json.Decoder(AnyQuery)
 _encoder = msgspec.json.Encoder()
@@ -63,7 +69,11 @@ class QueryService:
             reply = e.reply()
         return _encoder.encode(reply)
 
-    async def ask(self, query: AnyQuery) -> NoteReply | HistoryReply | NotesReply | SearchReply | ContextReply:
+    async def ask(
+        self, query: AnyQuery
+    ) -> NoteReply | HistoryReply | NotesReply | CategoriesReply | MessagesReply | SearchReply | ContextReply:
+        if isinstance(query, ListNotes | SearchNotes) and query.where:
+            check_where(query.where)
         if isinstance(query, SearchNotes):
             if self._search is None:
                 raise EngramError(ErrorCode.UNAVAILABLE, "search is off in this deployment (ENGRAM_INDEX=off)")
@@ -74,10 +84,17 @@ class QueryService:
                 f"the read model has not reached token {query.after} within {self._wait:g} s; retry later",
             )
         history = self._history
-        if isinstance(query, GetNote):
-            view = await history.get_note(query.user_id, query.note_id)
-            if view is None:
-                raise _not_found(query.note_id)
+        if isinstance(query, GetNote | GetNoteByKey):
+            if isinstance(query, GetNote):
+                view = await history.get_note(query.user_id, query.note_id)
+                if view is None:
+                    raise _not_found(query.note_id)
+            else:
+                view = await history.get_by_key(query.user_id, query.category, query.key)
+                if view is None:
+                    raise EngramError(
+                        ErrorCode.MEMORY_NOT_FOUND, f"No memory holds key {query.key!r} in category {query.category}"
+                    )
             if self._access is not None and view.status is not NoteStatus.FORGOTTEN:
                 (view,) = await self._access.annotate(query.user_id, [view])
                 await self._access.touch(query.user_id, [view.id], datetime.now(UTC))
@@ -89,8 +106,20 @@ class QueryService:
             view, versions = found
             return HistoryReply(note_id=view.id, status=view.status.value, versions=versions)
         if isinstance(query, ListNotes):
-            notes = await history.list_notes(query.user_id, query.category, query.include_superseded)
-            return NotesReply(notes=notes, total=len(notes))
+            notes = await history.list_notes(
+                query.user_id, query.category, query.include_superseded, query.category_prefix
+            )
+            if query.keyed_only:
+                notes = [n for n in notes if n.key is not None]
+            if query.where:
+                notes = [n for n in notes if matches(n.value, query.where)]
+            end = query.offset + query.limit if query.limit is not None else None
+            return NotesReply(notes=notes[query.offset : end], total=len(notes))
+        if isinstance(query, ListCategories):
+            return CategoriesReply(categories=await history.categories(query.user_id, query.prefix, query.keyed_only))
+        if isinstance(query, ListMessages):
+            messages, total = await history.messages(query.user_id, query.session_id, query.limit)
+            return MessagesReply(messages=messages, total=total)
         if isinstance(query, ListRecent):
             notes, total = await history.list_recent(query.user_id, query.limit)
             return NotesReply(notes=notes, total=total)

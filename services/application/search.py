@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 import msgspec
 
 from contracts.errors import EngramError, ErrorCode
+from contracts.limits import SEARCH_DEPTH_MAX
 from contracts.model import MessageView, NoteStatus, NoteView
 from contracts.queries import SearchHit, SearchNotes, SearchReply
 from projections.index import sparse_query
@@ -27,6 +28,7 @@ from projections.vector_index import (
 )
 from services.application.ports import AccessStats, NoteHistory
 from services.application.ranking import DEFAULT_POLICY, RankingPolicy, boost_named, fuse
+from services.domain.values import matches
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ def _scopes(query: SearchNotes, subject_key: Callable[[str, str], str]) -> list[
     }
     if query.category is not None:
         match["category"] = query.category
+    if query.category_prefix is not None:
+        match["category_path"] = query.category_prefix
     if query.kind is not None:
         match["kind"] = query.kind.value
     if query.subject is not None:
@@ -105,6 +109,12 @@ class SearchService:
         self._touching: set[asyncio.Task[None]] = set()
 
     async def search(self, query: SearchNotes) -> SearchReply:
+        depth = query.offset + query.top_k
+        if depth > SEARCH_DEPTH_MAX:
+            raise EngramError(
+                ErrorCode.INVALID_PARAMETER,
+                f"offset + top_k is {depth}; a search pages at most {SEARCH_DEPTH_MAX} results deep",
+            )
         if query.after is not None:
             caught_up = await self._index_reader.wait_for(query.after, self._wait) and await self._history.wait_for(
                 query.after, self._wait
@@ -117,8 +127,9 @@ class SearchService:
         index, dense = await self._index_and_embedding(query.query)
         sparse = sparse_query(query.query)
         window = TimeWindow(_ts(query.since), _ts(query.until))
-        # Several points of one note or turn may rank together; fetch enough to fill top_k.
-        limit = max(CANDIDATES, query.top_k * 10)
+        # Several points of one note or turn may rank together; fetch enough to fill the page (a
+        # filter on values leaves some out after the index has ranked them).
+        limit = max(CANDIDATES, depth * (20 if query.where or query.keyed_only else 10))
         scopes = _scopes(query, self._runtime.subjects.match_key)
         asked = [
             NearestQuery(
@@ -138,7 +149,7 @@ class SearchService:
         sparse_hits = [h for hits in keyword for h in hits]
         sources = {h.payload["note_id"]: h.payload.get("record", MEMORY) for h in dense_hits + sparse_hits}
         candidates = [(sources[n], (n, score, cos)) for n, score, cos in fuse(dense_hits, sparse_hits, self._policy)]
-        wanted = query.top_k if query.ranking == "relevance" else query.top_k * 4
+        wanted = depth if query.ranking == "relevance" else depth * 4
         results = await self._hydrate(query, candidates, wanted)
         if self._access is not None:
             results = await self._annotate(query.user_id, results)
@@ -148,7 +159,8 @@ class SearchService:
                 msgspec.structs.replace(h, score=round(self._blend.score(h.score, h.note, now), 6)) if h.note else h
                 for h in results
             ]
-            results = sorted(blended, key=lambda h: (-h.score, h.note_id))[: query.top_k]
+            results = sorted(blended, key=lambda h: (-h.score, h.note_id))[:depth]
+        results = results[query.offset : depth]
         if self._access is not None and results:
             # Counted after the reply is built, off its path: a read is not worth a round trip.
             task = asyncio.create_task(
@@ -244,6 +256,8 @@ def _hit(
         return None
     # A forgotten note's tombstone is never a hit, even before the index has dropped its points.
     if view.status is NoteStatus.FORGOTTEN or (view.status is not NoteStatus.ACTIVE and not query.include_superseded):
+        return None
+    if (query.keyed_only and view.key is None) or (query.where and not matches(view.value, query.where)):
         return None
     return SearchHit(
         note_id=record_id, content=view.content, score=score, similarity=similarity, found_in="memory", note=view

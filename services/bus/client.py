@@ -19,11 +19,13 @@ from contracts.commands import (
     AnyCommand,
     MessageDraft,
     NoteDraft,
+    PutNote,
     RecordMessage,
     RecordMessages,
     RequestForget,
     RequestForgetSession,
     RequestForgetUser,
+    RetractMessage,
     SaveNote,
     SaveNotes,
     SupersedeNote,
@@ -35,13 +37,18 @@ from contracts.queries import (
     AnyQuery,
     AnyReply,
     BuildContext,
+    CategoriesReply,
     ContextReply,
     ForgetReply,
     GetHistory,
     GetNote,
+    GetNoteByKey,
     HistoryReply,
+    ListCategories,
+    ListMessages,
     ListNotes,
     ListRecent,
+    MessagesReply,
     NoteReply,
     NotesReply,
     NotesWritten,
@@ -87,10 +94,16 @@ class EngramClient:
             await self.close()
             raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {self.url}: {e}") from None
         if stored is None:
+            await self._bus.stop()  # a later connect starts it afresh
             raise EngramError(
                 ErrorCode.UNAVAILABLE, f"no Engram service has ever run on {self.url}; start `engram serve`"
             )
         self.partitions = int(stored)
+
+    @property
+    def connected(self) -> bool:
+        """Whether ``connect`` has succeeded (and ``close`` not been called since)."""
+        return self._bus.running
 
     async def close(self) -> None:
         await self._bus.stop()
@@ -139,6 +152,33 @@ class EngramClient:
     ) -> NotesWritten:
         command = SaveNotes(command_id=command_id or new_command_id(), user_id=user_id, notes=notes, origin=origin)
         return await self.execute(command, NotesWritten)
+
+    async def put(
+        self,
+        user_id: str,
+        category: str,
+        key: str,
+        value: dict[str, Any],
+        *,
+        index: list[str] | None = None,
+        expected_version: int | None = None,
+        command_id: str | None = None,
+        origin: Origin | None = None,
+    ) -> NoteWritten:
+        """Put ``value`` under ``key`` in ``category``: a new note the first time, an update of
+        it after (the same value again changes nothing). ``index``: the fields whose text is
+        searched (dotted paths), the whole value by default."""
+        command = PutNote(
+            command_id=command_id or new_command_id(),
+            user_id=user_id,
+            category=category,
+            key=key,
+            value=value,
+            index=index,
+            expected_version=expected_version,
+            origin=origin,
+        )
+        return await self.execute(command, NoteWritten)
 
     async def update(
         self,
@@ -197,10 +237,12 @@ class EngramClient:
         role: str = "user",
         speaker: str | None = None,
         sent_at: datetime | None = None,
+        item: dict[str, Any] | None = None,
         command_id: str | None = None,
         origin: Origin | None = None,
     ) -> NoteWritten:
         command = RecordMessage(
+            item=item,
             command_id=command_id or new_command_id(),
             user_id=user_id,
             session_id=session_id,
@@ -231,6 +273,11 @@ class EngramClient:
             origin=origin,
         )
         return await self.execute(command, NotesWritten)
+
+    async def retract_message(self, user_id: str, message_id: str, *, command_id: str | None = None) -> NoteWritten:
+        """Take back a recorded turn: it leaves its conversation's listing and searches."""
+        command = RetractMessage(command_id=command_id or new_command_id(), user_id=user_id, message_id=message_id)
+        return await self.execute(command, NoteWritten)
 
     # Queries --------------------------------------------------------------------------------
 
@@ -296,13 +343,59 @@ class EngramClient:
         reply = await self.ask(GetNote(user_id=user_id, note_id=note_id, after=after), NoteReply)
         return reply.note
 
+    async def get_by_key(self, user_id: str, category: str, key: str, *, after: str | None = None) -> NoteView | None:
+        """The active note put under ``key`` in ``category``, or None."""
+        try:
+            reply = await self.ask(GetNoteByKey(user_id=user_id, category=category, key=key, after=after), NoteReply)
+        except EngramError as e:
+            if e.code is ErrorCode.MEMORY_NOT_FOUND:
+                return None
+            raise
+        return reply.note
+
+    async def list_categories(
+        self, user_id: str, *, prefix: str | None = None, keyed_only: bool = False, after: str | None = None
+    ) -> CategoriesReply:
+        """The categories holding the user's active notes (``prefix``: it and those under it;
+        ``keyed_only``: holding notes put by key)."""
+        query = ListCategories(user_id=user_id, prefix=prefix, keyed_only=keyed_only, after=after)
+        return await self.ask(query, CategoriesReply)
+
+    async def list_messages(
+        self, user_id: str, session_id: str, *, limit: int | None = None, after: str | None = None
+    ) -> MessagesReply:
+        """A conversation's turns, oldest first (with ``limit``, its latest ``limit``)."""
+        return await self.ask(
+            ListMessages(user_id=user_id, session_id=session_id, limit=limit, after=after), MessagesReply
+        )
+
     async def history(self, user_id: str, note_id: str, *, after: str | None = None) -> HistoryReply:
         return await self.ask(GetHistory(user_id=user_id, note_id=note_id, after=after), HistoryReply)
 
     async def list_notes(
-        self, user_id: str, *, category: str | None = None, include_superseded: bool = False, after: str | None = None
+        self,
+        user_id: str,
+        *,
+        category: str | None = None,
+        category_prefix: str | None = None,
+        include_superseded: bool = False,
+        where: dict[str, Any] | None = None,
+        keyed_only: bool = False,
+        offset: int = 0,
+        limit: int | None = None,
+        after: str | None = None,
     ) -> NotesReply:
-        query = ListNotes(user_id=user_id, category=category, include_superseded=include_superseded, after=after)
+        query = ListNotes(
+            user_id=user_id,
+            category=category,
+            category_prefix=category_prefix,
+            include_superseded=include_superseded,
+            where=where,
+            keyed_only=keyed_only,
+            offset=offset,
+            limit=limit,
+            after=after,
+        )
         return await self.ask(query, NotesReply)
 
     async def list_recent(self, user_id: str, *, limit: int = 10, after: str | None = None) -> NotesReply:
@@ -314,7 +407,11 @@ class EngramClient:
         query: str,
         *,
         top_k: int = 5,
+        offset: int = 0,
         category: str | None = None,
+        category_prefix: str | None = None,
+        where: dict[str, Any] | None = None,
+        keyed_only: bool = False,
         kind: NoteKind | None = None,
         subject: str | None = None,
         include_superseded: bool = False,
@@ -334,7 +431,11 @@ class EngramClient:
             user_id=user_id,
             query=query,
             top_k=top_k,
+            offset=offset,
             category=category,
+            category_prefix=category_prefix,
+            where=where,
+            keyed_only=keyed_only,
             kind=kind,
             subject=subject,
             include_superseded=include_superseded,
@@ -366,7 +467,7 @@ class EngramClient:
             raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {self.url}: {e}") from None
 
 
-class EngramSession:
+class ReadYourWrites:
     """Read-your-writes for one user: remembers the token of the last write and passes it to
     every query, so a read never misses this session's own writes."""
 

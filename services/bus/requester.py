@@ -47,11 +47,16 @@ class BusRequester:
         self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         await self._pubsub.subscribe(self.reply_channel)
 
+    @property
+    def running(self) -> bool:
+        return self._reader is not None
+
     async def stop(self) -> None:
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader
+            self._reader = None
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
                 await self._pubsub.aclose()

@@ -19,11 +19,13 @@ from contracts.commands import (
     ExpireForget,
     MessageDraft,
     NoteDraft,
+    PutNote,
     RecordMessage,
     RecordMessages,
     RequestForget,
     RequestForgetSession,
     RequestForgetUser,
+    RetractMessage,
     SaveNote,
     SaveNotes,
     SupersedeNote,
@@ -36,6 +38,7 @@ from contracts.events import (
     ForgetExpired,
     ForgetRequested,
     MessageRecorded,
+    MessageRetracted,
     NoteForgotten,
     NoteSaved,
     NoteSuperseded,
@@ -44,9 +47,11 @@ from contracts.events import (
     UserForgotten,
     session_stream,
 )
-from contracts.model import NoteKind, NoteStatus
+from contracts.limits import MAX_VALUE_BYTES
+from contracts.model import NoteKind, NoteSource, NoteStatus
 from services.domain.ids import event_id, new_note_id
 from services.domain.note import NoteState
+from services.domain.values import key_claim, text_of, value_json
 
 DEFAULT_FORGET_TTL = timedelta(seconds=300)
 
@@ -69,6 +74,12 @@ def content_digest(content: str) -> str:
     """Case- and whitespace-insensitive identity of a text (requirements §5's duplicate detection)."""
     normal = " ".join(content.casefold().split())
     return hashlib.blake2b(normal.encode(), digest_size=16).hexdigest()
+
+
+def identity_claim(state: NoteState) -> str:
+    """What an active note holds in its user's memory: its key (a note put by key), else its
+    content, which no other active note may hold."""
+    return key_claim(state.category, state.key) if state.key is not None else content_digest(state.content)
 
 
 def first_of_each_content(drafts: Sequence[NoteDraft]) -> list[int]:
@@ -157,6 +168,9 @@ RULES: dict[type[AnyCommand], Rule] = {
     ),
     RecordMessage: Rule(ids=_new_ids(lambda c: 1), decide=_decide_record),
     RecordMessages: Rule(ids=_new_ids(lambda c: len(c.messages)), decide=_decide_record_many),
+    RetractMessage: Rule(
+        ids=lambda c, _: [c.message_id], decide=lambda c, s, ids, w: _retract(c, s[c.message_id], w.now)
+    ),
     RequestForget: Rule(
         ids=lambda c, _: list(dict.fromkeys(c.note_ids)),
         decide=lambda c, s, ids, w: _request_forget(c, ids, s, w.now, w.forget_ttl, w.pending_elsewhere),
@@ -249,8 +263,66 @@ def _record(
         content=turn.content,
         speaker=turn.speaker,
         sent_at=turn.sent_at,
+        item=value_json(turn.item) if turn.item is not None else None,
     )
     return StreamAppend(note_id=message_id, expected_version=0, events=[event])
+
+
+def _retract(command: RetractMessage, state: NoteState, now: datetime) -> list[StreamAppend]:
+    if not state.exists or not state.is_message or state.forgotten or state.retracted:
+        raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"Message with ID {command.message_id} not found")
+    _check_version(command.message_id, command.expected_version, state)
+    event = MessageRetracted(
+        **_header(command, command.message_id, state.version + 1, now), session_id=state.session_id or ""
+    )
+    return [StreamAppend(note_id=command.message_id, expected_version=state.version, events=[event])]
+
+
+def decide_put(command: PutNote, note_id: str, state: NoteState, now: datetime) -> list[StreamAppend]:
+    """A put by key: ``note_id`` is the active note holding the key (``state``), or the id for a
+    new one (``state`` absent). A new note claims the key; the same value again appends nothing."""
+    value = value_json(command.value)
+    if len(value.encode()) > MAX_VALUE_BYTES:
+        raise EngramError(
+            ErrorCode.INVALID_PARAMETER, f"value is {len(value.encode())} bytes as JSON; the limit is {MAX_VALUE_BYTES}"
+        )
+    text = text_of(command.value, command.index)
+    _check_text("key", command.key)
+    _check_text("content", text)
+    if not state.exists:
+        if command.expected_version not in (None, 0):
+            raise EngramError(
+                ErrorCode.VERSION_CONFLICT,
+                f"no memory holds key {command.key!r} in {command.category}, not version {command.expected_version}",
+            )
+        event = NoteSaved(
+            **_header(command, note_id, 1, now),
+            kind=NoteKind.FACT,
+            content=text,
+            category=command.category,
+            subject=None,
+            confidence=1.0,
+            source=NoteSource.EXPLICIT,
+            importance=0.5,
+            key=command.key,
+            value=value,
+        )
+        return [StreamAppend(note_id=note_id, expected_version=0, events=[event], claims=[identity_claim_of(event)])]
+    if state.key != command.key or state.category != command.category or state.status is not NoteStatus.ACTIVE:
+        raise AssertionError(f"{note_id} does not hold key {command.key!r} in {command.category}")
+    _check_version(note_id, command.expected_version, state)
+    if text == state.content and value == state.value:
+        return [StreamAppend(note_id=note_id, expected_version=state.version, events=[])]
+    event_ = NoteUpdated(
+        **_header(command, note_id, state.version + 1, now),
+        content=text if text != state.content else None,
+        value=value if value != state.value else None,
+    )
+    return [StreamAppend(note_id=note_id, expected_version=state.version, events=[event_])]
+
+
+def identity_claim_of(event: NoteSaved) -> str:
+    return key_claim(event.category, event.key) if event.key is not None else content_digest(event.content)
 
 
 def _update(command: UpdateNote, state: NoteState, now: datetime) -> list[StreamAppend]:
@@ -258,6 +330,12 @@ def _update(command: UpdateNote, state: NoteState, now: datetime) -> list[Stream
     _check_version(command.note_id, command.expected_version, state)
     _check_text("content", command.content)
     _check_text("subject", command.subject)
+    if state.key is not None and command.category is not None and command.category != state.category:
+        raise EngramError(
+            ErrorCode.INVALID_PARAMETER,
+            f"Memory {command.note_id} is kept under key {state.key!r} in {state.category}; its category is part of "
+            "that key and cannot change (put the value under the other category instead)",
+        )
     changes = {
         field: value
         for field in ("content", "category", "subject", "confidence", "importance")
@@ -277,7 +355,7 @@ def _update(command: UpdateNote, state: NoteState, now: datetime) -> list[Stream
     version = state.version + 1
     event = NoteUpdated(**_header(command, command.note_id, version, now), **changes)
     content_moves: dict[str, Any] = {}
-    if "content" in changes:
+    if "content" in changes and state.key is None:  # a keyed note is held by its key, not its text
         content_moves = {"claims": [content_digest(changes["content"])], "releases": [content_digest(state.content)]}
     return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[event], **content_moves)]
 
@@ -295,7 +373,7 @@ def _supersede(command: SupersedeNote, old: NoteState, new: NoteState, now: date
             note_id=command.note_id,
             expected_version=old.version,
             events=[event],
-            releases=[content_digest(old.content)],
+            releases=[identity_claim(old)],
         ),
         # The replacement must still be active when the supersede commits.
         StreamAppend(note_id=command.superseded_by, expected_version=new.version, events=[]),
@@ -336,7 +414,7 @@ def _request_forget(
                     note_id=note_id,
                     expected_version=state.version,
                     events=events,
-                    releases=[content_digest(state.content)],
+                    releases=[identity_claim(state)],
                     shred=True,
                 )
             )
@@ -420,7 +498,7 @@ def _erase(
     for note_id in erased:
         state = targets[note_id]
         event = NoteForgotten(request_count=0, **_header(command, note_id, state.version + 1, now))
-        releases = [] if state.is_message else [content_digest(state.content)]
+        releases = [] if state.is_message else [identity_claim(state)]
         appends.append(
             StreamAppend(note_id=note_id, expected_version=state.version, events=[event], releases=releases, shred=True)
         )

@@ -12,6 +12,7 @@ from contracts.events import (
     ForgetExpired,
     ForgetRequested,
     MessageRecorded,
+    MessageRetracted,
     NoteForgotten,
     NoteSaved,
     NoteSuperseded,
@@ -33,11 +34,15 @@ class NoteState(msgspec.Struct, frozen=True, kw_only=True):
     confidence: float = 1.0
     importance: float = 0.5
     superseded_by: str | None = None
+    # A note put by key: the key, and its value as JSON text.
+    key: str | None = None
+    value: str | None = None
     # A conversation message lives in the same kind of stream but is not a note; its session
     # and speaker (the index puts a turn in the context of the turns before it).
     is_message: bool = False
     session_id: str | None = None
     speaker: str | None = None
+    retracted: bool = False
     # A deletion awaiting confirmation (requirements §1): until when, and how many requests so far.
     forget_expires_at: datetime | None = None
     forget_requests: int = 0
@@ -64,6 +69,8 @@ def evolve(state: NoteState, event: AnyEvent) -> NoteState:
             subject=event.subject,
             confidence=event.confidence,
             importance=event.importance,
+            key=event.key,
+            value=event.value,
         )
     if isinstance(event, NoteUpdated):
         return msgspec.structs.replace(
@@ -74,6 +81,7 @@ def evolve(state: NoteState, event: AnyEvent) -> NoteState:
             subject=_keep(event.subject, state.subject),
             confidence=_keep(event.confidence, state.confidence),
             importance=_keep(event.importance, state.importance),
+            value=_keep(event.value, state.value),
         )
     if isinstance(event, NoteSuperseded):
         return msgspec.structs.replace(
@@ -87,6 +95,8 @@ def evolve(state: NoteState, event: AnyEvent) -> NoteState:
             session_id=event.session_id,
             speaker=event.speaker,
         )
+    if isinstance(event, MessageRetracted):
+        return msgspec.structs.replace(state, version=event.version, retracted=True)
     if isinstance(event, ForgetRequested):
         return msgspec.structs.replace(
             state, version=event.version, forget_expires_at=event.expires_at, forget_requests=event.request_count

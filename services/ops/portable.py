@@ -18,7 +18,7 @@ from contracts import channels
 from contracts.base import SCHEMA_VERSION
 from services.adapters.event_store import RedisEventStore, decode_event
 from services.adapters.redis_conn import transaction_client
-from services.domain.decider import content_digest, forgettable
+from services.domain.decider import forgettable, identity_claim
 
 FORMAT = 1
 
@@ -91,12 +91,13 @@ async def import_log(redis: Redis, store: RedisEventStore, source: IO[str]) -> d
             await pipe.execute()
         notes.add((event.user_id, event.note_id))
         events += 1
-    # The duplicate-content claims of active notes (derived state the append keeps in Redis).
+    # The claims of active notes, on their content or their key (derived state the append keeps
+    # in Redis).
     claims = 0
     for user_id, note_id in sorted(notes):
         state = (await store.load(user_id, [note_id]))[note_id].state
         if forgettable(state) and state.status is not None and state.status.value == "active":
             p = store.partition_of(user_id)
-            await redis.set(channels.content_key(p, user_id, content_digest(state.content)), note_id)
+            await redis.set(channels.content_key(p, user_id, identity_claim(state)), note_id)
             claims += 1
     return {"events": events, "data_keys": keys, "content_claims": claims}

@@ -11,6 +11,8 @@ import pytest
 import redis
 
 from tests.cluster import LocalCluster
+from tests.conftest import TEST_REDIS_URL
+from tests.support import ServeProcess, cli, engram_env, wait_until
 
 CLUSTER_PARTITIONS = "6"
 
@@ -32,3 +34,19 @@ def bus(request: pytest.FixtureRequest) -> dict[str, str]:
         with redis.Redis(port=node.port) as client:
             client.flushall()
     return {"ENGRAM_REDIS_URL": cluster.url, "ENGRAM_REDIS_CLUSTER": "on", "ENGRAM_PARTITIONS": CLUSTER_PARTITIONS}
+
+
+@pytest.fixture(scope="module")
+def engram_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One `engram serve` on the test Redis for a whole module (the framework adapters' tests:
+    each test works on users of its own). Its URL."""
+    flush = redis.Redis.from_url(TEST_REDIS_URL)
+    flush.flushdb()
+    env = engram_env(ENGRAM_REDIS_URL=TEST_REDIS_URL, ENGRAM_DATA_DIR=str(Path(tmp_path_factory.mktemp("engram"))))
+    serve = ServeProcess(env).start()
+    # The model loads in the background; the tests search, so they start warm.
+    wait_until(lambda: cli(env, "search", "--user", "warm-up", "anything")[0] == 0, timeout=90, interval=0.5)
+    yield TEST_REDIS_URL
+    assert serve.stop() == 0
+    flush.flushdb()
+    flush.close()

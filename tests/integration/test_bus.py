@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 from contracts import channels
 from contracts.errors import EngramError, ErrorCode
 from contracts.model import NoteStatus
-from services.bus.client import EngramClient, EngramSession
+from services.bus.client import EngramClient, ReadYourWrites
 from tests.conftest import RunningService, service_settings
 
 
@@ -183,7 +183,7 @@ async def test_a_refusal_on_the_bus_names_the_field_and_the_rule_in_plain_words(
 
 async def test_read_your_writes_under_concurrent_load(client: EngramClient) -> None:
     async def writer(user: str) -> None:
-        session = EngramSession(client, user)
+        session = ReadYourWrites(client, user)
         for i in range(15):
             saved = await session.save(f"{user} fact number {i}")
             assert (await session.get_note(saved.note_id)).content == f"{user} fact number {i}"

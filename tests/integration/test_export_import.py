@@ -24,7 +24,9 @@ async def test_an_export_replays_into_an_empty_store(service: RunningService, tm
         newer = await client.save("alice", "Priya is my boss now", category="person", advise=False)
         await client.supersede("alice", kept.note_id, newer.note_id)
         gone = await client.save("alice", "My locker code is 4417", advise=False)
-        last = await client.forget("alice", note_ids=[gone.note_id], confirmed=True)
+        await client.forget("alice", note_ids=[gone.note_id], confirmed=True)
+        keyed = await client.put("alice", "prefs", "tea", {"content": "green, no sugar"})
+        last = keyed
         await client.get_note("alice", newer.note_id, after=last.token)
         before = await client.list_notes("alice", include_superseded=True)
         history = await client.history("alice", kept.note_id)
@@ -34,8 +36,9 @@ async def test_an_export_replays_into_an_empty_store(service: RunningService, tm
         counts = await export_log(source, 1, buffer)
     finally:
         await source.aclose()
-    assert counts["events"] == 6 and counts["data_keys"] == 2, "the forgotten note has no key to export"
-    assert "4417" not in buffer.getvalue() and "Alec" not in buffer.getvalue(), "content stays sealed"
+    assert counts["events"] == 7 and counts["data_keys"] == 3, "the forgotten note has no key to export"
+    for plain in ("4417", "Alec", "green, no sugar", "tea"):
+        assert plain not in buffer.getvalue(), f"{plain!r}: content, keys and values stay sealed"
 
     server = RedisServer(tmp_path / "redis").start()
     try:
@@ -44,7 +47,7 @@ async def test_an_export_replays_into_an_empty_store(service: RunningService, tm
             store = RedisEventStore(target, 1, 0, load_master_key(tmp_path))
             buffer.seek(0)
             imported = await import_log(target, store, buffer)
-            assert imported == {"events": 6, "data_keys": 2, "content_claims": 1}
+            assert imported == {"events": 7, "data_keys": 3, "content_claims": 2}
             buffer.seek(0)
             with pytest.raises(ValueError, match="not empty"):
                 await import_log(target, store, buffer)
@@ -59,6 +62,10 @@ async def test_an_export_replays_into_an_empty_store(service: RunningService, tm
                 assert (await client.get_note("alice", gone.note_id)).status == "forgotten"
                 again = await client.save("alice", "priya is my  boss now", advise=False)
                 assert again.duplicate and again.note_id == newer.note_id
+                # The key is still held: a put updates the imported note.
+                assert (await client.get_by_key("alice", "prefs", "tea")).id == keyed.note_id  # type: ignore[union-attr]
+                moved = await client.put("alice", "prefs", "tea", {"content": "black"})
+                assert (moved.note_id, moved.version) == (keyed.note_id, 2)
         finally:
             await running.stop()
     finally:

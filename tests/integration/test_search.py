@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from contracts.errors import EngramError, ErrorCode
-from services.bus.client import EngramClient, EngramSession
+from services.bus.client import EngramClient, ReadYourWrites
 from tests.conftest import TEST_REDIS_URL, RunningService
 
 FACTS = [
@@ -92,7 +92,7 @@ async def test_long_notes_are_chunked_and_answered_as_one_note(client: EngramCli
 
 async def test_a_saved_note_is_found_with_its_token_under_concurrent_load(client: EngramClient) -> None:
     async def writer(user: str) -> None:
-        session = EngramSession(client, user)
+        session = ReadYourWrites(client, user)
         for i in range(6):
             written = await session.save(f"{user} remembers the secret codeword kumquat{i}{user}")
             hits = (await session.search(f"kumquat{i}{user}", top_k=1)).results

@@ -1,0 +1,1 @@
+"""Framework adapters over ``EngramClient``: LangGraph, OpenAI Agents SDK, AutoGen."""

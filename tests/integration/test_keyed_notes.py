@@ -1,0 +1,154 @@
+"""Notes put by key with a structured value (PutNote), hierarchical categories, filters on
+values and paging, through the real bus (real Redis, Qdrant Edge, MiniLM): the Engram features
+the framework adapters (LangGraph's store) stand on."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+
+from contracts.errors import EngramError, ErrorCode
+from services.bus.client import EngramClient
+from tests.conftest import RunningService
+from tests.support import every_value
+
+
+async def test_a_put_is_an_upsert_by_key_and_history_keeps_every_version(client: EngramClient) -> None:
+    first = await client.put("alice", "prefs", "food", {"content": "likes pizza", "stars": 3})
+    again = await client.put("alice", "prefs", "food", {"stars": 3, "content": "likes pizza"})  # same value
+    changed = await client.put("alice", "prefs", "food", {"content": "likes sushi now", "stars": 5})
+    assert (first.version, again.version, changed.version) == (1, 1, 2)
+    assert first.note_id == again.note_id == changed.note_id
+    view = await client.get_by_key("alice", "prefs", "food", after=changed.token)
+    assert view is not None
+    assert (view.key, view.value) == ("food", {"content": "likes sushi now", "stars": 5})
+    assert view.content == "likes sushi now\nstars: 5"
+    history = await client.history("alice", first.note_id, after=changed.token)
+    assert [v.change for v in history.versions] == ["saved", "updated"]
+    assert [v.value for v in history.versions] == [{"content": "likes pizza", "stars": 3}, view.value]
+
+
+async def test_a_key_is_unique_per_category_and_user(client: EngramClient) -> None:
+    a = await client.put("alice", "prefs", "k", {"v": "one"})
+    b = await client.put("alice", "prefs/work", "k", {"v": "two"})
+    c = await client.put("bob", "prefs", "k", {"v": "three"})
+    assert len({a.note_id, b.note_id, c.note_id}) == 3
+    found = await client.get_by_key("alice", "prefs", "k", after=b.token)
+    assert found is not None and found.value == {"v": "one"}
+    assert await client.get_by_key("alice", "other", "k", after=b.token) is None
+    assert (await client.get_by_key("bob", "prefs", "k", after=c.token)).value == {"v": "three"}  # type: ignore[union-attr]
+
+
+async def test_puts_racing_on_a_new_key_make_one_note(client: EngramClient) -> None:
+    replies = await asyncio.gather(*(client.put("alice", "race", "same", {"n": i}) for i in range(8)))
+    assert len({r.note_id for r in replies}) == 1
+    assert sorted(r.version for r in replies)[-1] == 8
+    token = max(replies, key=lambda r: r.version).token
+    listed = await client.list_notes("alice", category="race", after=token)
+    assert listed.total == 1
+
+
+async def test_a_forgotten_key_is_free_again_and_its_value_is_shredded(
+    client: EngramClient, service: RunningService
+) -> None:
+    put = await client.put("alice", "prefs", "secret", {"pin": "zebra-4921"})
+    gone = await client.forget("alice", note_ids=[put.note_id], confirmed=True)
+    assert gone.status == "forgotten"
+    assert await client.get_by_key("alice", "prefs", "secret", after=gone.token) is None
+    again = await client.put("alice", "prefs", "secret", {"pin": "other"})
+    assert again.note_id != put.note_id and again.version == 1
+    # Nothing of the forgotten value is readable anywhere in Redis.
+    raw = aioredis.Redis.from_url(service.settings.redis_url)
+    try:
+        leaks = [key async for key, blob in every_value(raw) if b"zebra-4921" in blob]
+    finally:
+        await raw.aclose()
+    assert leaks == []
+
+
+async def test_a_value_is_searched_by_its_indexed_fields(client: EngramClient) -> None:
+    await client.put("alice", "mem", "a", {"title": "garden", "body": "the tomatoes need water every morning"})
+    put = await client.put(
+        "alice", "mem", "b", {"title": "tomatoes", "body": "my car is at the garage"}, index=["body"]
+    )
+    hits = (await client.search("alice", "watering the tomato plants", category="mem", after=put.token)).results
+    assert hits[0].note is not None and hits[0].note.key == "a"
+    view = await client.get_by_key("alice", "mem", "b", after=put.token)
+    assert view is not None and view.content == "my car is at the garage"
+
+
+async def test_filters_compare_values_and_pages_count_every_match(client: EngramClient) -> None:
+    token = None
+    for i in range(6):
+        token = (await client.put("alice", "items", f"k{i}", {"n": i, "tag": "even" if i % 2 == 0 else "odd"})).token
+    even = await client.list_notes("alice", category="items", where={"tag": "even"}, after=token)
+    assert [n.key for n in even.notes] == ["k0", "k2", "k4"] and even.total == 3
+    between = await client.list_notes("alice", category="items", where={"n": {"$gt": 1, "$lte": 4}}, after=token)
+    assert sorted(n.value["n"] for n in between.notes if n.value) == [2, 3, 4]
+    assert (await client.list_notes("alice", category="items", where={"n": {"$ne": 0}}, after=token)).total == 5
+    plain = await client.save("alice", "an item saved as text", category="items", advise=False)
+    token = plain.token
+    page = await client.list_notes("alice", category="items", keyed_only=True, offset=2, limit=2, after=token)
+    assert [n.key for n in page.notes] == ["k2", "k3"] and page.total == 6
+    assert (await client.list_notes("alice", category="items", after=token)).total == 7
+    keyed = await client.search("alice", "an item saved as text", category="items", keyed_only=True, after=token)
+    assert plain.note_id not in [h.note_id for h in keyed.results] and len(keyed.results) == 5
+    hits = await client.search("alice", "item", category="items", where={"tag": "odd"}, top_k=5, after=token)
+    assert sorted(h.note.key for h in hits.results if h.note) == ["k1", "k3", "k5"]
+    with pytest.raises(EngramError) as refused:
+        await client.list_notes("alice", where={"n": {"$like": 1}})
+    assert refused.value.code is ErrorCode.INVALID_PARAMETER and "$like" in refused.value.message
+
+
+async def test_search_pages_through_results(client: EngramClient) -> None:
+    token = None
+    for i in range(8):
+        token = (await client.put("alice", "pets", f"p{i}", {"text": f"my dog number {i} likes the park"})).token
+    whole = await client.search("alice", "dog park", top_k=8, category="pets", after=token)
+    page = await client.search("alice", "dog park", top_k=3, offset=3, category="pets", after=token)
+    assert [h.note_id for h in page.results] == [h.note_id for h in whole.results[3:6]]
+    with pytest.raises(EngramError) as refused:
+        await client.search("alice", "dog", top_k=20, offset=90)
+    assert refused.value.code is ErrorCode.INVALID_PARAMETER
+
+
+async def test_categories_nest_and_a_prefix_takes_whole_segments(client: EngramClient) -> None:
+    for category in ("memories", "memories/alice", "memories/alice/work", "memories-old", "memoriesx", "other"):
+        token = (await client.put("u1", category, "k", {"text": f"note in {category}"})).token
+    listed = await client.list_categories("u1", after=token)
+    assert listed.categories == sorted(
+        ["memories", "memories/alice", "memories/alice/work", "memories-old", "memoriesx", "other"]
+    )
+    under = await client.list_categories("u1", prefix="memories", after=token)
+    assert under.categories == ["memories", "memories/alice", "memories/alice/work"]
+    notes = await client.list_notes("u1", category_prefix="memories/alice", after=token)
+    assert [n.category for n in notes.notes] == ["memories/alice", "memories/alice/work"]
+    hits = await client.search("u1", "note in", top_k=10, category_prefix="memories", after=token)
+    assert sorted(h.note.category for h in hits.results if h.note) == [
+        "memories",
+        "memories/alice",
+        "memories/alice/work",
+    ]
+    assert (await client.list_categories("u2", after=token)).categories == []
+    text = await client.save("u1", "saved as text", category="memories/text", advise=False)
+    keyed = await client.list_categories("u1", prefix="memories", keyed_only=True, after=text.token)
+    assert keyed.categories == ["memories", "memories/alice", "memories/alice/work"]
+    everything = await client.list_categories("u1", prefix="memories", after=text.token)
+    assert "memories/text" in everything.categories
+
+
+async def test_a_bad_put_is_refused_in_words_naming_the_field(client: EngramClient) -> None:
+    for kwargs, word in (
+        ({"category": "Bad Category", "key": "k", "value": {"a": 1}}, "category"),
+        ({"category": "ok", "key": " ", "value": {"a": 1}}, "key"),
+        ({"category": "ok", "key": "k", "value": {"a": "x" * 70_000}}, "value"),
+    ):
+        with pytest.raises(EngramError) as refused:
+            await client.put("alice", **kwargs)  # type: ignore[arg-type]
+        assert refused.value.code is ErrorCode.INVALID_PARAMETER, kwargs
+        assert word in refused.value.message
+    with pytest.raises(EngramError) as conflict:
+        await client.put("alice", "ok", "k", {"a": 1}, expected_version=3)
+    assert conflict.value.code is ErrorCode.VERSION_CONFLICT
