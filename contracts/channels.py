@@ -194,6 +194,8 @@ class SagaKeys:
         base = f"{tag(partition)}:forget"
         self.checkpoint = f"{base}:checkpoint"
         self.deadlines = f"{base}:deadlines"
+        # Notes put with a time to live, scored by when they expire.
+        self.expiries = f"{base}:expiries"
         self.lease = f"{base}:lease"
         self._base = base
 

@@ -16,6 +16,7 @@ from contracts.limits import (
     MAX_FORGET_IDS,
     MAX_INDEX_FIELDS,
     MAX_QUERY_CHARS,
+    MAX_TTL_SECONDS,
     NOT_BLANK,
     SEARCH_TOP_K_DEFAULT,
     SEARCH_TOP_K_MAX,
@@ -124,6 +125,24 @@ class PutNote(Command, tag="put_note", frozen=True, kw_only=True):
     key: Key
     value: dict[str, Any]
     index: Annotated[list[ShortText], msgspec.Meta(min_length=1, max_length=MAX_INDEX_FIELDS)] | None = None
+    # Forget the note this long after the put (or its last renewal, ``RenewNote``): the same
+    # provable forget as any other (``NoteForgotten``, its data key destroyed), sent by the
+    # service when the time comes. None: it never expires (a put without it clears an expiry).
+    ttl_seconds: Annotated[float, msgspec.Meta(gt=0, le=MAX_TTL_SECONDS)] | None = None
+
+
+class RenewNote(Command, tag="renew_note", frozen=True, kw_only=True):
+    """Start a note's time to live again from now (a key-value store's refresh on read): it
+    expires ``ttl_seconds`` (as last put) after this. A note without one is left as it is."""
+
+    note_id: NoteId
+
+
+class ExpireNote(Command, tag="expire_note", frozen=True, kw_only=True):
+    """Sent by the service when a note's time to live has run out: the note is forgotten
+    (``NoteForgotten``, reason ``expired``) unless it was renewed or put again meanwhile."""
+
+    note_id: NoteId
 
 
 Role = Annotated[str, msgspec.Meta(pattern="^(user|assistant|system|tool)$")]
@@ -226,6 +245,8 @@ AnyCommand = (
     | RecordMessage
     | RecordMessages
     | RetractMessage
+    | RenewNote
+    | ExpireNote
     | RequestForget
     | RequestForgetUser
     | RequestForgetSession

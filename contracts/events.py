@@ -45,6 +45,9 @@ class NoteSaved(Event, tag="note_saved", frozen=True, kw_only=True):
     # A note put by key (PutNote): the key, and the JSON text of its value (both sealed).
     key: str | None = None
     value: str | None = None
+    # When it expires (a put with a time to live), and that time to live, for renewals.
+    expires_at: datetime | None = None
+    ttl_seconds: float | None = None
 
 
 class NoteUpdated(Event, tag="note_updated", frozen=True, kw_only=True):
@@ -57,6 +60,17 @@ class NoteUpdated(Event, tag="note_updated", frozen=True, kw_only=True):
     importance: float | None = None
     # A keyed note's new value, as JSON text (sealed).
     value: str | None = None
+    # A put's new expiry and time to live; ``expiry_cleared``: the put had none, so the note no
+    # longer expires.
+    expires_at: datetime | None = None
+    ttl_seconds: float | None = None
+    expiry_cleared: bool = False
+
+
+class NoteRenewed(Event, tag="note_renewed", frozen=True, kw_only=True):
+    """A note's time to live started again (``RenewNote``): it now expires at ``expires_at``."""
+
+    expires_at: datetime
 
 
 class NoteSuperseded(Event, tag="note_superseded", frozen=True, kw_only=True):
@@ -101,9 +115,11 @@ class ForgetExpired(Event, tag="forget_expired", frozen=True, kw_only=True):
 
 class NoteForgotten(Event, tag="note_forgotten", frozen=True, kw_only=True):
     """The note was forgotten: its data key is destroyed, so the content in every earlier event
-    can no longer be read; only this tombstone says it existed. Carries no content."""
+    can no longer be read; only this tombstone says it existed. Carries no content.
+    ``reason``: ``expired`` when its time to live ran out (else a request or an erasure)."""
 
     request_count: int
+    reason: str | None = None
 
 
 class UserForgotten(Event, tag="user_forgotten", frozen=True, kw_only=True):
@@ -142,6 +158,7 @@ AnyEvent = (
     NoteSaved
     | NoteUpdated
     | NoteSuperseded
+    | NoteRenewed
     | MessageRecorded
     | MessageRetracted
     | ForgetRequested

@@ -17,6 +17,8 @@ MAX_CATEGORY_CHARS = 200
 MAX_KEY_CHARS = 512
 MAX_VALUE_BYTES = 65_536
 MAX_INDEX_FIELDS = 20
+# The longest time to live a put may ask for (ten years).
+MAX_TTL_SECONDS = 10 * 365 * 86_400
 # How deep a search may page (SearchNotes.offset + top_k).
 SEARCH_DEPTH_MAX = 100
 MAX_ID_CHARS = 128

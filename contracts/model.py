@@ -73,6 +73,8 @@ class NoteView(msgspec.Struct, frozen=True, kw_only=True):
     # category, and the JSON object it holds (its content is the text of that value).
     key: str | None = None
     value: dict[str, Any] | None = None
+    # A note put with a time to live: when it is forgotten unless renewed or put again.
+    expires_at: datetime | None = None
 
 
 class MessageView(msgspec.Struct, frozen=True, kw_only=True):

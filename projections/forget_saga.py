@@ -16,7 +16,16 @@ from redis.asyncio.client import Pipeline
 
 from contracts import channels
 from contracts.channels import SagaKeys
-from contracts.events import ForgetExpired, ForgetRequested, NoteForgotten, SessionForgotten, UserForgotten
+from contracts.events import (
+    ForgetExpired,
+    ForgetRequested,
+    NoteForgotten,
+    NoteRenewed,
+    NoteSaved,
+    NoteUpdated,
+    SessionForgotten,
+    UserForgotten,
+)
 from projections.tracking import TrackedProjection
 from services.application.ports import LogEntry
 
@@ -36,7 +45,7 @@ class ForgetSagaProjection(TrackedProjection[Sequence[LogEntry]]):
 
     async def _start_over(self) -> None:
         stale = [k async for k in self._redis.scan_iter(match=channels.matching(self.keys.pending("")))]
-        await self._redis.delete(self.keys.checkpoint, self.keys.deadlines, *stale)
+        await self._redis.delete(self.keys.checkpoint, self.keys.deadlines, self.keys.expiries, *stale)
 
     async def _plan(self, batch: Sequence[LogEntry], state: dict[str, bytes | None]) -> Sequence[LogEntry]:
         return batch  # each event's change stands alone: nothing to read first
@@ -52,11 +61,21 @@ class ForgetSagaProjection(TrackedProjection[Sequence[LogEntry]]):
             elif isinstance(event, ForgetExpired | NoteForgotten | UserForgotten | SessionForgotten):
                 pipe.zrem(keys.deadlines, member(event.user_id, event.note_id))
                 pipe.srem(keys.pending(event.user_id), event.note_id)
+            # Times to live: when each note put with one is due to be forgotten.
+            if isinstance(event, NoteSaved | NoteUpdated | NoteRenewed) and event.expires_at is not None:
+                pipe.zadd(keys.expiries, {member(event.user_id, event.note_id): event.expires_at.timestamp() * 1000})
+            elif (isinstance(event, NoteUpdated) and event.expiry_cleared) or isinstance(event, NoteForgotten):
+                pipe.zrem(keys.expiries, member(event.user_id, event.note_id))
 
 
-async def due(redis: Redis, partition: int, now_ms: float, limit: int = 100) -> list[tuple[str, str, float]]:
-    """Pending deletions whose deadline has passed: (user, note, deadline in ms)."""
-    raw = await redis.zrangebyscore(SagaKeys(partition).deadlines, "-inf", now_ms, start=0, num=limit, withscores=True)
+async def due(
+    redis: Redis, partition: int, now_ms: float, limit: int = 100, expiries: bool = False
+) -> list[tuple[str, str, float]]:
+    """Pending deletions whose deadline has passed (``expiries``: notes whose time to live has
+    run out): (user, note, deadline in ms)."""
+    keys = SagaKeys(partition)
+    which = keys.expiries if expiries else keys.deadlines
+    raw = await redis.zrangebyscore(which, "-inf", now_ms, start=0, num=limit, withscores=True)
     out = []
     for name, score in raw:
         user_id, note_id = name.decode().split("\x00", 1)
@@ -84,3 +103,6 @@ class SagaPendingDeletions:
 
     async def due(self, partition: int, now_ms: float) -> list[tuple[str, str, float]]:
         return await due(self._redis, partition, now_ms)
+
+    async def expiring(self, partition: int, now_ms: float) -> list[tuple[str, str, float]]:
+        return await due(self._redis, partition, now_ms, expiries=True)

@@ -14,6 +14,7 @@ from contracts.events import (
     MessageRecorded,
     MessageRetracted,
     NoteForgotten,
+    NoteRenewed,
     NoteSaved,
     NoteSuperseded,
     NoteUpdated,
@@ -83,6 +84,7 @@ def evolve_view(view: NoteView | None, event: AnyEvent) -> NoteView:
             links=list(event.links),
             key=event.key,
             value=_object(event.value),
+            expires_at=event.expires_at,
         )
     if view is None:
         raise ValueError(f"{type(event).__name__} for unknown note {event.note_id}")
@@ -94,6 +96,8 @@ def evolve_view(view: NoteView | None, event: AnyEvent) -> NoteView:
         }
         if event.value is not None:
             changes["value"] = _object(event.value)
+        if event.expires_at is not None or event.expiry_cleared:
+            changes["expires_at"] = event.expires_at
         return msgspec.structs.replace(view, version=event.version, updated_at=event.at, **changes)
     if isinstance(event, NoteSuperseded):
         return msgspec.structs.replace(
@@ -103,6 +107,8 @@ def evolve_view(view: NoteView | None, event: AnyEvent) -> NoteView:
             status=NoteStatus.SUPERSEDED,
             superseded_by=event.superseded_by,
         )
+    if isinstance(event, NoteRenewed):
+        return msgspec.structs.replace(view, version=event.version, expires_at=event.expires_at)
     if isinstance(event, ForgetRequested | ForgetExpired):
         # Pending deletions live in the forget saga's state; the note itself is unchanged.
         return msgspec.structs.replace(view, version=event.version)
@@ -127,6 +133,7 @@ def tombstone(view: NoteView, event: NoteForgotten) -> NoteView:
         superseded_by=None,
         key=None,
         value=None,
+        expires_at=None,
     )
 
 
@@ -141,6 +148,7 @@ CHANGE_NAMES = {
     NoteSaved: "saved",
     NoteUpdated: "updated",
     NoteSuperseded: "superseded",
+    NoteRenewed: "renewed",
     ForgetRequested: "forget_requested",
     ForgetExpired: "forget_expired",
     NoteForgotten: "forgotten",

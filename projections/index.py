@@ -261,7 +261,7 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
                 names.pop(key, None)
                 texts.pop(key, None)
                 forgotten.add(key)
-            else:  # a pending deletion requested or lapsed: nothing the index shows changes
+            else:  # a pending deletion requested or lapsed, a renewal: nothing the index shows changes
                 meta.version = event.version
             metas[key] = meta
             touched[key] = (event.user_id, event.note_id)

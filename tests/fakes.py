@@ -6,7 +6,7 @@ import asyncio
 import math
 import re
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 
 import msgspec
@@ -46,7 +46,7 @@ from services.application.ports import (
     OutcomeDetail,
 )
 from services.domain.decider import StreamAppend
-from services.domain.note import ABSENT, fold
+from services.domain.note import ABSENT, NoteState, fold
 
 
 class InMemoryEventStore:
@@ -318,13 +318,23 @@ class InMemoryPendingDeletions:
         return sorted(await self._deadlines(user_id))
 
     async def due(self, partition: int, now_ms: float) -> list[tuple[str, str, float]]:
+        return await self._passed(partition, now_ms, lambda s: s.forget_expires_at)
+
+    async def expiring(self, partition: int, now_ms: float) -> list[tuple[str, str, float]]:
+        return await self._passed(partition, now_ms, lambda s: None if s.forgotten else s.expires_at)
+
+    async def _passed(
+        self, partition: int, now_ms: float, when: Callable[[NoteState], datetime | None]
+    ) -> list[tuple[str, str, float]]:
         log = await self._store.read_log(partition, "0", 1 << 30)
-        due = []
+        found = []
         for user_id in dict.fromkeys(e.event.user_id for e in log):
-            for note_id, at in (await self._deadlines(user_id)).items():
-                if (deadline := at.timestamp() * 1000) <= now_ms:
-                    due.append((user_id, note_id, deadline))
-        return sorted(due, key=lambda d: d[2])
+            streams = list(dict.fromkeys(e.event.note_id for e in log if e.event.user_id == user_id))
+            for note_id, loaded in (await self._store.load(user_id, streams)).items():
+                at = when(loaded.state)
+                if at is not None and (deadline := at.timestamp() * 1000) <= now_ms:
+                    found.append((user_id, note_id, deadline))
+        return sorted(found, key=lambda d: d[2])
 
 
 class RecordingScrub:

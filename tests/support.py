@@ -153,6 +153,15 @@ async def every_value(redis: Any) -> AsyncIterator[tuple[bytes, bytes]]:
             yield key, blob
 
 
+async def leaked(redis_url: str, needle: bytes) -> list[bytes]:
+    """The Redis keys whose name or value (any part of it) holds ``needle``."""
+    redis = aioredis.Redis.from_url(redis_url)
+    try:
+        return [key async for key, blob in every_value(redis) if needle in blob]
+    finally:
+        await redis.aclose()
+
+
 async def dump(redis: aioredis.Redis, partition: int, generation: int) -> dict[bytes, object]:
     """Every key of one history generation, with its value, keyed without the generation prefix."""
     prefix = HistoryKeys(partition, generation).prefix

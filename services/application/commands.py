@@ -16,6 +16,7 @@ import msgspec
 from contracts import channels
 from contracts.commands import (
     AnyCommand,
+    ExpireNote,
     PutNote,
     RecordMessages,
     RequestForget,
@@ -32,7 +33,15 @@ from services.application.advice import SaveAdvisor
 from services.application.decoding import decode_request
 from services.application.ports import ContentTaken, EventStore, HeldDraft, Outcome, OutcomeDetail
 from services.application.unit_of_work import Decision, Work
-from services.domain.decider import IdCollision, decide, decide_put, first_of_each_content, note_ids_for
+from services.domain.decider import (
+    IdCollision,
+    decide,
+    decide_put,
+    expired,
+    expiry_command_id,
+    first_of_each_content,
+    note_ids_for,
+)
 from services.domain.ids import new_note_id
 from services.domain.values import key_claim
 
@@ -91,6 +100,10 @@ class CommandService:
         return _encoder.encode(reply)
 
     async def execute(self, command: AnyCommand) -> NoteWritten | NotesWritten:
+        if isinstance(command, ExpireNote):  # a forget: scrubbed after, as every forget is
+            if self._forget is None:
+                raise EngramError(ErrorCode.UNAVAILABLE, "forgetting is not served here")
+            return await self._forget.expire(command)
         work: Work[NoteWritten | NotesWritten]
         work = _Put(self, command) if isinstance(command, PutNote) else _Write(self, command)
         return await unit_of_work.run(self._store, command, work)
@@ -165,6 +178,7 @@ class _Put(Work[NoteWritten | NotesWritten]):
     racing on a new key: one claim wins, the other decides again and updates the winner."""
 
     def __init__(self, service: CommandService, command: PutNote) -> None:
+        self._service = service
         self._store = service._store
         self._clock = service._clock
         self._command = command
@@ -173,7 +187,19 @@ class _Put(Work[NoteWritten | NotesWritten]):
 
     async def decide(self) -> Decision | NoteWritten:
         command, store = self._command, self._store
-        holder = await store.content_holder(command.user_id, key_claim(command.category, command.key))
+        claim = key_claim(command.category, command.key)
+        holder = await store.content_holder(command.user_id, claim)
+        if holder is not None:
+            held = (await store.load(command.user_id, [holder]))[holder]
+            if expired(held.state, self._clock()):
+                # Its time ran out and the saga's timer has not come by yet: forget it as the
+                # timer would, so this put makes a new note instead of reviving the old one.
+                await self._service.execute(
+                    ExpireNote(
+                        command_id=expiry_command_id(holder, held.state), user_id=command.user_id, note_id=holder
+                    )
+                )
+                holder = await store.content_holder(command.user_id, claim)
         while True:
             note_id = holder or new_note_id(command.user_id, command.command_id, 0, self._salt)
             loaded = (await store.load(command.user_id, [note_id]))[note_id]

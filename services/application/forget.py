@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 import msgspec
 
 from contracts import channels
-from contracts.commands import RequestForget, RequestForgetSession, RequestForgetUser
+from contracts.commands import ExpireNote, RequestForget, RequestForgetSession, RequestForgetUser
 from contracts.errors import EngramError, ErrorCode
 from contracts.events import (
     ACCOUNT,
@@ -31,7 +31,7 @@ from contracts.events import (
     is_control_stream,
     session_stream,
 )
-from contracts.queries import ForgetCandidate, ForgetReply, PendingForget, SearchNotes
+from contracts.queries import ForgetCandidate, ForgetReply, NoteWritten, PendingForget, SearchNotes
 from services.application import unit_of_work
 from services.application.decoding import count
 from services.application.ports import (
@@ -120,6 +120,10 @@ class ForgetService:
             raise EngramError(ErrorCode.INVALID_PARAMETER, "give a query to find memories, or note_ids to forget")
         return await unit_of_work.run(self._store, command, _ForgetNotes(self, command))
 
+    async def expire(self, command: ExpireNote) -> NoteWritten:
+        """Forget a note whose time to live has run out (nothing if it was renewed meanwhile)."""
+        return await unit_of_work.run(self._store, command, _Expire(self, command))
+
     async def request_user(self, command: RequestForgetUser) -> ForgetReply:
         """Erase a whole user: pending on the account stream first, then every note at once.
         (Always two calls, whatever ENGRAM_FORGET_CONFIRMATION says.)"""
@@ -190,6 +194,40 @@ class ForgetService:
             hints = "; ".join(f"{i}: {preview(by_id[i].content)!r}" for i in close)
             message += f". Did you mean: {hints}? Or forget with a query to find the right id."
         return message
+
+
+class _Expire(Work[NoteWritten]):
+    """A note whose time to live ran out (``ExpireNote``, from the saga's timer or a put that
+    found its key's note expired): forgotten and scrubbed as a confirmed forget is."""
+
+    def __init__(self, service: ForgetService, command: ExpireNote) -> None:
+        self._service = service
+        self._command = command
+        self._partition = service._store.partition_of(command.user_id)
+
+    async def decide(self) -> Decision | NoteWritten:
+        command = self._command
+        loaded = (await self._service._store.load(command.user_id, [command.note_id]))[command.note_id]
+        appends = decide(command, {command.note_id: loaded.state}, [command.note_id], self._service._clock())
+        if appends[0].events:
+            return Decision(appends=appends)
+        # Renewed, put again or gone meanwhile: nothing to do.
+        token = channels.format_token(self._partition, loaded.position or "0-0")
+        return NoteWritten(note_id=command.note_id, version=loaded.state.version, token=token)
+
+    async def accepted(self, outcome: Outcome, decision: Decision) -> NoteWritten:
+        return await self._forgotten(outcome, replayed=False)
+
+    async def replay(self, first: Outcome) -> NoteWritten:
+        return await self._forgotten(first, replayed=True)  # the first may have died before its scrub
+
+    async def _forgotten(self, outcome: Outcome, replayed: bool) -> NoteWritten:
+        token = channels.format_token(self._partition, outcome.position)
+        if self._service._access is not None:
+            await self._service._access.forget(self._command.user_id, [self._command.note_id])
+        await self._service._scrub_after(token)
+        note_id, version = outcome.notes[0]
+        return NoteWritten(note_id=note_id, version=version, token=token, replayed=replayed)
 
 
 class _ForgetNotes(Work[ForgetReply]):

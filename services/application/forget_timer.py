@@ -1,6 +1,7 @@
 """The forget saga's clock: sends ``ExpireForget`` for every pending deletion whose deadline has
-passed. The command is idempotent (its id names the note and the deadline), so several workers
-running this, or a tick repeating one before the saga has seen its ``ForgetExpired``, are harmless."""
+passed, and ``ExpireNote`` for every note whose time to live has run out. Both commands are
+idempotent (each id names the note and the deadline), so several workers running this, or a
+tick repeating one before the saga has seen its outcome, are harmless."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
-from contracts.commands import ExpireForget
+from contracts.commands import ExpireForget, ExpireNote
 from services.application.ports import PendingDeletions
 from services.ops.periodic import every
 
@@ -21,7 +22,7 @@ class ForgetExpiryTimer:
         self,
         pending: PendingDeletions,
         partitions: int,
-        execute: Callable[[ExpireForget], Awaitable[object]],
+        execute: Callable[[ExpireForget | ExpireNote], Awaitable[object]],
         clock: Callable[[], datetime],
         interval: float = 0.5,
     ) -> None:
@@ -40,6 +41,11 @@ class ForgetExpiryTimer:
                     command_id=f"expire-forget-{note_id}-{int(deadline)}", user_id=user_id, note_id=note_id
                 )
                 await self._execute(command)
+                sent += 1
+            for user_id, note_id, expiry in await self._pending.expiring(p, now_ms):
+                # Named by the expiry (as ``expiry_command_id``): a renewal makes a later one new.
+                expire = ExpireNote(command_id=f"expire-note-{note_id}-{int(expiry)}", user_id=user_id, note_id=note_id)
+                await self._execute(expire)
                 sent += 1
         return sent
 

@@ -199,6 +199,9 @@ class PendingDeletions(Protocol):
     async def of(self, user_id: str) -> list[str]:
         """The user's notes with a pending deletion."""
 
+    async def expiring(self, partition: int, now_ms: float) -> list[tuple[str, str, float]]:
+        """Notes whose time to live has run out: (user, note, expiry in ms)."""
+
     async def due(self, partition: int, now_ms: float) -> list[tuple[str, str, float]]:
         """``(user_id, note_id, deadline_ms)`` of the partition's deletions past their deadline."""
 

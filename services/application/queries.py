@@ -32,7 +32,7 @@ from contracts.queries import (
 from services.application.context import ContextService
 from services.application.decoding import decode_request
 from services.application.ports import AccessStats, NoteHistory
-from services.application.search import SearchService
+from services.application.search import SearchService, lapsed
 from services.domain.values import check_where, matches
 
 _query_decoder = msgspec.json.Decoder(AnyQuery)
@@ -91,7 +91,7 @@ class QueryService:
                     raise _not_found(query.note_id)
             else:
                 view = await history.get_by_key(query.user_id, query.category, query.key)
-                if view is None:
+                if view is None or lapsed(view, datetime.now(UTC)):
                     raise EngramError(
                         ErrorCode.MEMORY_NOT_FOUND, f"No memory holds key {query.key!r} in category {query.category}"
                     )
@@ -109,6 +109,8 @@ class QueryService:
             notes = await history.list_notes(
                 query.user_id, query.category, query.include_superseded, query.category_prefix
             )
+            now = datetime.now(UTC)
+            notes = [n for n in notes if not lapsed(n, now)]
             if query.keyed_only:
                 notes = [n for n in notes if n.key is not None]
             if query.where:

@@ -207,7 +207,11 @@ class SearchService:
             hits = [
                 hit
                 for source, (record_id, score, similarity) in window
-                if (hit := _hit(query, source, record_id, round(score, 6), round(similarity, 6), notes, messages))
+                if (
+                    hit := _hit(
+                        query, source, record_id, round(score, 6), round(similarity, 6), notes, messages, self._clock()
+                    )
+                )
             ]
             results += self._named(query.query, hits) if start == 0 else hits
             start, size = start + size, wanted * 2
@@ -221,6 +225,11 @@ class SearchService:
             msgspec.structs.replace(by_id[n], score=round(score, 6))
             for n, score, _ in boost_named(ranked, names, text, self._policy.name_boost)
         ]
+
+
+def lapsed(view: NoteView, now: datetime) -> bool:
+    """A note whose time to live has run out reads as gone, before the saga's timer forgets it."""
+    return view.expires_at is not None and view.expires_at <= now
 
 
 def _name(hit: SearchHit) -> str | None:
@@ -238,6 +247,7 @@ def _hit(
     similarity: float,
     notes: dict[str, NoteView],
     messages: dict[str, MessageView],
+    now: datetime,
 ) -> SearchHit | None:
     if source == CONVERSATION:
         message = messages.get(record_id)
@@ -258,6 +268,8 @@ def _hit(
     if view.status is NoteStatus.FORGOTTEN or (view.status is not NoteStatus.ACTIVE and not query.include_superseded):
         return None
     if (query.keyed_only and view.key is None) or (query.where and not matches(view.value, query.where)):
+        return None
+    if lapsed(view, now):
         return None
     return SearchHit(
         note_id=record_id, content=view.content, score=score, similarity=similarity, found_in="memory", note=view

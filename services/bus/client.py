@@ -22,6 +22,7 @@ from contracts.commands import (
     PutNote,
     RecordMessage,
     RecordMessages,
+    RenewNote,
     RequestForget,
     RequestForgetSession,
     RequestForgetUser,
@@ -161,13 +162,15 @@ class EngramClient:
         value: dict[str, Any],
         *,
         index: list[str] | None = None,
+        ttl_seconds: float | None = None,
         expected_version: int | None = None,
         command_id: str | None = None,
         origin: Origin | None = None,
     ) -> NoteWritten:
         """Put ``value`` under ``key`` in ``category``: a new note the first time, an update of
         it after (the same value again changes nothing). ``index``: the fields whose text is
-        searched (dotted paths), the whole value by default."""
+        searched (dotted paths), the whole value by default. ``ttl_seconds``: forget it this
+        long after (renewed by ``renew``); None: it never expires."""
         command = PutNote(
             command_id=command_id or new_command_id(),
             user_id=user_id,
@@ -175,6 +178,7 @@ class EngramClient:
             key=key,
             value=value,
             index=index,
+            ttl_seconds=ttl_seconds,
             expected_version=expected_version,
             origin=origin,
         )
@@ -273,6 +277,11 @@ class EngramClient:
             origin=origin,
         )
         return await self.execute(command, NotesWritten)
+
+    async def renew(self, user_id: str, note_id: str, *, command_id: str | None = None) -> NoteWritten:
+        """Start a note's time to live again from now (nothing for a note without one)."""
+        command = RenewNote(command_id=command_id or new_command_id(), user_id=user_id, note_id=note_id)
+        return await self.execute(command, NoteWritten)
 
     async def retract_message(self, user_id: str, message_id: str, *, command_id: str | None = None) -> NoteWritten:
         """Take back a recorded turn: it leaves its conversation's listing and searches."""

@@ -7,7 +7,6 @@ new note ids come from ``note_ids_for`` and time is the ``now`` argument.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -17,11 +16,13 @@ import msgspec
 from contracts.commands import (
     AnyCommand,
     ExpireForget,
+    ExpireNote,
     MessageDraft,
     NoteDraft,
     PutNote,
     RecordMessage,
     RecordMessages,
+    RenewNote,
     RequestForget,
     RequestForgetSession,
     RequestForgetUser,
@@ -40,6 +41,7 @@ from contracts.events import (
     MessageRecorded,
     MessageRetracted,
     NoteForgotten,
+    NoteRenewed,
     NoteSaved,
     NoteSuperseded,
     NoteUpdated,
@@ -51,7 +53,7 @@ from contracts.limits import MAX_VALUE_BYTES
 from contracts.model import NoteKind, NoteSource, NoteStatus
 from services.domain.ids import event_id, new_note_id
 from services.domain.note import NoteState
-from services.domain.values import key_claim, text_of, value_json
+from services.domain.values import UNPRINTABLE, key_claim, text_of, value_json
 
 DEFAULT_FORGET_TTL = timedelta(seconds=300)
 
@@ -171,6 +173,8 @@ RULES: dict[type[AnyCommand], Rule] = {
     RetractMessage: Rule(
         ids=lambda c, _: [c.message_id], decide=lambda c, s, ids, w: _retract(c, s[c.message_id], w.now)
     ),
+    RenewNote: Rule(ids=lambda c, _: [c.note_id], decide=lambda c, s, ids, w: _renew(c, s[c.note_id], w.now)),
+    ExpireNote: Rule(ids=lambda c, _: [c.note_id], decide=lambda c, s, ids, w: _expire(c, s[c.note_id], w.now)),
     RequestForget: Rule(
         ids=lambda c, _: list(dict.fromkeys(c.note_ids)),
         decide=lambda c, s, ids, w: _request_forget(c, ids, s, w.now, w.forget_ttl, w.pending_elsewhere),
@@ -278,6 +282,46 @@ def _retract(command: RetractMessage, state: NoteState, now: datetime) -> list[S
     return [StreamAppend(note_id=command.message_id, expected_version=state.version, events=[event])]
 
 
+def _renew(command: RenewNote, state: NoteState, now: datetime) -> list[StreamAppend]:
+    _require_active(command.note_id, state)
+    if state.ttl_seconds is None:  # it never expires: nothing to renew
+        return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[])]
+    event = NoteRenewed(
+        **_header(command, command.note_id, state.version + 1, now),
+        expires_at=now + timedelta(seconds=state.ttl_seconds),
+    )
+    return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[event])]
+
+
+def expired(state: NoteState, now: datetime) -> bool:
+    """Whether a note's time to live has run out (it is forgotten soon, and read as gone now)."""
+    return state.expires_at is not None and state.expires_at <= now and state.exists and not state.forgotten
+
+
+def expiry_command_id(note_id: str, state: NoteState) -> str:
+    """The id of the ``ExpireNote`` for a note's current expiry: whoever sends it (the saga's
+    timer, a put that finds the note expired) sends the same command, applied once."""
+    assert state.expires_at is not None
+    return f"expire-note-{note_id}-{int(state.expires_at.timestamp() * 1000)}"
+
+
+def _expire(command: ExpireNote, state: NoteState, now: datetime) -> list[StreamAppend]:
+    """The note's time to live ran out: forgotten as a confirmed forget is, its key destroyed
+    and its key or content given back; renewed or put again meanwhile, nothing happens."""
+    if not expired(state, now) or state.is_message:
+        return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[])]
+    header = _header(command, command.note_id, state.version + 1, now)
+    return [
+        StreamAppend(
+            note_id=command.note_id,
+            expected_version=state.version,
+            events=[NoteForgotten(request_count=0, reason="expired", **header)],
+            releases=[identity_claim(state)],
+            shred=True,
+        )
+    ]
+
+
 def decide_put(command: PutNote, note_id: str, state: NoteState, now: datetime) -> list[StreamAppend]:
     """A put by key: ``note_id`` is the active note holding the key (``state``), or the id for a
     new one (``state`` absent). A new note claims the key; the same value again appends nothing."""
@@ -287,6 +331,8 @@ def decide_put(command: PutNote, note_id: str, state: NoteState, now: datetime) 
             ErrorCode.INVALID_PARAMETER, f"value is {len(value.encode())} bytes as JSON; the limit is {MAX_VALUE_BYTES}"
         )
     text = text_of(command.value, command.index)
+    # Each put with a time to live starts it again; one without clears it.
+    expires_at = now + timedelta(seconds=command.ttl_seconds) if command.ttl_seconds is not None else None
     _check_text("key", command.key)
     _check_text("content", text)
     if not state.exists:
@@ -306,17 +352,23 @@ def decide_put(command: PutNote, note_id: str, state: NoteState, now: datetime) 
             importance=0.5,
             key=command.key,
             value=value,
+            expires_at=expires_at,
+            ttl_seconds=command.ttl_seconds,
         )
         return [StreamAppend(note_id=note_id, expected_version=0, events=[event], claims=[identity_claim_of(event)])]
     if state.key != command.key or state.category != command.category or state.status is not NoteStatus.ACTIVE:
         raise AssertionError(f"{note_id} does not hold key {command.key!r} in {command.category}")
     _check_version(note_id, command.expected_version, state)
-    if text == state.content and value == state.value:
+    cleared = expires_at is None and state.expires_at is not None
+    if text == state.content and value == state.value and expires_at is None and not cleared:
         return [StreamAppend(note_id=note_id, expected_version=state.version, events=[])]
     event_ = NoteUpdated(
         **_header(command, note_id, state.version + 1, now),
         content=text if text != state.content else None,
         value=value if value != state.value else None,
+        expires_at=expires_at,
+        ttl_seconds=command.ttl_seconds,
+        expiry_cleared=cleared,
     )
     return [StreamAppend(note_id=note_id, expected_version=state.version, events=[event_])]
 
@@ -573,8 +625,7 @@ def _expect_new(expected: int | None) -> None:
         raise EngramError(ErrorCode.INVALID_PARAMETER, "expected_version of a new note can only be 0")
 
 
-# Control characters other than tab and newlines (Unicode category Cc), and lone surrogates.
-_FORBIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+_FORBIDDEN = UNPRINTABLE
 
 
 def _check_text(field: str, value: str | None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 import msgspec
 
@@ -14,6 +15,7 @@ from contracts.events import (
     MessageRecorded,
     MessageRetracted,
     NoteForgotten,
+    NoteRenewed,
     NoteSaved,
     NoteSuperseded,
     NoteUpdated,
@@ -37,6 +39,9 @@ class NoteState(msgspec.Struct, frozen=True, kw_only=True):
     # A note put by key: the key, and its value as JSON text.
     key: str | None = None
     value: str | None = None
+    # A note put with a time to live: when it expires, and the time to live a renewal restarts.
+    expires_at: datetime | None = None
+    ttl_seconds: float | None = None
     # A conversation message lives in the same kind of stream but is not a note; its session
     # and speaker (the index puts a turn in the context of the turns before it).
     is_message: bool = False
@@ -71,8 +76,13 @@ def evolve(state: NoteState, event: AnyEvent) -> NoteState:
             importance=event.importance,
             key=event.key,
             value=event.value,
+            expires_at=event.expires_at,
+            ttl_seconds=event.ttl_seconds,
         )
     if isinstance(event, NoteUpdated):
+        expiry: dict[str, Any] = {"expires_at": None, "ttl_seconds": None} if event.expiry_cleared else {}
+        if event.expires_at is not None:
+            expiry = {"expires_at": event.expires_at, "ttl_seconds": event.ttl_seconds}
         return msgspec.structs.replace(
             state,
             version=event.version,
@@ -82,7 +92,10 @@ def evolve(state: NoteState, event: AnyEvent) -> NoteState:
             confidence=_keep(event.confidence, state.confidence),
             importance=_keep(event.importance, state.importance),
             value=_keep(event.value, state.value),
+            **expiry,
         )
+    if isinstance(event, NoteRenewed):
+        return msgspec.structs.replace(state, version=event.version, expires_at=event.expires_at)
     if isinstance(event, NoteSuperseded):
         return msgspec.structs.replace(
             state, version=event.version, status=NoteStatus.SUPERSEDED, superseded_by=event.superseded_by

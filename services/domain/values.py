@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from contracts.errors import EngramError, ErrorCode
 
 WHOLE = "$"
+# Control characters other than tab and newlines (Unicode category Cc), and lone surrogates:
+# refused in text a caller writes, replaced in text Engram derives from a value.
+UNPRINTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
 _MISSING = object()
 
@@ -37,8 +41,14 @@ def text_of(value: Mapping[str, Any], index: Sequence[str] | None) -> str:
         found = value if path == WHOLE else lookup(value, path)
         if found is not _MISSING:
             _leaves(found, "" if path == WHOLE else path, lines)
-    text = "\n".join(line for line in lines if line.strip())
-    return text if text.strip() else value_json(value)
+    text = printable("\n".join(line for line in lines if line.strip())).strip()
+    return text or printable(value_json(value))
+
+
+def printable(text: str) -> str:
+    """The text with every unprintable character a space: a value or an item is kept whole
+    (its JSON escapes them), its searched text need not carry them."""
+    return UNPRINTABLE.sub(" ", text)
 
 
 def _leaves(node: Any, name: str, out: list[str]) -> None:

@@ -9,8 +9,8 @@
 - ``add``: text (plain or markdown) is saved as a note of the category; a JSON object (a dict, or
   JSON text with the JSON mime type) is put as a structured note under a fresh key. Bytes and
   images are refused: Engram stores text.
-- ``query``: a search of the category; each hit is the note's text with ``note_id`` and ``score``
-  in its metadata. A blank query finds nothing (search needs words).
+- ``query``: a search of the category; each hit is the note's text (a JSON object added comes
+  back as that object) with ``note_id`` and ``score`` in its metadata. A blank query finds nothing (search needs words).
 - ``update_context``: before each inference the agent calls it; it asks Engram for the user's
   memory block (``BuildContext``, about the last user message) and appends it to the model
   context as a system message, as AutoGen's own ``ListMemory`` does. The block covers the whole
@@ -38,6 +38,7 @@ from pydantic import BaseModel
 from contracts.errors import EngramError, ErrorCode
 from contracts.limits import DEFAULT_CATEGORY, MAX_FORGET_IDS, MAX_QUERY_CHARS
 from services.bus.client import EngramClient
+from services.integrations.connection import AdapterClient
 
 R = TypeVar("R")
 
@@ -81,10 +82,7 @@ class EngramMemory(Memory, Component[EngramMemoryConfig]):
         self.max_tokens = max_tokens
         self._name = name or "engram_memory"
         self.token: str | None = None
-        self._owns_client = isinstance(url_or_client, str)
-        self._client = EngramClient(url_or_client) if isinstance(url_or_client, str) else url_or_client
-        self._connected = not self._owns_client
-        self._connecting = asyncio.Lock()
+        self._client = AdapterClient(url_or_client)
 
     @property
     def name(self) -> str:
@@ -146,9 +144,7 @@ class EngramMemory(Memory, Component[EngramMemoryConfig]):
 
     async def close(self) -> None:
         """Close the client this memory opened (a client passed in is the caller's to close)."""
-        if self._owns_client and self._connected:
-            self._connected = False
-            await self._client.close()
+        await self._client.close()
 
     async def _search(self, text: str, top_k: int) -> MemoryQueryResult:
         text = text.strip()[-MAX_QUERY_CHARS:]
@@ -158,7 +154,14 @@ class EngramMemory(Memory, Component[EngramMemoryConfig]):
         reply = await client.search(self.user_id, text, top_k=top_k, category=self.category, after=self.token)
         return MemoryQueryResult(
             results=[
+                # A JSON object added comes back as the object it was.
                 MemoryContent(
+                    content=hit.note.value,
+                    mime_type=MemoryMimeType.JSON,
+                    metadata={"note_id": hit.note_id, "score": hit.score},
+                )
+                if hit.note is not None and hit.note.value is not None
+                else MemoryContent(
                     content=hit.content,
                     mime_type=MemoryMimeType.TEXT,
                     metadata={"note_id": hit.note_id, "score": hit.score},
@@ -182,12 +185,7 @@ class EngramMemory(Memory, Component[EngramMemoryConfig]):
         self.token = reply.token or self.token
 
     async def _ready(self) -> EngramClient:
-        if not self._connected:
-            async with self._connecting:
-                if not self._connected:
-                    await self._client.connect()
-                    self._connected = True
-        return self._client
+        return await self._client.ready()
 
     def _to_config(self) -> EngramMemoryConfig:
         return EngramMemoryConfig(

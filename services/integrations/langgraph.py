@@ -32,7 +32,12 @@ Where Engram differs from LangGraph's in-memory and Postgres stores:
   operators matches field by field, and a key with a dot (``"a.b"``) names a nested field.
 - Notes the user saved some other way (no key) are never items: searches, listings and
   ``list_namespaces`` ask Engram for keyed notes only (``keyed_only``), so pages are full.
-- No TTL (``supports_ttl = False``): a ``ttl`` is refused with ``NotImplementedError``.
+- TTL (``supports_ttl = True``): a put's ``ttl`` (minutes; the store's ``ttl={"default_ttl":
+  ...}`` when not given) becomes the note's time to live, and when it runs out Engram forgets the
+  note as it forgets any (``NoteForgotten``, its key and value shredded): its own timer does it,
+  so ``sweep_interval_minutes`` is not used. An expired item reads as gone at once. A read with
+  ``refresh_ttl`` (LangGraph's default, or ``ttl={"refresh_on_read": ...}``) renews the items it
+  returns that have a TTL (``RenewNote``, one event each).
 
 Every read passes the token of the store's last write as ``after``, so it sees that write.
 The async client lives on a private event loop in a daemon thread: the sync methods work from
@@ -65,12 +70,19 @@ from langgraph.store.base import (
     Result,
     SearchItem,
     SearchOp,
+    TTLConfig,
     validate_op_namespace,
 )
 
 from contracts.channels import parse_token
 from contracts.errors import EngramError, ErrorCode
-from contracts.limits import LIST_NOTES_MAX, MAX_CATEGORY_CHARS, SEARCH_DEPTH_MAX, SEARCH_TOP_K_MAX
+from contracts.limits import (
+    LIST_NOTES_MAX,
+    MAX_CATEGORY_CHARS,
+    MAX_TTL_SECONDS,
+    SEARCH_DEPTH_MAX,
+    SEARCH_TOP_K_MAX,
+)
 from contracts.model import NoteView
 from services.bus.client import EngramClient
 
@@ -183,6 +195,10 @@ def select_namespaces(categories: Iterable[str], op: ListNamespacesOp) -> list[t
     return sorted(found)[op.offset : op.offset + op.limit]
 
 
+# A put's ttl is in minutes (LangGraph's unit).
+MAX_TTL_MINUTES = MAX_TTL_SECONDS / 60
+
+
 # The store ------------------------------------------------------------------------------------
 
 
@@ -194,7 +210,7 @@ class EngramStore(BaseStore):
     and closes it in ``close()``. ``index``: LangGraph's ``IndexConfig``; only ``fields`` is used.
     """
 
-    supports_ttl = False
+    supports_ttl = True
 
     def __init__(
         self,
@@ -202,6 +218,7 @@ class EngramStore(BaseStore):
         *,
         user_id: str,
         index: IndexConfig | None = None,
+        ttl: TTLConfig | None = None,
         timeout: float = 10.0,
     ) -> None:
         if isinstance(url_or_client, EngramClient):
@@ -215,6 +232,7 @@ class EngramStore(BaseStore):
         else:
             self.client = EngramClient(url_or_client, timeout=timeout)
         self.user_id = user_id
+        self.ttl_config = ttl
         fields = index.get("fields") if index else None
         self.index_fields: list[str] | None = list(fields) if fields else None  # None: the whole value
         self.token: str | None = None  # the last write's, passed as ``after`` to every read
@@ -298,11 +316,8 @@ class EngramStore(BaseStore):
         for op in checked:
             validate_op_namespace(op)
             if isinstance(op, PutOp):
-                if op.ttl is not None and not isinstance(op.ttl, NotProvided):
-                    raise NotImplementedError(
-                        f"TTL is not supported by {type(self).__name__}: an item stays until it is deleted "
-                        "(or the user's memory is forgotten); put it with ttl=None"
-                    )
+                if not isinstance(op.ttl, NotProvided) and op.ttl is not None and not 0 < op.ttl <= MAX_TTL_MINUTES:
+                    raise ValueError(f"ttl is in minutes, more than 0 and at most {MAX_TTL_MINUTES:g}; got {op.ttl}")
                 namespace_to_category(op.namespace)
             elif isinstance(op, GetOp):
                 namespace_to_category(op.namespace)
@@ -370,6 +385,8 @@ class EngramStore(BaseStore):
         note = await self._by_key(client, namespace_to_category(op.namespace), op.key)
         if note is None:
             return None
+        if op.refresh_ttl:
+            await self._renew(client, [note])
         return Item(
             value=note.value or {},
             key=op.key,
@@ -393,13 +410,22 @@ class EngramStore(BaseStore):
             self._track(forgotten.token)
             return
         index = list(op.index) if isinstance(op.index, list) else self.index_fields
-        written = await client.put(self.user_id, category, op.key, dict(op.value), index=index)
+        minutes = op.ttl if not isinstance(op.ttl, NotProvided) else None
+        written = await client.put(
+            self.user_id, category, op.key, dict(op.value), index=index, ttl_seconds=minutes * 60 if minutes else None
+        )
         self._track(written.token)
+
+    async def _renew(self, client: EngramClient, notes: Iterable[NoteView]) -> None:
+        """Start the time to live of the items a read returns again (those that have one)."""
+        renewing = [client.renew(self.user_id, note.id) for note in notes if note.expires_at is not None]
+        for written in await asyncio.gather(*renewing):
+            self._track(written.token)
 
     async def _search(self, client: EngramClient, op: SearchOp) -> list[SearchItem]:
         prefix = namespace_to_category(op.namespace_prefix) if op.namespace_prefix else None
         where = filter_to_where(op.filter)
-        found: list[SearchItem] = []
+        found: list[tuple[NoteView | None, SearchItem]] = []
         offset, wanted = op.offset, op.limit
         if op.query and op.query.strip():
             # Paged by Engram's top_k; a search reaches SEARCH_DEPTH_MAX deep at most.
@@ -415,11 +441,11 @@ class EngramStore(BaseStore):
                     offset=offset,
                     after=self.token,
                 )
-                found += [item for hit in reply.results if (item := _search_item(hit.note, hit.score)) is not None]
+                found += [(hit.note, item) for hit in reply.results if (item := _search_item(hit.note, hit.score))]
                 if len(reply.results) < page:
                     break
                 offset, wanted = offset + page, wanted - page
-            return found
+            return await self._returned(client, op, found)
         while wanted > 0:
             page = min(wanted, LIST_NOTES_MAX)
             listed = await client.list_notes(
@@ -431,11 +457,18 @@ class EngramStore(BaseStore):
                 limit=page,
                 after=self.token,
             )
-            found += [item for note in listed.notes if (item := _search_item(note, None)) is not None]
+            found += [(note, item) for note in listed.notes if (item := _search_item(note, None))]
             if len(listed.notes) < page:
                 break
             offset, wanted = offset + page, wanted - page
-        return found
+        return await self._returned(client, op, found)
+
+    async def _returned(
+        self, client: EngramClient, op: SearchOp, found: list[tuple[NoteView | None, SearchItem]]
+    ) -> list[SearchItem]:
+        if op.refresh_ttl:
+            await self._renew(client, [note for note, _ in found if note is not None])
+        return [item for _, item in found]
 
     async def _list_namespaces(self, client: EngramClient, op: ListNamespacesOp) -> list[tuple[str, ...]]:
         prefix = listing_prefix(op.match_conditions)

@@ -39,6 +39,8 @@ from contracts.errors import EngramError, ErrorCode
 from contracts.limits import LIST_NOTES_MAX, MAX_BATCH_MESSAGES, MAX_CONTENT_CHARS
 from contracts.model import MessageView
 from services.bus.client import EngramClient, new_command_id
+from services.domain.values import printable
+from services.integrations.connection import AdapterClient
 
 R = TypeVar("R")
 
@@ -74,10 +76,7 @@ class EngramSession:
         # The consistency token of this session's last write: every read waits for it, so the
         # runner always sees the items it has just added (read-your-writes).
         self.token: str | None = None
-        self._owns_client = isinstance(url_or_client, str)
-        self._client = EngramClient(url_or_client) if isinstance(url_or_client, str) else url_or_client
-        self._connected = not self._owns_client
-        self._connecting = asyncio.Lock()
+        self._client = AdapterClient(url_or_client)
         # One write at a time per session object: two add_items must not interleave their
         # batches, and a pop must not retract what a concurrent pop is returning.
         self._writing = asyncio.Lock()
@@ -91,9 +90,7 @@ class EngramSession:
 
     async def close(self) -> None:
         """Close the client this session opened (a client passed in is the caller's to close)."""
-        if self._owns_client and self._connected:
-            self._connected = False
-            await self._client.close()
+        await self._client.close()
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The conversation's items, oldest first; with ``limit`` (or the settings' limit) the
@@ -154,12 +151,7 @@ class EngramSession:
             self.token = reply.token or self.token
 
     async def _ready(self) -> EngramClient:
-        if not self._connected:
-            async with self._connecting:
-                if not self._connected:
-                    await self._client.connect()
-                    self._connected = True
-        return self._client
+        return await self._client.ready()
 
 
 def draft_of(item: TResponseInputItem | Mapping[str, Any]) -> MessageDraft:
@@ -184,8 +176,9 @@ def searchable_text(item: Mapping[str, Any]) -> str:
         text = f"{item.get('name') or ''} {item.get('arguments') or item.get('input') or ''}"
     elif isinstance(kind, str) and kind.endswith("_call_output"):
         text = _text_of(item.get("output"))
-    text = text.strip() or json.dumps(item, ensure_ascii=False, default=str)
-    # A message's text is bounded (16,384 characters); the item itself is kept whole.
+    # A message's text is printable (a tool's output may carry terminal escapes) and bounded
+    # (16,384 characters); the item itself is kept whole.
+    text = printable(text).strip() or printable(json.dumps(item, ensure_ascii=False, default=str))
     return text[:MAX_CONTENT_CHARS]
 
 

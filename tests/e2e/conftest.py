@@ -4,12 +4,14 @@ slots by their hash tags."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
+from services.bus.client import EngramClient
 from tests.cluster import LocalCluster
 from tests.conftest import TEST_REDIS_URL
 from tests.support import ServeProcess, cli, engram_env, wait_until
@@ -50,3 +52,16 @@ def engram_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     assert serve.stop() == 0
     flush.flushdb()
     flush.close()
+
+
+@pytest.fixture
+async def engram(engram_url: str) -> AsyncIterator[EngramClient]:
+    """A client of the module's `engram serve`."""
+    async with EngramClient(engram_url, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+def user() -> str:
+    """A user of the test's own on the module's shared service."""
+    return f"user-{uuid.uuid4().hex[:8]}"

@@ -4,8 +4,7 @@ against one running ``engram serve``."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -28,17 +27,6 @@ from services.bus.client import EngramClient
 from services.integrations.autogen import EngramMemory
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-async def engram(engram_url: str) -> AsyncIterator[EngramClient]:
-    async with EngramClient(engram_url, timeout=30) as client:
-        yield client
-
-
-@pytest.fixture
-def user() -> str:
-    return f"user-{uuid.uuid4().hex[:8]}"
 
 
 class ScriptedClient(ChatCompletionClient):
@@ -102,7 +90,8 @@ async def test_added_text_and_json_are_found_by_a_query_of_the_category(engram: 
     by_content = await memory.query(text("cilantro"), top_k=1)
     assert [hit.content for hit in by_content.results] == ["**Alice** hates *cilantro*"]
     ramen = await memory.query("ramen in Osaka")
-    assert any("ramen" in str(hit.content) for hit in ramen.results)
+    assert ramen.results[0].content == {"food": "ramen", "city": "Osaka"}  # the object, as it was added
+    assert ramen.results[0].mime_type == MemoryMimeType.JSON
 
     # JSON is a structured note under a fresh key, its value the object added.
     listed = await engram.list_notes(user, category="preferences", after=memory.token)

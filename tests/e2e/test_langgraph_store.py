@@ -8,7 +8,7 @@ import asyncio
 import json
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any, TypedDict
 
@@ -27,20 +27,9 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def user() -> str:
-    return f"lg-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
 def store(engram_url: str, user: str) -> Iterator[EngramStore]:
     with EngramStore(engram_url, user_id=user, timeout=30) as s:
         yield s
-
-
-@pytest.fixture
-async def client(engram_url: str) -> AsyncIterator[EngramClient]:
-    async with EngramClient(engram_url, timeout=30) as c:
-        yield c
 
 
 def keys(items: list[SearchItem]) -> list[str]:
@@ -50,7 +39,7 @@ def keys(items: list[SearchItem]) -> list[str]:
 # The store's API ------------------------------------------------------------------------------
 
 
-async def test_put_get_update_keeps_every_version(store: EngramStore, client: EngramClient, user: str) -> None:
+async def test_put_get_update_keeps_every_version(store: EngramStore, engram: EngramClient, user: str) -> None:
     namespace = ("memories", "Alice")
     assert await store.aget(namespace, "prefs") is None
     await store.aput(namespace, "prefs", {"drink": "tea", "tags": ["morning"]})
@@ -65,13 +54,13 @@ async def test_put_get_update_keeps_every_version(store: EngramStore, client: En
     assert second.created_at == first.created_at and second.updated_at > first.updated_at
 
     await store.aput(namespace, "prefs", {"drink": "coffee", "tags": ["morning"]})  # the same again: no version
-    note = await client.get_by_key(user, namespace_to_category(namespace), "prefs")
+    note = await engram.get_by_key(user, namespace_to_category(namespace), "prefs")
     assert note is not None and note.category == "memories/x--ifwgsy3f" and note.version == 2
-    history = await client.history(user, note.id)
+    history = await engram.history(user, note.id)
     assert [v.version for v in history.versions] == [1, 2]
 
 
-async def test_delete_then_get_is_none_and_a_missing_key_is_no_op(store: EngramStore, client: EngramClient) -> None:
+async def test_delete_then_get_is_none_and_a_missing_key_is_no_op(store: EngramStore, engram: EngramClient) -> None:
     namespace = ("notes",)
     await store.aput(namespace, "k", {"text": "the boiler code is 4417"})
     assert await store.aget(namespace, "k") is not None
@@ -180,9 +169,9 @@ async def test_namespaces_are_isolated_and_a_prefix_sees_its_children(
         assert await other.alist_namespaces() == []
 
 
-async def test_notes_saved_without_a_key_are_never_items(store: EngramStore, client: EngramClient, user: str) -> None:
-    await client.save(user, "The user's quarterly report is due Friday", category="docs")
-    await client.save(user, "A note only the text API saw", category="general")
+async def test_notes_saved_without_a_key_are_never_items(store: EngramStore, engram: EngramClient, user: str) -> None:
+    await engram.save(user, "The user's quarterly report is due Friday", category="docs")
+    await engram.save(user, "A note only the text API saw", category="general")
     await store.aput(("docs",), "r", {"text": "quarterly report draft"})
     assert keys(await store.asearch(("docs",))) == ["r"]
     # A page is full: the unkeyed note, the better match, is left out before paging.
@@ -418,3 +407,25 @@ async def test_a_client_is_given_unconnected_and_the_store_owns_it(engram_url: s
         await store.aput(("given",), "k", {"v": 1})
         item = await store.aget(("given",), "k")
         assert item is not None and item.value == {"v": 1}
+
+
+async def test_an_item_put_with_a_ttl_is_forgotten_when_it_runs_out_unless_read(
+    engram_url: str, engram: EngramClient, user: str
+) -> None:
+    # 0.02 minutes: 1.2 s. A store whose reads do not renew, and one whose reads do.
+    with EngramStore(engram_url, user_id=user, ttl={"refresh_on_read": False}) as store:
+        await store.aput(("cache",), "otp", {"code": "pelican-0093"}, ttl=0.02)
+        await store.aput(("cache",), "read", {"code": "kept while read"}, ttl=0.02)
+        await store.aput(("cache",), "forever", {"code": "no ttl"})
+        otp = await engram.get_by_key(user, "cache", "otp", after=store.token)
+        assert otp is not None and otp.expires_at is not None
+        for _ in range(5):  # 2.5 s: the read item is renewed each time
+            await asyncio.sleep(0.5)
+            assert await store.aget(("cache",), "read", refresh_ttl=True) is not None
+        assert await store.aget(("cache",), "otp") is None
+        assert sorted(keys(await store.asearch(("cache",)))) == ["forever", "read"]
+        note = await engram.get_by_key(user, "cache", "forever")
+        assert note is not None and note.expires_at is None
+    # The expired item was forgotten by Engram's timer, as any forget: no history left.
+    history = await engram.history(user, otp.id)
+    assert history.status == "forgotten" and history.versions == []

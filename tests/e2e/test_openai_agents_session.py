@@ -22,17 +22,6 @@ from services.integrations.openai_agents import EngramSession, draft_of
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
-async def engram(engram_url: str) -> AsyncIterator[EngramClient]:
-    async with EngramClient(engram_url, timeout=30) as client:
-        yield client
-
-
-@pytest.fixture
-def user() -> str:
-    return f"user-{uuid.uuid4().hex[:8]}"
-
-
 @pytest.fixture(autouse=True)
 def no_tracing() -> None:
     set_tracing_disabled(True)
@@ -251,6 +240,8 @@ async def test_messages_keep_the_roles_and_text_of_their_items(engram: EngramCli
         {"type": "reasoning", "id": "rs_1", "summary": []},
         {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "42"}]},
         {"role": "assistant", "content": "   "},
+        # A tool's output with terminal colours and a NUL: stored whole, searched as printable text.
+        {"type": "function_call_output", "call_id": "c2", "output": "\x1b[31mred\x1b[0m\x00"},
     ]
     session = EngramSession("roles", engram, user_id=user)
     await session.add_items(items)
@@ -262,6 +253,7 @@ async def test_messages_keep_the_roles_and_text_of_their_items(engram: EngramCli
         ("tool", '{"type": "reasoning", "id": "rs_1", "summary": []}'),
         ("tool", "42"),
         ("assistant", '{"role": "assistant", "content": "   "}'),
+        ("tool", "[31mred [0m"),  # the escapes and the NUL are spaces
     ]
     assert [m.item for m in listed.messages] == items
     assert await session.get_items() == items

@@ -5,13 +5,12 @@ an event, the whole session erased provably. Real bus, real Redis, Qdrant Edge."
 from __future__ import annotations
 
 import pytest
-import redis.asyncio as aioredis
 
 from contracts.commands import MessageDraft
 from contracts.errors import EngramError, ErrorCode
 from services.bus.client import EngramClient
 from tests.conftest import RunningService
-from tests.support import every_value
+from tests.support import leaked
 
 CALL = {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": '{"city": "Oslo"}'}
 
@@ -71,12 +70,7 @@ async def test_an_erased_session_lists_nothing_and_its_items_are_unreadable(
     erased = await client.forget_session("alice", "s9", confirmed=True)
     assert erased.status == "forgotten" and len(erased.forgotten) == 2
     assert (await client.list_messages("alice", "s9", after=erased.token)).messages == []
-    raw = aioredis.Redis.from_url(service.settings.redis_url)
-    try:
-        leaks = [key async for key, blob in every_value(raw) if b"QX-778812" in blob]
-    finally:
-        await raw.aclose()
-    assert leaks == []
+    assert await leaked(service.settings.redis_url, b"QX-778812") == []
 
 
 async def test_an_erased_user_leaves_no_conversation_or_key_listing(client: EngramClient) -> None:

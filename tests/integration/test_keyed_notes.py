@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import redis.asyncio as aioredis
 
 from contracts.errors import EngramError, ErrorCode
 from services.bus.client import EngramClient
-from tests.conftest import RunningService
-from tests.support import every_value
+from services.config import ROLES
+from tests.conftest import RunningService, service_settings
+from tests.support import leaked
 
 
 async def test_a_put_is_an_upsert_by_key_and_history_keeps_every_version(client: EngramClient) -> None:
@@ -60,12 +60,7 @@ async def test_a_forgotten_key_is_free_again_and_its_value_is_shredded(
     again = await client.put("alice", "prefs", "secret", {"pin": "other"})
     assert again.note_id != put.note_id and again.version == 1
     # Nothing of the forgotten value is readable anywhere in Redis.
-    raw = aioredis.Redis.from_url(service.settings.redis_url)
-    try:
-        leaks = [key async for key, blob in every_value(raw) if b"zebra-4921" in blob]
-    finally:
-        await raw.aclose()
-    assert leaks == []
+    assert await leaked(service.settings.redis_url, b"zebra-4921") == []
 
 
 async def test_a_value_is_searched_by_its_indexed_fields(client: EngramClient) -> None:
@@ -152,3 +147,47 @@ async def test_a_bad_put_is_refused_in_words_naming_the_field(client: EngramClie
     with pytest.raises(EngramError) as conflict:
         await client.put("alice", "ok", "k", {"a": 1}, expected_version=3)
     assert conflict.value.code is ErrorCode.VERSION_CONFLICT
+
+
+async def test_a_note_put_with_a_time_to_live_is_forgotten_when_it_runs_out(
+    client: EngramClient, service: RunningService
+) -> None:
+    put = await client.put("alice", "cache", "otp", {"code": "walrus-5531"}, ttl_seconds=1.0)
+    kept = await client.put("alice", "cache", "kept", {"code": "stays"}, ttl_seconds=1.0)
+    view = await client.get_by_key("alice", "cache", "otp", after=put.token)
+    assert view is not None and view.expires_at is not None
+    renewals = 0
+    for _ in range(6):  # renewed every 0.5 s for 3 s: never runs out
+        await asyncio.sleep(0.5)
+        renewals += (await client.renew("alice", kept.note_id)).version > 1
+    assert renewals == 6
+    # The timer has forgotten the other: the same provable forget as any.
+    history = await client.history("alice", put.note_id)
+    assert history.status == "forgotten" and history.versions == []
+    assert await client.get_by_key("alice", "cache", "otp") is None
+    assert (await client.get_by_key("alice", "cache", "kept")) is not None
+    assert await leaked(service.settings.redis_url, b"walrus-5531") == []
+    # The key is free again; a put without a time to live never expires.
+    again = await client.put("alice", "cache", "otp", {"code": "new"})
+    assert again.note_id != put.note_id
+    assert (await client.get_by_key("alice", "cache", "otp", after=again.token)).expires_at is None  # type: ignore[union-attr]
+
+
+async def test_an_expired_note_reads_as_gone_and_a_put_makes_a_new_one_before_the_timer_comes(
+    redis_url: str,
+) -> None:
+    # A service whose forget saga (and so its timer) does not run: only reads and puts see expiry.
+    roles = frozenset(ROLES) - {"saga"}
+    running = await RunningService(service_settings(redis_url, roles=roles)).start()
+    try:
+        async with EngramClient(redis_url) as client:
+            put = await client.put("alice", "cache", "k", {"v": 1}, ttl_seconds=0.3)
+            await client.get_by_key("alice", "cache", "k", after=put.token)
+            await asyncio.sleep(0.5)
+            assert await client.get_by_key("alice", "cache", "k") is None
+            assert (await client.list_notes("alice", category="cache")).total == 0
+            again = await client.put("alice", "cache", "k", {"v": 2})
+            assert again.note_id != put.note_id and again.version == 1
+            assert (await client.history("alice", put.note_id, after=again.token)).status == "forgotten"
+    finally:
+        await running.stop()

@@ -3,13 +3,29 @@ and turns taken back; plus the pure rules of values (their text, their filters).
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from contracts.commands import PutNote, RequestForget, RetractMessage, SupersedeNote, UpdateNote
+from contracts.commands import (
+    ExpireNote,
+    PutNote,
+    RenewNote,
+    RequestForget,
+    RetractMessage,
+    SupersedeNote,
+    UpdateNote,
+)
 from contracts.errors import EngramError, ErrorCode
-from contracts.events import MessageRecorded, MessageRetracted, NoteSaved, NoteUpdated
+from contracts.events import (
+    MessageRecorded,
+    MessageRetracted,
+    NoteForgotten,
+    NoteRenewed,
+    NoteSaved,
+    NoteUpdated,
+)
 from services.domain.decider import decide, decide_put, identity_claim
 from services.domain.note import ABSENT, fold
 from services.domain.values import check_where, key_claim, matches, text_of, value_json
@@ -102,6 +118,7 @@ def test_the_text_of_a_value_is_its_named_fields_or_all_of_it() -> None:
     assert text_of(value, ["title", "missing"]) == "garden"
     assert text_of({"a.b": "dotted key"}, ["a.b"]) == "dotted key"
     assert text_of({}, None) == "{}" and text_of({"x": ""}, ["x"]) == '{"x":""}'
+    assert text_of({"log": "\x1b[1mbold\x00"}, None) == "[1mbold"  # kept whole in the value
     assert value_json({"b": 1, "a": "é"}) == '{"a":"é","b":1}'
 
 
@@ -135,3 +152,49 @@ def test_an_unknown_operator_is_refused_by_name() -> None:
     with pytest.raises(EngramError) as refused:
         check_where({"age": {"$between": [1, 2]}})
     assert refused.value.code is ErrorCode.INVALID_PARAMETER and "$between" in refused.value.message
+
+
+# Times to live ------------------------------------------------------------------------------------
+
+
+def test_a_put_with_a_time_to_live_expires_then_and_each_put_starts_it_again() -> None:
+    (append,) = decide_put(put({"a": 1}, ttl_seconds=60), "note0001", ABSENT, NOW)
+    (event,) = append.events
+    assert isinstance(event, NoteSaved)
+    assert (event.expires_at, event.ttl_seconds) == (NOW + timedelta(seconds=60), 60)
+    state = fold([event])
+    later = NOW + timedelta(seconds=30)
+    (same_value,) = decide_put(put({"a": 1}, ttl_seconds=60), "note0001", state, later)
+    (renewed,) = same_value.events
+    assert isinstance(renewed, NoteUpdated) and renewed.expires_at == later + timedelta(seconds=60)
+    assert (renewed.content, renewed.value) == (None, None)
+    (without,) = decide_put(put({"a": 1}), "note0001", state, later)
+    (cleared,) = without.events
+    assert isinstance(cleared, NoteUpdated) and cleared.expiry_cleared
+    assert fold([event, cleared]).expires_at is None
+
+
+def test_a_renewal_restarts_the_time_to_live_and_a_note_without_one_stays_as_it_is() -> None:
+    (saved_with_ttl,) = decide_put(put({"a": 1}, ttl_seconds=10), "note0001", ABSENT, NOW)[0].events
+    renew = RenewNote(command_id="c2", user_id=USER, note_id="note0001")
+    later = NOW + timedelta(seconds=5)
+    (append,) = decide(renew, {"note0001": fold([saved_with_ttl])}, ["note0001"], later)
+    (event,) = append.events
+    assert isinstance(event, NoteRenewed) and event.expires_at == later + timedelta(seconds=10)
+    (nothing,) = decide(renew, {"note0001": fold([first_put()])}, ["note0001"], later)
+    assert nothing.events == []
+
+
+def test_an_expired_note_is_forgotten_as_a_confirmed_forget_is_and_a_renewed_one_is_not() -> None:
+    (saved_with_ttl,) = decide_put(put({"a": 1}, ttl_seconds=10), "note0001", ABSENT, NOW)[0].events
+    state = fold([saved_with_ttl])
+    expire = ExpireNote(command_id="c3", user_id=USER, note_id="note0001")
+    (early,) = decide(expire, {"note0001": state}, ["note0001"], NOW + timedelta(seconds=9))
+    assert early.events == []
+    (due,) = decide(expire, {"note0001": state}, ["note0001"], NOW + timedelta(seconds=10))
+    (event,) = due.events
+    assert isinstance(event, NoteForgotten) and event.reason == "expired"
+    assert due.shred and due.releases == [key_claim("prefs", "food")]
+    gone = fold([saved_with_ttl, event])
+    (again,) = decide(expire, {"note0001": gone}, ["note0001"], NOW + timedelta(seconds=20))
+    assert again.events == []

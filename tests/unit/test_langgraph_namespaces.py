@@ -178,21 +178,21 @@ def test_the_store_refuses_before_any_io(offline_store: EngramStore) -> None:
             store.put(("x" * 201,), "k", {"v": 1})
         with pytest.raises(InvalidNamespaceError, match="does not fit"):
             store.search(("memories", "é" * 150))
-        with pytest.raises(NotImplementedError, match="TTL is not supported by EngramStore"):
-            store.put(("memories",), "k", {"v": 1}, ttl=5)
-        with pytest.raises(NotImplementedError, match="TTL"):
-            store.batch([PutOp(("memories",), "k", {"v": 1}, ttl=1.0)])
+        with pytest.raises(ValueError, match="ttl is in minutes"):
+            store.put(("memories",), "k", {"v": 1}, ttl=-5)
+        with pytest.raises(ValueError, match="ttl"):
+            store.batch([PutOp(("memories",), "k", {"v": 1}, ttl=10 * 365 * 24 * 60 + 1)])
         with pytest.raises(InvalidNamespaceError, match="empty"):
             store.batch([PutOp((), "k", {"v": 1})])
-        assert store.supports_ttl is False
+        assert store.supports_ttl is True
     with pytest.raises(RuntimeError, match="closed"):
         store.get(("memories",), "k")
 
 
 async def test_the_async_api_refuses_the_same(offline_store: EngramStore) -> None:
     async with offline_store as store:
-        with pytest.raises(NotImplementedError, match="TTL"):
-            await store.aput(("memories",), "k", {"v": 1}, ttl=5)
+        with pytest.raises(ValueError, match="ttl"):
+            await store.aput(("memories",), "k", {"v": 1}, ttl=0)
         with pytest.raises(InvalidNamespaceError):
             await store.alist_namespaces(prefix=("é" * 150,))
 
