@@ -17,6 +17,8 @@ MAX_CATEGORY_CHARS = 200
 MAX_KEY_CHARS = 512
 MAX_VALUE_BYTES = 65_536
 MAX_INDEX_FIELDS = 20
+# A conversation turn's item (MessageDraft.item) as JSON: room for an image sent inline.
+MAX_ITEM_BYTES = 1024 * 1024
 # The longest time to live a put may ask for (ten years).
 MAX_TTL_SECONDS = 10 * 365 * 86_400
 # How deep a search may page (SearchNotes.offset + top_k).

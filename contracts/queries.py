@@ -58,8 +58,8 @@ class GetNoteByKey(Query, tag="get_note_by_key", frozen=True, kw_only=True):
 
 # A filter on a keyed note's value (LangGraph's ``filter``): {"field": value} is equality,
 # {"field": {"$eq"|"$ne"|"$gt"|"$gte"|"$lt"|"$lte": value}} compares; every condition must hold.
-# A dotted field ("a.b") reads nested objects. A note without a value matches no condition
-# (but "$ne", which a missing field satisfies).
+# A dotted field ("a.b") reads nested objects. A missing field (a note without a value has
+# none) satisfies "$ne" and equality with null only, as in LangGraph's stores.
 Where = Annotated[dict[str, Any], msgspec.Meta(max_length=20)]
 
 

@@ -102,6 +102,10 @@ class HistoryProjection(GenerationalProjection[_Writes]):
 
     def _queue(self, pipe: Pipeline, writes: _Writes) -> None:
         keys = self.keys
+        # Erasures first: what the batch wrote before one is already left out of ``writes``,
+        # and what it wrote after one (a conversation cleared, then spoken in again) must stay.
+        if writes.erased:
+            pipe.delete(*writes.erased)
         for user_id, members in writes.stale_members.items():
             pipe.zrem(keys.order(user_id, True), *members)
             pipe.zrem(keys.order(user_id, False), *members)
@@ -126,8 +130,6 @@ class HistoryProjection(GenerationalProjection[_Writes]):
                 pipe.zadd(name, {message_id: score})
         for user_id, listings in writes.sessions.items():
             pipe.sadd(keys.sessions(user_id), *listings)  # relative names: a rebuild's keys match
-        if writes.erased:
-            pipe.delete(*writes.erased)
 
     async def make_live(self, previous: int) -> bool:
         """Switch queries to this generation if ``previous`` is still live; then drop the old one."""
@@ -256,7 +258,10 @@ def _fold(
 def _track_key(writes: _Writes, keys: HistoryKeys, before: NoteView | None, after: NoteView) -> None:
     """A keyed note is found by its key while it is active; superseded or forgotten, the key is
     free for a new note (the event store released its claim in the same append)."""
-    if before is not None and before.key is not None and after.status is not NoteStatus.ACTIVE:
+    # Only when it stops being active: a note superseded long ago that is forgotten now no
+    # longer holds its key, which a newer note may hold.
+    was_active = before is not None and before.status is NoteStatus.ACTIVE
+    if was_active and before is not None and before.key is not None and after.status is not NoteStatus.ACTIVE:
         writes.keyed[(keys.keyed(after.user_id), keyed_field(before.category, before.key))] = None
     if after.key is not None and after.status is NoteStatus.ACTIVE:
         writes.keyed[(keys.keyed(after.user_id), keyed_field(after.category, after.key))] = after.id

@@ -178,9 +178,10 @@ def keyed_field(category: str, key: str) -> str:
 
 def said_score(position: str) -> float:
     """A turn's place in its conversation: its log position (milliseconds, then sequence) as
-    one float that keeps its precision (sequence numbers past 4095 in one millisecond aside)."""
+    one float that keeps its precision until the year 2255 (sequence numbers past 999 in one
+    millisecond of one partition's log aside)."""
     ms, seq = position.split("-")
-    return int(ms) * 4096 + min(int(seq), 4095)
+    return int(ms) * 1000 + min(int(seq), 999)
 
 
 def order_member(view: NoteView) -> bytes:

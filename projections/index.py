@@ -253,6 +253,8 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
                 meta.version = event.version
                 meta.status = "superseded"
             elif isinstance(event, NoteForgotten | MessageRetracted):
+                if isinstance(event, MessageRetracted):
+                    turns.retract(event)
                 # A retracted turn leaves searches as a forgotten note does (its text stays in
                 # the log, sealed, until its session or user is forgotten).
                 meta.version = event.version
@@ -372,7 +374,11 @@ class _Turns:
         self._store = store
         self._keys = keys
         self._sessions = list(
-            dict.fromkeys((e.event.user_id, e.event.session_id) for e in batch if isinstance(e.event, MessageRecorded))
+            dict.fromkeys(
+                (e.event.user_id, e.event.session_id)
+                for e in batch
+                if isinstance(e.event, MessageRecorded | MessageRetracted)
+            )
         )
         self._recent: dict[tuple[str, str], list[tuple[str, str]]] = {}
         self._changed: set[tuple[str, str]] = set()
@@ -387,7 +393,8 @@ class _Turns:
             self._recent[(user_id, session_id)] = [
                 (i, indexed_text(loaded[i].state.speaker, loaded[i].state.content))
                 for i in ids
-                if loaded[i].state.content  # a forgotten turn is no context
+                # A forgotten turn is no context, nor is a retracted one.
+                if loaded[i].state.content and not loaded[i].state.retracted
             ]
 
     def before(self, event: MessageRecorded) -> list[str]:
@@ -403,6 +410,14 @@ class _Turns:
         del recent[: max(0, len(recent) - CONTEXT_TURNS)]
         self._changed.add(session)
         return texts
+
+    def retract(self, event: MessageRetracted) -> None:
+        """A retracted turn is no context for the turns after it. (Turns indexed before it was
+        retracted keep it in their context points; an agent framework retracts the latest.)"""
+        session = (event.user_id, event.session_id)
+        recent = self._recent.setdefault(session, [])
+        recent[:] = [(i, text) for i, text in recent if i != event.note_id]
+        self._changed.add(session)
 
     def forget(self, user_id: str, session_id: str) -> None:
         """The session was erased: a turn recorded in it later starts afresh."""

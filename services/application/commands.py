@@ -27,11 +27,12 @@ from contracts.commands import (
     SupersedeNote,
 )
 from contracts.errors import EngramError, ErrorCode, ErrorReply
+from contracts.model import NoteStatus
 from contracts.queries import CommandReply, NotesWritten, NoteWritten, WrittenNote
 from services.application import unit_of_work
 from services.application.advice import SaveAdvisor
 from services.application.decoding import decode_request
-from services.application.ports import ContentTaken, EventStore, HeldDraft, Outcome, OutcomeDetail
+from services.application.ports import ContentTaken, EventStore, HeldDraft, LoadedNote, Outcome, OutcomeDetail
 from services.application.unit_of_work import Decision, Work
 from services.domain.decider import (
     IdCollision,
@@ -172,6 +173,11 @@ class _Write(Work[NoteWritten | NotesWritten]):
         return reply
 
 
+# How often a put reads who holds its key before giving up: each read after the first follows a
+# note that expired or was forgotten meanwhile (which gave the key back).
+HOLDER_READS = 8
+
+
 class _Put(Work[NoteWritten | NotesWritten]):
     """A put by key: the note holding the key is found by its claim in the event store (the
     authority, not a read model), then updated; with none, a new note claims the key. Two puts
@@ -187,27 +193,33 @@ class _Put(Work[NoteWritten | NotesWritten]):
 
     async def decide(self) -> Decision | NoteWritten:
         command, store = self._command, self._store
+        user_id, now = command.user_id, self._clock()
         claim = key_claim(command.category, command.key)
-        holder = await store.content_holder(command.user_id, claim)
-        if holder is not None:
-            held = (await store.load(command.user_id, [holder]))[holder]
-            if expired(held.state, self._clock()):
+        for _ in range(HOLDER_READS):
+            holder = await store.content_holder(user_id, claim)
+            if holder is None:
+                break
+            held = (await store.load(user_id, [holder]))[holder]
+            if expired(held.state, now):
                 # Its time ran out and the saga's timer has not come by yet: forget it as the
                 # timer would, so this put makes a new note instead of reviving the old one.
-                await self._service.execute(
-                    ExpireNote(
-                        command_id=expiry_command_id(holder, held.state), user_id=command.user_id, note_id=holder
-                    )
-                )
-                holder = await store.content_holder(command.user_id, claim)
-        while True:
-            note_id = holder or new_note_id(command.user_id, command.command_id, 0, self._salt)
-            loaded = (await store.load(command.user_id, [note_id]))[note_id]
-            if holder is None and loaded.state.exists:
-                self._salt += 1  # a derived id is taken: derive the next one
+                expire = ExpireNote(command_id=expiry_command_id(holder, held.state), user_id=user_id, note_id=holder)
+                await self._service.execute(expire)
                 continue
-            break
-        appends = decide_put(command, note_id, loaded.state, self._clock())
+            if held.state.status is NoteStatus.ACTIVE and held.state.key == command.key:
+                return self._decided(holder, held)
+            # Forgotten or superseded between the two reads: its append gave the key back.
+        else:
+            raise EngramError(ErrorCode.VERSION_CONFLICT, f"key {command.key!r} kept changing hands; retry the put")
+        while True:
+            note_id = new_note_id(user_id, command.command_id, 0, self._salt)
+            loaded = (await store.load(user_id, [note_id]))[note_id]
+            if not loaded.state.exists:
+                return self._decided(note_id, loaded)
+            self._salt += 1  # a derived id is taken: derive the next one
+
+    def _decided(self, note_id: str, loaded: LoadedNote) -> Decision | NoteWritten:
+        appends = decide_put(self._command, note_id, loaded.state, self._clock())
         if appends[0].events:
             return Decision(appends=appends)
         token = channels.format_token(self._partition, loaded.position or "0-0")

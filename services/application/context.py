@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from xml.sax.saxutils import escape, quoteattr
 
 from contracts.errors import EngramError, ErrorCode
 from contracts.model import NoteKind, NoteView
 from contracts.queries import BuildContext, ContextReply, SearchNotes
 from services.application.ports import NoteHistory
-from services.application.search import SearchService
+from services.application.search import SearchService, lapsed
 
 MARKDOWN_HEADER = (
     "## Your Memory\n\n"
@@ -169,7 +170,8 @@ class ContextService:
         self._count = count
 
     async def build(self, query: BuildContext) -> ContextReply:
-        notes = await self._history.list_notes(query.user_id, None, False)
+        now = datetime.now(UTC)
+        notes = [n for n in await self._history.list_notes(query.user_id, None, False) if not lapsed(n, now)]
         relevance: dict[str, float] = {}
         episodes: list[NoteView] = []
         if query.query is not None and self._search is not None:

@@ -243,8 +243,10 @@ class _ForgetNotes(Work[ForgetReply]):
     async def decide(self) -> Decision:
         service, command, ids = self._service, self._command, self._ids
         # Other pending deletions of notes of this user, as the saga knows them (they lapse). A
-        # pending erasure of the user or of a session is not one: it stays pending.
-        pending = await service._pending.of(command.user_id)
+        # pending erasure of the user or of a session is not one: it stays pending. Nor is a
+        # confirmed forget (an operator's, an adapter's delete) a second call of the user's
+        # conversation: it leaves what the user is about to confirm pending.
+        pending = [] if command.confirmed else await service._pending.of(command.user_id)
         others = [i for i in pending if i not in ids and not is_control_stream(i)]
         loaded = await service._store.load(command.user_id, [*ids, *others])
         states = {i: loaded[i].state for i in ids}

@@ -124,7 +124,9 @@ class QueryService:
             return MessagesReply(messages=messages, total=total)
         if isinstance(query, ListRecent):
             notes, total = await history.list_recent(query.user_id, query.limit)
-            return NotesReply(notes=notes, total=total)
+            now = datetime.now(UTC)
+            live = [n for n in notes if not lapsed(n, now)]
+            return NotesReply(notes=live, total=total - (len(notes) - len(live)))
         if isinstance(query, BuildContext):
             return await self._context.build(query)
         raise TypeError(f"unknown query {type(query).__name__}")

@@ -78,7 +78,8 @@ def _scopes(query: SearchNotes, subject_key: Callable[[str, str], str]) -> list[
     if query.subject is not None:
         match["subject_key"] = subject_key(query.user_id, query.subject)
     scopes = [match]
-    if query.include_conversation:
+    # A filter on values or keys is a filter on notes: turns have neither.
+    if query.include_conversation and not (query.where or query.keyed_only):
         # Without a session: every conversation the user has had (long-term memory).
         said: dict[str, str | list[str]] = {"record": CONVERSATION}
         if query.session_id is not None:
@@ -128,8 +129,11 @@ class SearchService:
         sparse = sparse_query(query.query)
         window = TimeWindow(_ts(query.since), _ts(query.until))
         # Several points of one note or turn may rank together; fetch enough to fill the page (a
-        # filter on values leaves some out after the index has ranked them).
-        limit = max(CANDIDATES, depth * (20 if query.where or query.keyed_only else 10))
+        # filter on values leaves some out after the index has ranked them). Sized by the page,
+        # not by the offset: every page of one search (same query, same top_k)
+        # is a slice of one ranking, which the fusion's scaling over the candidates would not be
+        # if a deeper page fetched more of them. A page past them comes back short.
+        limit = max(CANDIDATES, query.top_k * (20 if query.where or query.keyed_only else 10))
         scopes = _scopes(query, self._runtime.subjects.match_key)
         asked = [
             NearestQuery(
@@ -196,7 +200,8 @@ class SearchService:
         re-ordered by the name boost: who said a turn is known only here (the index keeps no
         speakers), and a note's subject is read with it."""
         results: list[SearchHit] = []
-        start, size = 0, max(wanted * 2, NAMED_WINDOW)
+        # The first slice, which the name boost re-orders, is sized by the page too (see above).
+        start, size = 0, max(query.top_k * 2, NAMED_WINDOW)
         while start < len(candidates) and len(results) < wanted:
             window = candidates[start : start + size]
             notes, messages = await self._history.get_many(

@@ -49,11 +49,11 @@ from contracts.events import (
     UserForgotten,
     session_stream,
 )
-from contracts.limits import MAX_VALUE_BYTES
+from contracts.limits import MAX_ITEM_BYTES, MAX_VALUE_BYTES
 from contracts.model import NoteKind, NoteSource, NoteStatus
 from services.domain.ids import event_id, new_note_id
 from services.domain.note import NoteState
-from services.domain.values import UNPRINTABLE, key_claim, text_of, value_json
+from services.domain.values import UNPRINTABLE, key_claim, same_value, text_of, value_json
 
 DEFAULT_FORGET_TTL = timedelta(seconds=300)
 
@@ -260,6 +260,11 @@ def _record(
         raise IdCollision(message_id)
     _check_text("content", turn.content)
     _check_text("speaker", turn.speaker)
+    item = value_json(turn.item) if turn.item is not None else None
+    if item is not None and len(item.encode()) > MAX_ITEM_BYTES:
+        raise EngramError(
+            ErrorCode.INVALID_PARAMETER, f"item is {len(item.encode())} bytes as JSON; the limit is {MAX_ITEM_BYTES}"
+        )
     event = MessageRecorded(
         **_header(command, message_id, 1, now),
         session_id=session_id,
@@ -267,7 +272,7 @@ def _record(
         content=turn.content,
         speaker=turn.speaker,
         sent_at=turn.sent_at,
-        item=value_json(turn.item) if turn.item is not None else None,
+        item=item,
     )
     return StreamAppend(note_id=message_id, expected_version=0, events=[event])
 
@@ -284,6 +289,8 @@ def _retract(command: RetractMessage, state: NoteState, now: datetime) -> list[S
 
 def _renew(command: RenewNote, state: NoteState, now: datetime) -> list[StreamAppend]:
     _require_active(command.note_id, state)
+    if expired(state, now):  # already read as gone: a renewal must not bring it back
+        raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"Memory with ID {command.note_id} has expired")
     if state.ttl_seconds is None:  # it never expires: nothing to renew
         return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[])]
     event = NoteRenewed(
@@ -360,12 +367,13 @@ def decide_put(command: PutNote, note_id: str, state: NoteState, now: datetime) 
         raise AssertionError(f"{note_id} does not hold key {command.key!r} in {command.category}")
     _check_version(note_id, command.expected_version, state)
     cleared = expires_at is None and state.expires_at is not None
-    if text == state.content and value == state.value and expires_at is None and not cleared:
+    unchanged = same_value(state.value, command.value)
+    if text == state.content and unchanged and expires_at is None and not cleared:
         return [StreamAppend(note_id=note_id, expected_version=state.version, events=[])]
     event_ = NoteUpdated(
         **_header(command, note_id, state.version + 1, now),
         content=text if text != state.content else None,
-        value=value if value != state.value else None,
+        value=None if unchanged else value,
         expires_at=expires_at,
         ttl_seconds=command.ttl_seconds,
         expiry_cleared=cleared,

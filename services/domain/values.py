@@ -26,8 +26,13 @@ def key_claim(category: str, key: str) -> str:
 
 
 def value_json(value: Mapping[str, Any]) -> str:
-    """The JSON text a value is kept as; the same value (key order aside) is the same text."""
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    """The JSON text a value or an item is kept as, its fields in the order given."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def same_value(kept: str | None, value: Mapping[str, Any]) -> bool:
+    """Whether a value kept as JSON text is this value (field order aside)."""
+    return kept is not None and json.loads(kept) == value
 
 
 def text_of(value: Mapping[str, Any], index: Sequence[str] | None) -> str:
@@ -97,7 +102,10 @@ def matches(value: Mapping[str, Any] | None, where: Mapping[str, Any]) -> bool:
         if isinstance(condition, Mapping) and condition and all(k in OPERATORS for k in condition):
             if not all(_compare(found, op, operand) for op, operand in condition.items()):
                 return False
-        elif found is _MISSING or found != condition:
+        elif found is _MISSING:
+            if condition is not None:  # a missing field equals None, as LangGraph's stores read it
+                return False
+        elif found != condition:
             return False
     return True
 
@@ -106,7 +114,7 @@ def _compare(found: Any, op: str, operand: Any) -> bool:
     if op == "$ne":
         return found is _MISSING or found != operand
     if found is _MISSING:
-        return False
+        return op == "$eq" and operand is None
     if op == "$eq":
         return bool(found == operand)
     # Order only within one kind of value: numbers with numbers, text with text.

@@ -419,7 +419,11 @@ class EngramStore(BaseStore):
     async def _renew(self, client: EngramClient, notes: Iterable[NoteView]) -> None:
         """Start the time to live of the items a read returns again (those that have one)."""
         renewing = [client.renew(self.user_id, note.id) for note in notes if note.expires_at is not None]
-        for written in await asyncio.gather(*renewing):
+        for written in await asyncio.gather(*renewing, return_exceptions=True):
+            if isinstance(written, EngramError) and written.code is ErrorCode.MEMORY_NOT_FOUND:
+                continue  # it ran out between the read and the renewal: the read stands
+            if isinstance(written, BaseException):
+                raise written
             self._track(written.token)
 
     async def _search(self, client: EngramClient, op: SearchOp) -> list[SearchItem]:
@@ -428,9 +432,11 @@ class EngramStore(BaseStore):
         found: list[tuple[NoteView | None, SearchItem]] = []
         offset, wanted = op.offset, op.limit
         if op.query and op.query.strip():
-            # Paged by Engram's top_k; a search reaches SEARCH_DEPTH_MAX deep at most.
+            # Paged by Engram's top_k, every page the same size: the pages of one search are then
+            # slices of one ranking. A search reaches SEARCH_DEPTH_MAX deep at most.
+            size = min(wanted, SEARCH_TOP_K_MAX)
             while wanted > 0 and offset < SEARCH_DEPTH_MAX:
-                page = min(wanted, SEARCH_TOP_K_MAX, SEARCH_DEPTH_MAX - offset)
+                page = min(size, SEARCH_DEPTH_MAX - offset)
                 reply = await client.search(
                     self.user_id,
                     op.query,
@@ -441,10 +447,11 @@ class EngramStore(BaseStore):
                     offset=offset,
                     after=self.token,
                 )
-                found += [(hit.note, item) for hit in reply.results if (item := _search_item(hit.note, hit.score))]
+                hits = reply.results[:wanted]
+                found += [(hit.note, item) for hit in hits if (item := _search_item(hit.note, hit.score))]
                 if len(reply.results) < page:
                     break
-                offset, wanted = offset + page, wanted - page
+                offset, wanted = offset + page, wanted - len(hits)
             return await self._returned(client, op, found)
         while wanted > 0:
             page = min(wanted, LIST_NOTES_MAX)

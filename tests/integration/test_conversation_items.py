@@ -4,13 +4,20 @@ an event, the whole session erased provably. Real bus, real Redis, Qdrant Edge."
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import pytest
+import redis.asyncio as aioredis
+
+from contracts.channels import IndexKeys
 from contracts.commands import MessageDraft
 from contracts.errors import EngramError, ErrorCode
+from projections.history import HistoryProjection, live_generation
+from projections.index import live_index_generation
+from services.adapters.event_store import RedisEventStore
 from services.bus.client import EngramClient
 from tests.conftest import RunningService
-from tests.support import leaked
+from tests.support import dump, leaked, master_key_for_tests
 
 CALL = {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": '{"city": "Oslo"}'}
 
@@ -80,3 +87,43 @@ async def test_an_erased_user_leaves_no_conversation_or_key_listing(client: Engr
     assert (await client.list_messages("carol", "s1", after=erased.token)).messages == []
     assert await client.get_by_key("carol", "prefs", "k", after=erased.token) is None
     assert (await client.list_categories("carol", after=erased.token)).categories == []
+
+
+async def test_a_retracted_turn_is_no_context_for_the_turns_after_it(client: EngramClient, redis_url: str) -> None:
+    first = await client.record_message("alice", "s1", "good morning")
+    said = await client.record_message("alice", "s1", "my card number is 4111 2222 3333 4444")
+    await client.retract_message("alice", said.note_id)
+    after = await client.record_message("alice", "s1", "hello again")
+    hits = await client.search("alice", "card number 4111", include_conversation=True, top_k=5, after=after.token)
+    assert said.note_id not in [h.note_id for h in hits.results]
+    # The turns a next turn is read after (its context point's text) no longer hold it.
+    redis = aioredis.Redis.from_url(redis_url)
+    try:
+        keys = IndexKeys(0, await live_index_generation(redis, 0))
+        tail = json.loads(await redis.get(keys.session("alice", "s1")))
+    finally:
+        await redis.aclose()
+    assert tail == [first.note_id, after.note_id]
+
+
+async def test_a_conversation_cleared_and_spoken_in_again_rebuilds_to_the_same_read_model(
+    client: EngramClient, redis_url: str
+) -> None:
+    """A rebuild applies the log in large batches, so an erasure and the writes after it land in
+    one batch: those writes must survive it, as they did live."""
+    await client.record_messages("alice", "s1", [MessageDraft(content="first"), MessageDraft(content="second")])
+    await client.forget_session("alice", "s1", confirmed=True)
+    again = await client.record_message("alice", "s1", "after the clear", item={"n": 1})
+    await client.put("bob", "prefs", "k", {"v": 1})
+    await client.forget_user("bob", confirmed=True)
+    last = await client.put("bob", "prefs", "k", {"v": 2})
+    listed = await client.list_messages("alice", "s1", after=last.token)
+    assert [m.id for m in listed.messages] == [again.note_id]
+    assert (await client.get_by_key("bob", "prefs", "k", after=last.token)).value == {"v": 2}  # type: ignore[union-attr]
+    redis = aioredis.Redis.from_url(redis_url)
+    try:
+        store = RedisEventStore(redis, 1, 3600, master_key_for_tests())
+        await HistoryProjection(redis, 0, generation=77).rebuild(store)
+        assert await dump(redis, 0, 77) == await dump(redis, 0, await live_generation(redis, 0))
+    finally:
+        await redis.aclose()

@@ -99,11 +99,20 @@ async def test_filters_compare_values_and_pages_count_every_match(client: Engram
 
 async def test_search_pages_through_results(client: EngramClient) -> None:
     token = None
-    for i in range(8):
-        token = (await client.put("alice", "pets", f"p{i}", {"text": f"my dog number {i} likes the park"})).token
-    whole = await client.search("alice", "dog park", top_k=8, category="pets", after=token)
-    page = await client.search("alice", "dog park", top_k=3, offset=3, category="pets", after=token)
-    assert [h.note_id for h in page.results] == [h.note_id for h in whole.results[3:6]]
+    for i in range(30):
+        value = {"text": f"my dog number {i} likes the park" if i % 2 else f"my cat number {i} sleeps all day"}
+        token = (await client.put("alice", "pets", f"p{i}", value)).token
+    # The pages of one search (same query, same top_k) are slices of one ranking: none repeats
+    # a hit, together they hold every note, and the dogs come before the cats.
+    pages = [
+        (await client.search("alice", "dog park", top_k=10, offset=o, category="pets", after=token)).results
+        for o in (0, 10, 20)
+    ]
+    seen = [h.note.key for page in pages for h in page if h.note]
+    assert len(seen) == 30 and len(set(seen)) == 30
+    scores = [h.score for page in pages for h in page]
+    assert scores == sorted(scores, reverse=True)
+    assert {int(k[1:]) % 2 for k in seen[:15]} == {1}
     with pytest.raises(EngramError) as refused:
         await client.search("alice", "dog", top_k=20, offset=90)
     assert refused.value.code is ErrorCode.INVALID_PARAMETER
@@ -186,8 +195,26 @@ async def test_an_expired_note_reads_as_gone_and_a_put_makes_a_new_one_before_th
             await asyncio.sleep(0.5)
             assert await client.get_by_key("alice", "cache", "k") is None
             assert (await client.list_notes("alice", category="cache")).total == 0
+            assert put.note_id not in [n.id for n in (await client.list_recent("alice")).notes]
+            assert put.note_id not in (await client.context("alice")).note_ids
+            with pytest.raises(EngramError) as renewed:
+                await client.renew("alice", put.note_id)  # gone already: not brought back
+            assert renewed.value.code is ErrorCode.MEMORY_NOT_FOUND
             again = await client.put("alice", "cache", "k", {"v": 2})
             assert again.note_id != put.note_id and again.version == 1
             assert (await client.history("alice", put.note_id, after=again.token)).status == "forgotten"
     finally:
         await running.stop()
+
+
+async def test_a_key_given_back_by_a_superseded_note_stays_with_its_new_holder(client: EngramClient) -> None:
+    old = await client.put("alice", "prefs", "tea", {"kind": "green"})
+    plain = await client.save("alice", "Alice now drinks black tea", advise=False)
+    await client.supersede("alice", old.note_id, plain.note_id)  # gives the key back
+    new = await client.put("alice", "prefs", "tea", {"kind": "black"})
+    assert new.note_id != old.note_id
+    # The superseded note forgotten later must not take the key from its new holder.
+    gone = await client.forget("alice", note_ids=[old.note_id], confirmed=True)
+    found = await client.get_by_key("alice", "prefs", "tea", after=gone.token)
+    assert found is not None and found.id == new.note_id
+    assert (await client.list_categories("alice", keyed_only=True, after=gone.token)).categories == ["prefs"]

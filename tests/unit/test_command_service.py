@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import msgspec
 import pytest
 
-from contracts.commands import SaveNote, UpdateNote
+from contracts.commands import PutNote, SaveNote, SupersedeNote, UpdateNote
 from contracts.errors import EngramError, ErrorCode
 from services.application.commands import CommandService
 from services.domain.ids import new_note_id
@@ -183,3 +183,28 @@ async def test_a_retry_spelling_out_a_default_or_carrying_a_newer_token_is_the_s
     first = await service.execute(SaveNote(command_id="c1", user_id="u", content="hello"))
     again = await service.execute(SaveNote(command_id="c1", user_id="u", content="hello", importance=0.5))
     assert again.replayed and again.note_id == first.note_id  # type: ignore[union-attr]
+
+
+async def test_a_put_that_finds_its_key_just_given_back_makes_a_new_note(
+    service: CommandService, store: InMemoryEventStore
+) -> None:
+    held = await service.execute(PutNote(command_id="p1", user_id="u", category="c", key="k", value={"v": 1}))
+    other = await service.execute(SaveNote(command_id="s1", user_id="u", content="another"))
+    # Between the put's read of the key's holder and its read of that note, the note is
+    # superseded (its append gives the key back): the put reads the holder again.
+    real_holder = store.content_holder
+    stale = True
+
+    async def holder_read_just_before_the_supersede(user_id, digest):  # type: ignore[no-untyped-def]
+        nonlocal stale
+        if stale:
+            stale = False
+            await service.execute(
+                SupersedeNote(command_id="x", user_id="u", note_id=held.note_id, superseded_by=other.note_id)  # type: ignore[union-attr]
+            )
+            return held.note_id  # type: ignore[union-attr]
+        return await real_holder(user_id, digest)
+
+    store.content_holder = holder_read_just_before_the_supersede  # type: ignore[method-assign]
+    again = await service.execute(PutNote(command_id="p2", user_id="u", category="c", key="k", value={"v": 2}))
+    assert again.note_id != held.note_id and again.version == 1  # type: ignore[union-attr]

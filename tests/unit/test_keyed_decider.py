@@ -119,7 +119,7 @@ def test_the_text_of_a_value_is_its_named_fields_or_all_of_it() -> None:
     assert text_of({"a.b": "dotted key"}, ["a.b"]) == "dotted key"
     assert text_of({}, None) == "{}" and text_of({"x": ""}, ["x"]) == '{"x":""}'
     assert text_of({"log": "\x1b[1mbold\x00"}, None) == "[1mbold"  # kept whole in the value
-    assert value_json({"b": 1, "a": "é"}) == '{"a":"é","b":1}'
+    assert value_json({"b": 1, "a": "é"}) == '{"b":1,"a":"é"}'  # kept in the order given
 
 
 @pytest.mark.parametrize(
@@ -133,7 +133,9 @@ def test_the_text_of_a_value_is_its_named_fields_or_all_of_it() -> None:
         ({"owner.name": "ann"}, True),
         ({"owner": {"name": "ann"}}, True),
         ({"missing": {"$ne": 1}}, True),
-        ({"missing": {"$eq": None}}, False),
+        ({"missing": {"$eq": None}}, True),
+        ({"missing": None}, True),
+        ({"kind": None}, False),
         ({"kind": {"$gt": 1}}, False),
         ({"age": {"$ne": 3}}, False),
     ],
@@ -145,7 +147,9 @@ def test_filters_on_values(where: dict[str, Any], expected: bool) -> None:
 
 def test_a_note_without_a_value_matches_only_what_a_missing_field_satisfies() -> None:
     assert not matches(None, {"kind": "dog"})
+    assert not matches(None, {"kind": {"$gt": 1}})
     assert matches(None, {"kind": {"$ne": "dog"}})
+    assert matches(None, {"kind": None})
 
 
 def test_an_unknown_operator_is_refused_by_name() -> None:
@@ -198,3 +202,11 @@ def test_an_expired_note_is_forgotten_as_a_confirmed_forget_is_and_a_renewed_one
     gone = fold([saved_with_ttl, event])
     (again,) = decide(expire, {"note0001": gone}, ["note0001"], NOW + timedelta(seconds=20))
     assert again.events == []
+
+
+def test_an_expired_note_cannot_be_renewed_back() -> None:
+    (saved_with_ttl,) = decide_put(put({"a": 1}, ttl_seconds=10), "note0001", ABSENT, NOW)[0].events
+    renew = RenewNote(command_id="c2", user_id=USER, note_id="note0001")
+    with pytest.raises(EngramError) as refused:
+        decide(renew, {"note0001": fold([saved_with_ttl])}, ["note0001"], NOW + timedelta(seconds=10))
+    assert refused.value.code is ErrorCode.MEMORY_NOT_FOUND
