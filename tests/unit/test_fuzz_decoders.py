@@ -12,28 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from services.application.commands import CommandService
 from services.application.queries import QueryService
 from tests.builders import bodies
-from tests.fakes import InMemoryEventStore
+from tests.fakes import InMemoryEventStore, InMemoryHistory
 
 pytestmark = pytest.mark.unit
-
-
-class EmptyHistory:
-    """A read model with no notes at all."""
-
-    async def wait_for(self, token: str, timeout: float) -> bool:
-        return True
-
-    async def get_note(self, user_id: str, note_id: str) -> None:
-        return None
-
-    async def history(self, user_id: str, note_id: str) -> None:
-        return None
-
-    async def list_notes(self, user_id: str, category: str | None, include_superseded: bool) -> list[object]:
-        return []
-
-    async def list_recent(self, user_id: str, limit: int) -> tuple[list[object], int]:
-        return [], 0
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -50,7 +31,7 @@ async def test_any_command_body_gets_a_reply_not_an_exception(body: bytes) -> No
 @settings(max_examples=200, deadline=None)
 @given(body=bodies)
 async def test_any_query_body_gets_a_reply_not_an_exception(body: bytes) -> None:
-    service = QueryService(EmptyHistory(), 0.01)  # type: ignore[arg-type]
+    service = QueryService(InMemoryHistory(InMemoryEventStore()), 0.01)
     reply = msgspec.json.decode(await service.handle(body))
     assert isinstance(reply, dict) and reply.get("type") in {"error", "notes", "context"}
     if reply["type"] == "error":
@@ -62,6 +43,6 @@ async def test_an_oversized_body_is_refused_before_it_is_parsed() -> None:
 
     content = "x" * (MAX_MESSAGE_BYTES + 1)
     body = json.dumps({"type": "save_note", "command_id": "c1", "user_id": "u", "content": content}).encode()
-    for service in (CommandService(InMemoryEventStore()), QueryService(EmptyHistory(), 0.1)):  # type: ignore[arg-type]
+    for service in (CommandService(InMemoryEventStore()), QueryService(InMemoryHistory(InMemoryEventStore()), 0.1)):
         reply = msgspec.json.decode(await service.handle(body))
         assert reply["code"] == "INVALID_PARAMETER" and "limit" in reply["message"]
