@@ -5,5 +5,10 @@ COPY contracts ./contracts
 COPY services ./services
 COPY projections ./projections
 RUN pip install --no-cache-dir .
-ENV HF_HUB_OFFLINE=1
+# The service runs unprivileged; the data dir (master key, index) is its user's alone. A fresh
+# named volume mounted on /data takes this owner and mode from the image.
+RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/engram engram \
+    && mkdir -p /data && chown engram:engram /data && chmod 0700 /data
+ENV HF_HUB_OFFLINE=1 ENGRAM_DATA_DIR=/data
+USER 10001:10001
 CMD ["engram", "serve"]

@@ -24,6 +24,7 @@ import redis.asyncio as aioredis
 
 from contracts import channels
 from projections.history import HistoryReader
+from services.adapters.crypto import load_master_key
 from services.adapters.redis_server import RedisServer
 from services.bus.client import EngramClient
 from services.bus.requester import BusRequester
@@ -153,7 +154,8 @@ async def main() -> None:
             async with EngramClient(server.url) as client:
                 saves, updates = await round_trips(client, args.round_trips)
                 redis = aioredis.Redis.from_url(server.url)
-                load = await sustained(client, HistoryReader(redis, 1), args.seconds, args.clients)
+                master = load_master_key(Path(tmp), env={})  # the one the workers generated
+                load = await sustained(client, HistoryReader(redis, 1, master), args.seconds, args.clients)
                 await redis.aclose()
         finally:
             for worker in workers:

@@ -3,6 +3,11 @@
 The event log is partitioned by user: ``partition_of(user_id)`` is a stable hash (CRC32, never
 Python's salted ``hash``) modulo P. Every key of a partition carries the ``{p}`` hash tag, so a
 Redis Cluster keeps one partition's keys in one slot and a Lua script may touch them all.
+
+A key name joins its parts with ``:``. A part a caller chose (a user id, a command id, a
+conversation's name inside a control stream's id) may hold ``:`` itself, so every such part goes
+through ``part()``, which encodes ``%`` and ``:``: user ``bob`` with command ``x:1`` and user
+``bob:x`` with command ``1`` are then two keys, not one (they were one before layout 2).
 """
 
 from __future__ import annotations
@@ -20,9 +25,32 @@ SCRUB_OWED_KEY = f"{PREFIX}:scrub:owed"
 WORKERS_KEY = f"{PREFIX}:workers"
 
 
+# Which key layout this Redis holds (see ``part``); a store without it predates layout 2.
+LAYOUT_KEY = f"{PREFIX}:layout"
+LAYOUT = 2
+
+
+def part(text: str) -> str:
+    """A caller-chosen string as one part of a key name: ``%`` and ``:`` percent-encoded, so
+    parts joined with ``:`` never run into each other. Ids without either are unchanged."""
+    return text.replace("%", "%25").replace(":", "%3A")
+
+
+def unpart(text: str) -> str:
+    return text.replace("%3A", ":").replace("%25", "%")
+
+
 def reply_channel(requester: str) -> str:
     """The pub/sub channel a requester's replies come back on."""
     return f"{PREFIX}:replies:{requester}"
+
+
+def applied_channel(database: int) -> str:
+    """Pub/sub: where the live history and index projections announce every checkpoint they
+    commit (``"<partition> <position>"``), so a reader waiting on a token blocks instead of
+    polling. Named by the database: channels are shared by every database of a server, keys
+    are not, and another store's notices would wake this one's readers for nothing."""
+    return f"{PREFIX}:applied:{database}"
 
 
 def matching(prefix: str) -> str:
@@ -44,6 +72,13 @@ def command_stream(partition: int) -> str:
     return f"{tag(partition)}:commands"
 
 
+def operator_stream(partition: int) -> str:
+    """Commands only an operator may send (a confirmed forget, deleting without the second
+    call): the service takes ``confirmed`` from this stream only, and an agent's Redis role
+    need not be able to write it."""
+    return f"{tag(partition)}:operator"
+
+
 def query_stream(partition: int) -> str:
     """Queries for the users of one partition (consumer group ``engram-queries``)."""
     return f"{tag(partition)}:queries"
@@ -61,27 +96,27 @@ def event_log(partition: int) -> str:
 
 
 def note_stream(partition: int, user_id: str, note_id: str) -> str:
-    return f"{tag(partition)}:note:{user_id}:{note_id}"
+    return f"{tag(partition)}:note:{part(user_id)}:{part(note_id)}"
 
 
 def note_version(partition: int, user_id: str, note_id: str) -> str:
-    return f"{tag(partition)}:ver:{user_id}:{note_id}"
+    return f"{tag(partition)}:ver:{part(user_id)}:{part(note_id)}"
 
 
 def data_key(partition: int, user_id: str, note_id: str) -> str:
     """The note's data key, wrapped by the master key; deleted when the note is forgotten."""
-    return f"{tag(partition)}:dek:{user_id}:{note_id}"
+    return f"{tag(partition)}:dek:{part(user_id)}:{part(note_id)}"
 
 
 def command_outcome(partition: int, user_id: str, command_id: str) -> str:
     """First outcome of a command, for idempotent retries; scoped by user so one user's command
     id can never reveal another user's outcome."""
-    return f"{tag(partition)}:cmd:{user_id}:{command_id}"
+    return f"{tag(partition)}:cmd:{part(user_id)}:{part(command_id)}"
 
 
 def content_key(partition: int, user_id: str, digest: str) -> str:
     """Which active note of a user holds a content (normalised, hashed): exact-duplicate detection."""
-    return f"{tag(partition)}:content:{user_id}:{digest}"
+    return f"{tag(partition)}:content:{part(user_id)}:{digest}"
 
 
 COMMAND_GROUP = "engram-commands"
@@ -130,33 +165,33 @@ class HistoryKeys(GenerationKeys):
         self.generations = f"{tag(partition)}:hist:generations"
 
     def note(self, user_id: str, note_id: str) -> str:
-        return f"{self.prefix}note:{user_id}:{note_id}"
+        return f"{self.prefix}note:{part(user_id)}:{part(note_id)}"
 
     def versions(self, user_id: str, note_id: str) -> str:
-        return f"{self.prefix}versions:{user_id}:{note_id}"
+        return f"{self.prefix}versions:{part(user_id)}:{part(note_id)}"
 
     def order(self, user_id: str, include_superseded: bool) -> str:
-        return f"{self.prefix}{'order-all' if include_superseded else 'order'}:{user_id}"
+        return f"{self.prefix}{'order-all' if include_superseded else 'order'}:{part(user_id)}"
 
     def recent(self, user_id: str) -> str:
-        return f"{self.prefix}recent:{user_id}"
+        return f"{self.prefix}recent:{part(user_id)}"
 
     def message(self, user_id: str, message_id: str) -> str:
-        return f"{self.prefix}msg:{user_id}:{message_id}"
+        return f"{self.prefix}msg:{part(user_id)}:{part(message_id)}"
 
     def keyed(self, user_id: str) -> str:
         """A user's keyed notes: category and key -> the active note holding them."""
-        return f"{self.prefix}keyed:{user_id}"
+        return f"{self.prefix}keyed:{part(user_id)}"
 
     def said(self, user_id: str, session_id: str) -> str:
         """One conversation's listed turns, by log position. The session is named by a digest,
         as in ``IndexKeys.session``."""
         digest = hashlib.blake2b(session_id.encode(), digest_size=12).hexdigest()
-        return f"{self.prefix}said:{user_id}:{digest}"
+        return f"{self.prefix}said:{part(user_id)}:{digest}"
 
     def sessions(self, user_id: str) -> str:
         """The sessions a user has spoken in (an erasure of the user drops their listings)."""
-        return f"{self.prefix}sessions:{user_id}"
+        return f"{self.prefix}sessions:{part(user_id)}"
 
 
 class IndexKeys(GenerationKeys):
@@ -167,13 +202,13 @@ class IndexKeys(GenerationKeys):
         super().__init__(partition, generation, "idx")
 
     def note(self, user_id: str, note_id: str) -> str:
-        return f"{self.prefix}note:{user_id}:{note_id}"
+        return f"{self.prefix}note:{part(user_id)}:{part(note_id)}"
 
     def session(self, user_id: str, session_id: str) -> str:
         """The ids of a conversation's last turns (never their text): the next turn's context.
         The session is named by a digest, so no caller-chosen name is left in a key."""
         digest = hashlib.blake2b(session_id.encode(), digest_size=12).hexdigest()
-        return f"{self.prefix}session:{user_id}:{digest}"
+        return f"{self.prefix}session:{part(user_id)}:{digest}"
 
 
 # One index generation serves every partition (one shard directory or collection), so these
@@ -201,7 +236,7 @@ class SagaKeys:
 
     def pending(self, user_id: str) -> str:
         """The user's notes with a pending deletion."""
-        return f"{self._base}:pending:{user_id}"
+        return f"{self._base}:pending:{part(user_id)}"
 
 
 class AccessKeys:
@@ -211,7 +246,7 @@ class AccessKeys:
         self._base = f"{tag(partition)}:access"
 
     def counts(self, user_id: str) -> str:
-        return f"{self._base}:count:{user_id}"
+        return f"{self._base}:count:{part(user_id)}"
 
     def times(self, user_id: str) -> str:
-        return f"{self._base}:at:{user_id}"
+        return f"{self._base}:at:{part(user_id)}"

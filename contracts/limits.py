@@ -31,6 +31,8 @@ MAX_EPISODE_FIELD_CHARS = 16_384
 LIST_RECENT_DEFAULT = 10
 LIST_RECENT_MAX = 50
 LIST_NOTES_MAX = 1_000
+# A page of a listing as the CLI and the LLM tools ask for it unless told otherwise.
+LIST_NOTES_PAGE = 100
 SEARCH_TOP_K_DEFAULT = 5
 SEARCH_TOP_K_MAX = 20
 MAX_QUERY_CHARS = 2_000
@@ -39,6 +41,11 @@ MAX_CONTEXT_TOKENS = 200_000
 # A whole command or query as it arrives on the bus (the largest valid one, a full SaveNotes of
 # episodes, is well under this); a larger body is refused before it is parsed.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+# The bytes of requests a request stream keeps: each is added with MAXLEN ~ this over its own
+# size (and never above the count cap, ENGRAM_REQUEST_STREAM_MAXLEN), so a stream never holds
+# more than REQUEST_STREAM_BYTES / s requests of s bytes or more: 32 of the largest, while small
+# ones keep the count cap's backlog.
+REQUEST_STREAM_BYTES = 256 * 1024 * 1024
 DEFAULT_CATEGORY = "general"
 
 # A printable-ASCII id without whitespace: users ("alice@example.com", "tg:12345") and command ids.

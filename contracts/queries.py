@@ -80,7 +80,8 @@ class ListNotes(Query, tag="list_notes", frozen=True, kw_only=True):
     where: Where | None = None
     # Only notes put by key (a key-value store's items), not those saved as text.
     keyed_only: bool = False
-    # A page of the listing; ``total`` in the reply counts every note that matched.
+    # A page of the listing; ``total`` in the reply counts every note that matched. Without
+    # ``limit`` the page holds LIST_NOTES_MAX notes at most: a listing is never unbounded.
     offset: Annotated[int, msgspec.Meta(ge=0)] = 0
     limit: Annotated[int, msgspec.Meta(ge=1, le=LIST_NOTES_MAX)] | None = None
 

@@ -6,11 +6,18 @@ generation queries read. A rebuild fills a fresh generation from position zero a
 pointer, so queries never see a half-built model. Every write transaction WATCHes the live pointer
 and the checkpoint (``projections/tracking.py``): a stale writer (an old generation after a
 switch, or a second worker that lost its lease) aborts instead of writing.
+
+Views, turns and versions are stored with what the user said sealed under the note's own data
+key (``projections/history_records.py``), read with the wrapped key in the same round trip; a
+keyed note is found by a keyed hash of its key. What stays readable: ids, times, statuses,
+versions, scores and categories (the listings are ordered by category), as in the log.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 import msgspec
 from redis.asyncio import Redis
@@ -18,7 +25,7 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
 from contracts import channels
-from contracts.channels import HistoryKeys
+from contracts.channels import HistoryKeys, SagaKeys
 from contracts.events import (
     MessageRecorded,
     MessageRetracted,
@@ -30,6 +37,7 @@ from contracts.events import (
     is_control_stream,
 )
 from contracts.model import MessageView, NoteStatus, NoteView, VersionView
+from projections.forget_saga import member as saga_member
 from projections.history_model import (
     add_supersedes,
     evolve_view,
@@ -41,13 +49,11 @@ from projections.history_model import (
     said_score,
     version_entry,
 )
+from projections.history_records import MESSAGES, NOTES, VERSIONS, message_label, note_label, version_label
 from projections.tracking import CheckpointReader, GenerationalProjection, read_generation, read_position
+from services.adapters.crypto import KeyedFields, MasterKey, RecordKey, RecordKeys
 from services.adapters.redis_conn import transaction_client, unlink_prefix
 from services.application.ports import LogEntry
-
-_view_decoder = msgspec.json.Decoder(NoteView)
-_version_decoder = msgspec.json.Decoder(VersionView)
-_message_decoder = msgspec.json.Decoder(MessageView)
 
 
 async def live_generation(redis: Redis, partition: int) -> int:
@@ -56,7 +62,8 @@ async def live_generation(redis: Redis, partition: int) -> int:
 
 class _Writes(msgspec.Struct):
     views: dict[str, NoteView]
-    versions: dict[str, dict[str, bytes]]
+    # Per note (user, id): its new versions, by version number.
+    versions: dict[tuple[str, str], dict[str, VersionView]]
     # Listing members a category change left behind, per user.
     stale_members: dict[str, set[bytes]]
     messages: dict[str, MessageView]
@@ -70,6 +77,11 @@ class _Writes(msgspec.Struct):
     said: dict[tuple[str, str], float | None] = msgspec.field(default_factory=dict)
     # Each user's conversation listings, so an erasure of the user can drop them.
     sessions: dict[str, set[str]] = msgspec.field(default_factory=dict)
+    # The keyed hash of each keyed note's key (by view key name): kept beside the sealed view,
+    # so the lookup can be dropped when the note is forgotten and its key is no longer readable.
+    digests: dict[str, str] = msgspec.field(default_factory=dict)
+    # Each touched note's data key (None: forgotten), to seal what is written.
+    ciphers: dict[tuple[str, str], Any] = msgspec.field(default_factory=dict)
 
 
 class HistoryProjection(GenerationalProjection[_Writes]):
@@ -79,29 +91,57 @@ class HistoryProjection(GenerationalProjection[_Writes]):
 
     name = "history"
 
-    def __init__(self, redis: Redis, partition: int, generation: int) -> None:
+    def __init__(self, redis: Redis, partition: int, generation: int, master: MasterKey) -> None:
         self.keys = HistoryKeys(partition, generation)
         super().__init__(redis, partition, generation, self.keys)
+        self._data_keys = RecordKeys(master)
+        self._fields = KeyedFields.from_master(master)
 
     def _state_keys(self, batch: Sequence[LogEntry]) -> list[str]:
-        return _note_keys(self.keys, batch)
+        notes, messages = _touched(batch)
+        # The notes' wrapped data keys are read in the same round trip as their views.
+        wrapped = [channels.data_key(self.partition, u, n) for u, n in {**notes, **messages}]
+        return [
+            *(self.keys.note(u, n) for u, n in notes),
+            *(self.keys.message(u, n) for u, n in messages),
+            *wrapped,
+        ]
 
     async def _plan(self, batch: Sequence[LogEntry], state: dict[str, bytes | None]) -> _Writes:
-        said = f"{self.keys.prefix}msg:"
-        views = {
-            k: (_view_decoder.decode(r) if r is not None else None) for k, r in state.items() if not k.startswith(said)
+        notes, messages = _touched(batch)
+        ciphers = {
+            (u, n): self._data_keys.of(state.get(channels.data_key(self.partition, u, n)), u, n)
+            for u, n in {**notes, **messages}
         }
-        turns = {k: _message_decoder.decode(r) for k, r in state.items() if k.startswith(said) and r is not None}
+        views: dict[str, NoteView | None] = {}
+        digests: dict[str, str] = {}
+        for u, n in notes:
+            name = self.keys.note(u, n)
+            raw = state.get(name)
+            views[name] = None
+            if raw is not None:
+                stored = NOTES.read(raw, ciphers[(u, n)], note_label(u, n))
+                views[name] = stored.view
+                if stored.keyed is not None:
+                    digests[name] = stored.keyed
+        turns = {}
+        for u, n in messages:
+            raw = state.get(self.keys.message(u, n))
+            if raw is not None:
+                turns[self.keys.message(u, n)] = MESSAGES.read(raw, ciphers[(u, n)], message_label(u, n)).view
         # An erased user's conversation listings, named where their turns were recorded.
         listings = {
             e.event.user_id: {m.decode() for m in await self._redis.smembers(self.keys.sessions(e.event.user_id))}  # type: ignore[misc]
             for e in batch
             if isinstance(e.event, UserForgotten)
         }
-        return _fold(batch, views, self.keys, listings, turns)
+        writes = _fold(batch, views, self.keys, self._fields, listings, turns, digests)
+        writes.ciphers = ciphers
+        return writes
 
     def _queue(self, pipe: Pipeline, writes: _Writes) -> None:
         keys = self.keys
+        ciphers: dict[tuple[str, str], RecordKey | None] = writes.ciphers
         # Erasures first: what the batch wrote before one is already left out of ``writes``,
         # and what it wrote after one (a conversation cleared, then spoken in again) must stay.
         if writes.erased:
@@ -110,12 +150,22 @@ class HistoryProjection(GenerationalProjection[_Writes]):
             pipe.zrem(keys.order(user_id, True), *members)
             pipe.zrem(keys.order(user_id, False), *members)
         for key, view in writes.views.items():
-            pipe.set(key, msgspec.json.encode(view))
+            # A tombstone holds nothing to seal, and its key is gone.
+            forgotten = view.status is NoteStatus.FORGOTTEN
+            cipher = None if forgotten else ciphers.get((view.user_id, view.id))
+            digest = None if forgotten else writes.digests.get(key)
+            pipe.set(key, NOTES.encode(view, cipher, note_label(view.user_id, view.id), digest))
             _index(pipe, keys, view)
         for key, message in writes.messages.items():
-            pipe.set(key, msgspec.json.encode(message))
-        for key, entries in writes.versions.items():
-            pipe.hset(key, mapping=entries)
+            cipher = ciphers.get((message.user_id, message.id))
+            pipe.set(key, MESSAGES.encode(message, cipher, message_label(message.user_id, message.id)))
+        for (user_id, owner), entries in writes.versions.items():
+            cipher = ciphers.get((user_id, owner))
+            sealed = {
+                number: VERSIONS.encode(version, cipher, version_label(user_id, owner, number))
+                for number, version in entries.items()
+            }
+            pipe.hset(keys.versions(user_id, owner), mapping=sealed)  # type: ignore[arg-type]
         for key in writes.dropped:
             pipe.delete(key)
         for (name, field), note_id in writes.keyed.items():
@@ -153,30 +203,36 @@ async def drop_generation(redis: Redis, partition: int, generation: int) -> int:
     return await unlink_prefix(redis, HistoryKeys(partition, generation).prefix)
 
 
-def _note_keys(keys: HistoryKeys, batch: Sequence[LogEntry]) -> list[str]:
-    """The read-model keys of every note a batch touches, once each."""
-    found: dict[str, None] = {}
+def _touched(batch: Sequence[LogEntry]) -> tuple[dict[tuple[str, str], None], dict[tuple[str, str], None]]:
+    """The notes (user, id) whose views a batch reads or writes, and the turns, once each."""
+    notes: dict[tuple[str, str], None] = {}
+    messages: dict[tuple[str, str], None] = {}
     for entry in batch:
         event = entry.event
-        found[keys.note(event.user_id, event.note_id)] = None
+        if is_control_stream(event.note_id):
+            continue
         if isinstance(event, MessageRecorded | MessageRetracted):
-            found[keys.message(event.user_id, event.note_id)] = None
+            messages[(event.user_id, event.note_id)] = None
+            continue
+        notes[(event.user_id, event.note_id)] = None
         if isinstance(event, NoteSuperseded):
-            found[keys.note(event.user_id, event.superseded_by)] = None
-    return list(found)
+            notes[(event.user_id, event.superseded_by)] = None
+    return notes, messages
 
 
 def _fold(
     batch: Sequence[LogEntry],
     views: dict[str, NoteView | None],
     keys: HistoryKeys,
+    fields: KeyedFields,
     listings: dict[str, set[str]] | None = None,
     turns: dict[str, MessageView] | None = None,
+    digests: dict[str, str] | None = None,
 ) -> _Writes:
     """The writes a batch makes, computed in memory in log order. ``listings``: the conversation
     listings (relative key names) of each user a batch erases; ``turns``: the read model's
-    records of the batch's turns."""
-    writes = _Writes(views={}, versions={}, stale_members={}, messages={})
+    records of the batch's turns; ``digests``: the keyed hashes stored beside the views."""
+    writes = _Writes(views={}, versions={}, stale_members={}, messages={}, digests=dict(digests or {}))
     turns = dict(turns or {})
     for entry in batch:
         event = entry.event
@@ -187,10 +243,10 @@ def _fold(
             writes.keyed = {k: v for k, v in writes.keyed.items() if k[0] != keys.keyed(user)}
             writes.said = {k: v for k, v in writes.said.items() if k[0] not in said}
             for note_id in event.erased:
+                writes.versions.pop((user, note_id), None)
                 for key in (keys.note(user, note_id), keys.versions(user, note_id), keys.message(user, note_id)):
                     writes.erased.add(key)
                     writes.views.pop(key, None)
-                    writes.versions.pop(key, None)
                     writes.messages.pop(key, None)
                     views.pop(key, None)
             writes.erased |= {keys.order(user, True), keys.order(user, False), keys.recent(user)}
@@ -230,21 +286,18 @@ def _fold(
             # this means corruption. Skipping keeps the projection flowing; rebuild will agree.
             continue
         view = evolve_view(current, event)
-        _track_key(writes, keys, current, view)
+        _track_key(writes, keys, fields, key, current, view)
         if current is not None and order_member(current) != order_member(view):
             writes.stale_members.setdefault(event.user_id, set()).add(order_member(current))
         views[key] = view
         writes.views[key] = view
-        versions_key = keys.versions(event.user_id, event.note_id)
         if isinstance(event, NoteForgotten):
-            writes.versions.pop(versions_key, None)
-            writes.dropped.add(versions_key)
+            writes.versions.pop((event.user_id, event.note_id), None)
+            writes.dropped.add(keys.versions(event.user_id, event.note_id))
             if current is not None:
                 writes.stale_members.setdefault(event.user_id, set()).add(order_member(current))
             continue
-        writes.versions.setdefault(versions_key, {})[str(event.version)] = msgspec.json.encode(
-            version_entry(view, event)
-        )
+        writes.versions.setdefault((event.user_id, event.note_id), {})[str(event.version)] = version_entry(view, event)
         if isinstance(event, NoteSuperseded):
             other_key = keys.note(event.user_id, event.superseded_by)
             other = views.get(other_key)
@@ -255,16 +308,25 @@ def _fold(
     return writes
 
 
-def _track_key(writes: _Writes, keys: HistoryKeys, before: NoteView | None, after: NoteView) -> None:
+def _track_key(
+    writes: _Writes, keys: HistoryKeys, fields: KeyedFields, name: str, before: NoteView | None, after: NoteView
+) -> None:
     """A keyed note is found by its key while it is active; superseded or forgotten, the key is
-    free for a new note (the event store released its claim in the same append)."""
+    free for a new note (the event store released its claim in the same append). The lookup's
+    field is a keyed hash of the key: from the view when it holds its key, else the one stored
+    beside it (a forgotten note's view no longer opens)."""
+    stored = writes.digests.get(name)
+    if after.key is not None:
+        writes.digests[name] = fields.digest(after.user_id, after.category, after.key)
     # Only when it stops being active: a note superseded long ago that is forgotten now no
     # longer holds its key, which a newer note may hold.
     was_active = before is not None and before.status is NoteStatus.ACTIVE
-    if was_active and before is not None and before.key is not None and after.status is not NoteStatus.ACTIVE:
-        writes.keyed[(keys.keyed(after.user_id), keyed_field(before.category, before.key))] = None
+    if was_active and before is not None and after.status is not NoteStatus.ACTIVE:
+        digest = fields.digest(before.user_id, before.category, before.key) if before.key is not None else stored
+        if digest is not None:
+            writes.keyed[(keys.keyed(after.user_id), keyed_field(before.category, digest))] = None
     if after.key is not None and after.status is NoteStatus.ACTIVE:
-        writes.keyed[(keys.keyed(after.user_id), keyed_field(after.category, after.key))] = after.id
+        writes.keyed[(keys.keyed(after.user_id), keyed_field(after.category, writes.digests[name]))] = after.id
 
 
 def _index(pipe: Pipeline, keys: HistoryKeys, view: NoteView) -> None:
@@ -293,25 +355,55 @@ def _category_range(category: str) -> tuple[bytes, bytes]:
 
 
 class HistoryReader(CheckpointReader):
-    """Reads the live generation for the query responders."""
+    """Reads the live generation for the query responders. A sealed value is read with its
+    note's wrapped data key in the same round trip (``MGET``), so whether the key still exists
+    is checked on every read: one that a forget has deleted, whose tombstone the projection has
+    yet to write, reads as absent (the cache of unwrapped keys never opens it)."""
 
-    def __init__(self, redis: Redis, partitions: int) -> None:
+    def __init__(self, redis: Redis, partitions: int, master: MasterKey) -> None:
         super().__init__(partitions)
         self._redis = redis
         self.partitions = partitions
+        self._data_keys = RecordKeys(master)
+        self._fields = KeyedFields.from_master(master)
 
     async def _keys(self, user_id: str) -> HistoryKeys:
         p = channels.partition_of(user_id, self.partitions)
         return HistoryKeys(p, await live_generation(self._redis, p))
 
+    def _wrapped(self, user_id: str, ids: Sequence[str]) -> list[str]:
+        """The names of the notes' wrapped data keys."""
+        p = channels.partition_of(user_id, self.partitions)
+        return [channels.data_key(p, user_id, i) for i in ids]
+
     async def checkpoint(self, partition: int) -> tuple[int, int]:
         keys = HistoryKeys(partition, await live_generation(self._redis, partition))
         return await read_position(self._redis, keys.checkpoint)
 
+    def _note(self, user_id: str, note_id: str, raw: bytes | None, wrapped: bytes | None) -> NoteView | None:
+        if raw is None:
+            return None
+        # None when sealed and its key is gone: forgotten, its tombstone not written yet.
+        return NOTES.open(raw, self._data_keys.of(wrapped, user_id, note_id), note_label(user_id, note_id))
+
+    def _message(self, user_id: str, message_id: str, raw: bytes | None, wrapped: bytes | None) -> MessageView | None:
+        if raw is None:
+            return None
+        key = self._data_keys.of(wrapped, user_id, message_id)
+        message = MESSAGES.open(raw, key, message_label(user_id, message_id))
+        return None if message is None or message.retracted else message
+
+    async def _notes(self, keys: HistoryKeys, user_id: str, ids: Sequence[str]) -> list[NoteView | None]:
+        """The views of ``ids``, in order, in one round trip (None: none, or forgotten)."""
+        if not ids:
+            return []
+        raws = await self._redis.mget([keys.note(user_id, i) for i in ids] + self._wrapped(user_id, ids))
+        return [self._note(user_id, i, raws[j], raws[len(ids) + j]) for j, i in enumerate(ids)]
+
     async def get_note(self, user_id: str, note_id: str) -> NoteView | None:
         keys = await self._keys(user_id)
-        raw = await self._redis.get(keys.note(user_id, note_id))
-        return _view_decoder.decode(raw) if raw is not None else None
+        (view,) = await self._notes(keys, user_id, [note_id])
+        return view
 
     async def get_many(
         self, user_id: str, note_ids: Sequence[str], message_ids: Sequence[str] = ()
@@ -320,60 +412,137 @@ class HistoryReader(CheckpointReader):
         if not note_ids and not message_ids:
             return {}, {}
         keys = await self._keys(user_id)
+        ids = [*note_ids, *message_ids]
         names = [keys.note(user_id, i) for i in note_ids] + [keys.message(user_id, i) for i in message_ids]
-        raws = await self._redis.mget(names)
-        notes = {
-            i: _view_decoder.decode(r) for i, r in zip(note_ids, raws[: len(note_ids)], strict=True) if r is not None
-        }
-        said = raws[len(note_ids) :]
-        decoded = (_message_decoder.decode(r) for r in said if r is not None)
-        messages = {m.id: m for m in decoded if not m.retracted}
+        raws = await self._redis.mget(names + self._wrapped(user_id, ids))
+        values, wrapped = raws[: len(ids)], raws[len(ids) :]
+        notes = {}
+        for j, note_id in enumerate(note_ids):
+            if (view := self._note(user_id, note_id, values[j], wrapped[j])) is not None:
+                notes[note_id] = view
+        messages = {}
+        for j, message_id in enumerate(message_ids, start=len(note_ids)):
+            if (message := self._message(user_id, message_id, values[j], wrapped[j])) is not None:
+                messages[message_id] = message
         return notes, messages
 
     async def get_message(self, user_id: str, message_id: str) -> MessageView | None:
         keys = await self._keys(user_id)
-        raw = await self._redis.get(keys.message(user_id, message_id))
-        message = _message_decoder.decode(raw) if raw is not None else None
-        return message if message is not None and not message.retracted else None
+        raw, wrapped = await self._redis.mget(
+            [keys.message(user_id, message_id), *self._wrapped(user_id, [message_id])]
+        )
+        return self._message(user_id, message_id, raw, wrapped)
 
     async def history(self, user_id: str, note_id: str) -> tuple[NoteView, list[VersionView]] | None:
         keys = await self._keys(user_id)
+        # GETs, not an MGET: a Redis Cluster pipeline refuses multi-key commands.
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.get(keys.note(user_id, note_id))
+            for name in self._wrapped(user_id, [note_id]):
+                pipe.get(name)
             pipe.hgetall(keys.versions(user_id, note_id))
-            raw_view, raw_versions = await pipe.execute()
-        if raw_view is None:
+            raw_view, wrapped, raw_versions = await pipe.execute()
+        view = self._note(user_id, note_id, raw_view, wrapped)
+        if view is None:
             return None
-        versions = sorted((_version_decoder.decode(v) for v in raw_versions.values()), key=lambda v: v.version)
-        return _view_decoder.decode(raw_view), versions
+        key = self._data_keys.of(wrapped, user_id, note_id)
+        opened = (VERSIONS.open(v, key, version_label(user_id, note_id, n.decode())) for n, v in raw_versions.items())
+        versions = sorted((v for v in opened if v is not None), key=lambda v: v.version)
+        return view, versions
 
     async def get_by_key(self, user_id: str, category: str, key: str) -> NoteView | None:
         keys = await self._keys(user_id)
-        note_id = await self._redis.hget(keys.keyed(user_id), keyed_field(category, key))  # type: ignore[misc]
+        digest = self._fields.digest(user_id, category, key)
+        # The key itself: a read model written before keys were hashed, until it is rebuilt.
+        found = await self._redis.hmget(
+            keys.keyed(user_id), [keyed_field(category, digest), keyed_field(category, key)]
+        )  # type: ignore[misc]
+        note_id = next((n for n in found if n is not None), None)
         if note_id is None:
             return None
         view = await self.get_note(user_id, note_id.decode())
         return view if view is not None and view.status is NoteStatus.ACTIVE and view.key == key else None
+
+    def _ranges(self, category: str | None, category_prefix: str | None) -> list[tuple[bytes, bytes]] | None:
+        """The lexical ranges of the listing a filter reads: None for all of it, [] for none."""
+        if category is not None:
+            if category_prefix is not None and not _under(category, category_prefix):
+                return []
+            return [_category_range(category)]
+        if category_prefix is not None:
+            # The category itself, then those under it: '/' sorts after the NUL that ends a
+            # category in a member, and '0' right after '/'.
+            return [
+                _category_range(category_prefix),
+                (f"[{category_prefix}/".encode(), f"({category_prefix}0".encode()),
+            ]
+        return None
 
     async def list_notes(
         self, user_id: str, category: str | None, include_superseded: bool, category_prefix: str | None = None
     ) -> list[NoteView]:
         keys = await self._keys(user_id)
         order = keys.order(user_id, include_superseded)
-        if category is not None:
-            if category_prefix is not None and not _under(category, category_prefix):
-                return []
-            members = await self._redis.zrangebylex(order, *_category_range(category))
-        elif category_prefix is not None:
-            # The category itself, then those under it: '/' sorts after the NUL that ends a
-            # category in a member, and '0' right after '/'.
-            members = await self._redis.zrangebylex(order, *_category_range(category_prefix))
-            below = f"[{category_prefix}/".encode(), f"({category_prefix}0".encode()
-            members += await self._redis.zrangebylex(order, *below)
-        else:
+        ranges = self._ranges(category, category_prefix)
+        members: list[bytes] = []
+        if ranges is None:
             members = await self._redis.zrange(order, 0, -1)
-        ids = [m.rsplit(b"\x00", 1)[1].decode() for m in members]
-        return await self._views(keys, user_id, ids)
+        for low, high in ranges or []:
+            members += await self._redis.zrangebylex(order, low, high)
+        return await self._views(keys, user_id, [_member_id(m) for m in members])
+
+    async def list_page(
+        self,
+        user_id: str,
+        category: str | None,
+        include_superseded: bool,
+        category_prefix: str | None,
+        offset: int,
+        limit: int,
+        now: datetime,
+    ) -> tuple[list[NoteView], int] | None:
+        """A page of ``list_notes`` and how many notes the listing holds, reading only that page.
+        None when the page cannot be told from the listing alone: a note whose time to live has
+        run out may be in it (one on the page, or any of the user's past its expiry in the
+        forget saga's state, which lists them until they are forgotten), or a note on the page
+        was forgotten meanwhile; the caller then reads the whole listing."""
+        keys = await self._keys(user_id)
+        p = channels.partition_of(user_id, self.partitions)
+        order = keys.order(user_id, include_superseded)
+        ranges = self._ranges(category, category_prefix)
+        if ranges == []:
+            return [], 0
+        now_ms = now.astimezone(UTC).timestamp() * 1000
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zrangebyscore(SagaKeys(p).expiries, "-inf", now_ms, start=0, num=_EXPIRED_SCAN)
+            if ranges is None:
+                pipe.zcard(order)
+                pipe.zrange(order, offset, offset + limit - 1)
+            else:
+                for low, high in ranges:
+                    pipe.zlexcount(order, low, high)
+            expired, *counts = await pipe.execute()
+        mine = saga_member(user_id, "").encode()
+        if len(expired) == _EXPIRED_SCAN or any(m.startswith(mine) for m in expired):
+            return None
+        if ranges is None:
+            total, members = int(counts[0]), counts[1]
+        else:
+            sizes = [int(c) for c in counts]
+            total, skip = sum(sizes), offset
+            members = []
+            for (low, high), size in zip(ranges, sizes, strict=True):
+                if skip >= size:
+                    skip -= size
+                    continue
+                members += await self._redis.zrangebylex(order, low, high, start=skip, num=limit - len(members))
+                skip = 0
+                if len(members) >= limit:
+                    break
+        views = await self._notes(keys, user_id, [_member_id(m) for m in members])
+        if any(v is None or (v.expires_at is not None and v.expires_at <= now) for v in views):
+            return None
+        return [v for v in views if v is not None], total
 
     async def categories(self, user_id: str, prefix: str | None, keyed_only: bool = False) -> list[str]:
         """The categories of the user's active notes, read off the listing one category at a
@@ -413,9 +582,10 @@ class HistoryReader(CheckpointReader):
             members, total = await pipe.execute()
         if not members:
             return [], int(total)
-        raws = await self._redis.mget([keys.message(user_id, m.decode()) for m in members])
-        listed = (_message_decoder.decode(r) for r in raws if r is not None)
-        return [m for m in listed if not m.retracted], int(total)
+        ids = [m.decode() for m in members]
+        raws = await self._redis.mget([keys.message(user_id, i) for i in ids] + self._wrapped(user_id, ids))
+        listed = (self._message(user_id, i, raws[j], raws[len(ids) + j]) for j, i in enumerate(ids))
+        return [m for m in listed if m is not None], int(total)
 
     async def list_recent(self, user_id: str, limit: int) -> tuple[list[NoteView], int]:
         keys = await self._keys(user_id)
@@ -426,7 +596,13 @@ class HistoryReader(CheckpointReader):
         return await self._views(keys, user_id, [m.decode() for m in members]), int(total)
 
     async def _views(self, keys: HistoryKeys, user_id: str, ids: list[str]) -> list[NoteView]:
-        if not ids:
-            return []
-        raws = await self._redis.mget([keys.note(user_id, i) for i in ids])
-        return [_view_decoder.decode(r) for r in raws if r is not None]
+        return [v for v in await self._notes(keys, user_id, ids) if v is not None]
+
+
+# How many of a partition's notes past their expiry ``list_page`` looks through; with more (the
+# forget saga far behind), a page is read from the whole listing.
+_EXPIRED_SCAN = 100
+
+
+def _member_id(member: bytes) -> str:
+    return member.rsplit(b"\x00", 1)[1].decode()

@@ -171,9 +171,11 @@ def version_entry(view: NoteView, event: AnyEvent) -> VersionView:
     )
 
 
-def keyed_field(category: str, key: str) -> str:
-    """A keyed note's field in its user's key lookup (GetNoteByKey)."""
-    return f"{category}\x00{key}"
+def keyed_field(category: str, digest: str) -> str:
+    """A keyed note's field in its user's key lookup (GetNoteByKey): its category, then the
+    keyed hash of its key (``KeyedFields``). Read models written before keys were hashed have
+    the key itself there."""
+    return f"{category}\x00{digest}"
 
 
 def said_score(position: str) -> float:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from contracts.channels import IndexKeys, model_key
 from projections.index import live_index_generation
@@ -153,6 +154,11 @@ class IndexReader(CheckpointReader):
         redis = self.runtime.redis
         keys = IndexKeys(partition, await live_index_generation(redis, partition))
         return await read_position(redis, keys.checkpoint)
+
+    def _client(self) -> Redis | None:
+        redis = self.runtime.redis
+        # The tests' in-memory runtime keeps its keys in a dict: that reader is polled.
+        return redis if isinstance(redis, Redis | RedisCluster) else None
 
 
 async def switch_generation(redis: Redis, partitions: int, generation: int) -> None:

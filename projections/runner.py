@@ -17,6 +17,7 @@ from services.application.ports import EventStore, LogEntry
 
 if TYPE_CHECKING:
     from projections.index_runtime import IndexRuntime
+    from services.adapters.crypto import MasterKey
 
 log = logging.getLogger("engram.projections")
 
@@ -101,11 +102,14 @@ class ProjectionRunner:
             await self._redis.delete(self._lease_key)
 
 
-def history_runner(redis: Redis, store: EventStore, partition: int, owner: str, lease_ms: int) -> ProjectionRunner:
+def history_runner(
+    redis: Redis, store: EventStore, master: MasterKey, partition: int, owner: str, lease_ms: int
+) -> ProjectionRunner:
+    """``master``: the read model seals what it stores under the notes' data keys, which it wraps."""
     from projections.history import HistoryProjection, live_generation
 
     async def open_live() -> Projection:
-        return HistoryProjection(redis, partition, await live_generation(redis, partition))
+        return HistoryProjection(redis, partition, await live_generation(redis, partition), master)
 
     return ProjectionRunner(
         redis,

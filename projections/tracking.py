@@ -12,23 +12,43 @@ policy: which of its keys a batch reads (``_state_keys``), what the batch change
 A WATCH that fails means another writer moved the projection on (a worker that lost its lease,
 a rebuild's switch): nothing is written and ``StaleProjection`` is raised rather than retried,
 so the runner reopens from the stored checkpoint and a worker without its lease stops writing.
+
+Readers wait on a caller's token (``CheckpointReader.wait_for``) without polling: the live
+history and index projections announce each checkpoint on ``channels.applied_channel`` in the
+same transaction, and each process has one subscription to it (``AppliedNotices``) that wakes
+the waiters whose position has been reached. A token past the end of its partition's log names
+no write, so it is refused at once instead of holding a handler for the whole wait.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import ClassVar, Generic, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
-from redis.exceptions import WatchError
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError, WatchError
 
 from contracts import channels
 from contracts.channels import GenerationKeys
-from services.adapters.redis_conn import transaction_client
+from contracts.errors import EngramError, ErrorCode
+from services.adapters.redis_conn import close_with, transaction_client
 from services.application.ports import EventStore, LogEntry
+
+log = logging.getLogger("engram.tracking")
+
+# A waiter reads the checkpoint again this often even when no notice came: a notice published
+# while the subscription is being re-made is lost, and a rebuild's switch to a fresh generation
+# announces nothing. It bounds how late such a waiter wakes, not how soon the others do.
+RECHECK_SECONDS = 0.5
+# Before subscribing again after the subscription's connection broke (Redis restarting).
+RESUBSCRIBE_SECONDS = 0.2
 
 Plan = TypeVar("Plan")
 
@@ -56,6 +76,9 @@ class TrackedProjection(ABC, Generic[Plan]):
 
     name: ClassVar[str]
     rebuild_batch: ClassVar[int] = 500
+    # Whether a live apply announces its checkpoint on ``channels.applied_channel``: only the
+    # projections readers wait for need to.
+    announces: ClassVar[bool] = False
 
     def __init__(self, redis: Redis, partition: int, checkpoint_key: str) -> None:
         self._redis = redis
@@ -89,6 +112,8 @@ class TrackedProjection(ABC, Generic[Plan]):
                 pipe.multi()
                 self._queue(pipe, plan)
                 pipe.set(self._checkpoint_key, batch[-1].position)
+                if live and self.announces:
+                    pipe.publish(applied_channel(redis), f"{self.partition} {batch[-1].position}")
                 await pipe.execute()
             except WatchError as e:
                 raise StaleProjection() from e
@@ -143,6 +168,8 @@ class GenerationalProjection(TrackedProjection[Plan]):
     pointer, so readers never see a half-built model. A writer of a generation that is no
     longer live stops (``GenerationChanged``)."""
 
+    announces = True
+
     def __init__(self, redis: Redis, partition: int, generation: int, keys: GenerationKeys) -> None:
         super().__init__(redis, partition, keys.checkpoint)
         self.generation = generation
@@ -163,21 +190,63 @@ async def read_position(redis: Redis, checkpoint_key: str) -> tuple[int, int]:
 
 
 class CheckpointReader(ABC):
-    """How far a projection's live generation has got, for callers that wait on a token."""
+    """How far a projection's live generation has got, for callers that wait on a token.
+
+    A reader of Redis keeps its client as ``_redis`` (``HistoryReader``) or overrides
+    ``_client`` (``IndexReader``); with it, a wait blocks on the projections' notices and a
+    token past the log's head is refused. A reader without one (the in-memory ones of the
+    tests) is polled."""
 
     def __init__(self, known_partitions: int | None = None) -> None:
-        # None: any partition may be asked for (a token of an unknown one waits its timeout out).
+        # None: any partition may be asked for (the log's head then tells whether it exists).
         self._known_partitions = known_partitions
 
     @abstractmethod
     async def checkpoint(self, partition: int) -> tuple[int, int]:
         """The position the partition's live generation has applied, (0, 0) before any."""
 
-    async def wait_for(self, token: str, timeout: float, poll: float = 0.002) -> bool:
-        """Wait until the live generation has applied the token's position."""
+    def _client(self) -> Redis | None:
+        redis = getattr(self, "_redis", None)
+        return redis if isinstance(redis, Redis | RedisCluster) else None
+
+    async def wait_for(self, token: str, timeout: float) -> bool:
+        """Wait until the live generation has applied the token's position; False when it has
+        not within ``timeout``. A token that names no write (of a partition that does not
+        exist, or past the end of its partition's log) is ``INVALID_PARAMETER`` at once."""
         partition, position = channels.parse_token(token)
         if self._known_partitions is not None and partition >= self._known_partitions:
-            return False
+            raise EngramError(
+                ErrorCode.INVALID_PARAMETER,
+                f"token {token} names partition {partition}, and there are only {self._known_partitions} "
+                f"(0-{self._known_partitions - 1}); pass the token a write's reply gave",
+            )
+        if await self.checkpoint(partition) >= position:
+            return True
+        redis = self._client()
+        if redis is None:
+            return await self._poll(partition, position, timeout)
+        last = await redis.xrevrange(channels.event_log(partition), count=1)
+        head = position_key(last[0][0]) if last else None
+        if head is None or head < position:
+            ends = f"ends at {head[0]}-{head[1]}" if head is not None else "is empty"
+            raise EngramError(
+                ErrorCode.INVALID_PARAMETER,
+                f"token {token} names no write: partition {partition}'s log {ends}; pass the token a write's "
+                "reply gave (a token from another store, or made up, is never reached)",
+            )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        async with applied_notices(redis).watch(partition, position) as announced:
+            while await self.checkpoint(partition) < position:
+                left = deadline - loop.time()
+                if left <= 0:
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(announced.wait(), min(left, RECHECK_SECONDS))
+                announced.clear()
+        return True
+
+    async def _poll(self, partition: int, position: tuple[int, int], timeout: float, poll: float = 0.002) -> bool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while await self.checkpoint(partition) < position:
@@ -185,3 +254,101 @@ class CheckpointReader(ABC):
                 return False
             await asyncio.sleep(poll)
         return True
+
+
+class _Watch:
+    """One waiter: its partition and position, and the event a notice that reaches it sets."""
+
+    def __init__(self, partition: int, position: tuple[int, int]) -> None:
+        self.partition = partition
+        self.position = position
+        self.reached = asyncio.Event()
+
+
+class AppliedNotices:
+    """The process's one subscription to ``channels.applied_channel`` (per Redis client; see
+    ``applied_notices``), shared by every waiter: a notice sets the events of the waiters whose
+    position it reaches, and they read their checkpoint again. It is made on the first wait and
+    ended by ``close_redis``."""
+
+    def __init__(self, redis: Redis) -> None:
+        # Weak: the registry is keyed by the client, which this must not keep alive.
+        self._redis = weakref.ref(redis)
+        self._channel = applied_channel(redis)
+        self._watches: set[_Watch] = set()
+        self._listener: asyncio.Task[None] | None = None
+        self._subscribed = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def watch(self, partition: int, position: tuple[int, int]) -> AsyncIterator[asyncio.Event]:
+        """An event set when a notice reaches ``position`` in ``partition``; on entering, the
+        subscription is in place, so a notice sent after the caller reads its checkpoint is not
+        missed (a wait for it is bounded: the caller also reads again every RECHECK_SECONDS)."""
+        watch = _Watch(partition, position)
+        self._watches.add(watch)
+        try:
+            if self._listener is None or self._listener.done():
+                self._listener = asyncio.create_task(self._listen(), name="engram-applied-notices")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._subscribed.wait(), RECHECK_SECONDS)
+            yield watch.reached
+        finally:
+            self._watches.discard(watch)
+
+    async def _listen(self) -> None:
+        while (redis := self._redis()) is not None:
+            pubsub = redis.pubsub()
+            del redis
+            try:
+                await pubsub.subscribe(self._channel)
+                async for message in pubsub.listen():
+                    if message.get("type") == "subscribe":
+                        self._subscribed.set()
+                    elif message.get("type") == "message":
+                        self._deliver(message["data"])
+            except (RedisError, OSError) as e:
+                log.debug("the subscription to %s broke (%r); subscribing again", self._channel, e)
+            except Exception:
+                # Waiters still read their checkpoints every RECHECK_SECONDS: slower, not stuck.
+                log.exception("reading %s failed; subscribing again", self._channel)
+            finally:
+                self._subscribed.clear()
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+            await asyncio.sleep(RESUBSCRIBE_SECONDS)
+
+    def _deliver(self, data: bytes) -> None:
+        try:
+            partition, position = data.decode().split(" ")
+            p, reached = int(partition), position_key(position)
+        except ValueError:
+            return  # not a notice of ours: the channel is open to anyone who may publish
+        for watch in self._watches:
+            if watch.partition == p and watch.position <= reached:
+                watch.reached.set()
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._listener
+            self._listener = None
+
+
+def applied_channel(redis: Redis) -> str:
+    """The notices' channel of the database ``redis`` works in (a cluster has only database 0)."""
+    if isinstance(redis, RedisCluster):
+        return channels.applied_channel(0)
+    return channels.applied_channel(int(redis.connection_pool.connection_kwargs.get("db") or 0))
+
+
+_notices: weakref.WeakKeyDictionary[Redis, AppliedNotices] = weakref.WeakKeyDictionary()
+
+
+def applied_notices(redis: Redis) -> AppliedNotices:
+    """The one ``AppliedNotices`` of a Redis client, made on first use."""
+    notices = _notices.get(redis)
+    if notices is None:
+        notices = _notices[redis] = AppliedNotices(redis)
+        close_with(redis, notices.close)
+    return notices

@@ -4,8 +4,10 @@ import time; ``build()`` only constructs, ``Engram.run()`` connects.
 Subscriptions of the service, all here:
 
 - command handler: stream ``engram:{p}:commands``, group ``engram-commands``, REJECT_ON_ERROR (ack
-  after the reply; an infrastructure failure leaves the entry pending for the reclaimer).
-- query responder: stream ``engram:{p}:queries``, group ``engram-queries``, REJECT_ON_ERROR.
+  and delete after the reply, ``services/bus/handled.py``: a body holds what the caller said; an
+  infrastructure failure leaves the entry pending for the reclaimer).
+- query responder: stream ``engram:{p}:queries``, group ``engram-queries``, REJECT_ON_ERROR, the
+  same.
 - history projection: ``engram:{p}:log``, no group: a catch-up subscription from its own
   checkpoint, stored with its state.
 - index projection: ``engram:{p}:log``, catch-up subscription like the history one.
@@ -47,7 +49,7 @@ from projections.index_runtime import IndexRuntime
 from projections.runner import ProjectionRunner, forget_saga_runner, history_runner, index_runner
 from services.adapters.crypto import SubjectMatcher, load_master_key
 from services.adapters.event_store import RedisEventStore
-from services.adapters.redis_conn import close_redis, open_redis
+from services.adapters.redis_conn import close_redis, open_redis, redact_url
 from services.adapters.scrub import Scrubber
 from services.application.advice import SaveAdvisor
 from services.application.commands import CommandService, utc_now
@@ -55,16 +57,20 @@ from services.application.forget import ForgetService
 from services.application.forget_timer import ForgetExpiryTimer
 from services.application.queries import QueryService
 from services.application.search import BlendPolicy, SearchService
+from services.bus.handled import DeleteHandled
 from services.bus.reclaimer import PendingReclaimer
 from services.config import Settings
 from services.ops.health import WorkerReport
+from services.ops.layout import OldLayout, check_layout
 from services.ops.metrics import EngramGauges
 
 log = logging.getLogger("engram")
 
-# The request streams, by the role that consumes them, with their consumer group.
+# The request streams, by the role that consumes them, with their consumer group. Operators'
+# commands (``channels.operator_stream``) are served by the commands role.
 REQUEST_STREAMS = (
     ("commands", channels.command_stream, channels.COMMAND_GROUP),
+    ("commands", channels.operator_stream, channels.COMMAND_GROUP),
     ("queries", channels.query_stream, channels.QUERY_GROUP),
 )
 
@@ -77,7 +83,8 @@ def make_broker(
     url: str, registry: CollectorRegistry | None = None, tracing: bool = False, cluster: bool = False
 ) -> RedisBroker:
     # logger=None: FastStream's per-message INFO lines cost more than the handler itself.
-    middlewares: list[Any] = []
+    # First, so it leaves last: a request is deleted once the others are done with it.
+    middlewares: list[Any] = [DeleteHandled]
     if registry is not None:
         middlewares.append(RedisPrometheusMiddleware(registry=registry, app_name="engram"))
     if tracing:
@@ -139,7 +146,7 @@ class Engram:
             await self.broker.start()
             log.info(
                 "engram serving on %s: %d partition(s), consumer %s, roles %s",
-                _redacted(self.settings.redis_url),
+                redact_url(self.settings.redis_url),
                 self.settings.partitions,
                 self.settings.consumer_name,
                 ",".join(sorted(self.settings.roles)),
@@ -183,7 +190,12 @@ class Engram:
 
     async def _check_partitions(self) -> None:
         """The partition count routes every user; changing it under existing data would split a
-        user's history across partitions, so a mismatch refuses to start."""
+        user's history across partitions, so a mismatch refuses to start. So does a key layout
+        this release cannot read (``services/ops/layout.py``)."""
+        try:
+            await check_layout(self.redis, self.settings.partitions)
+        except OldLayout as e:
+            raise ConfigurationError(str(e)) from None
         await self.redis.set(channels.PARTITIONS_KEY, self.settings.partitions, nx=True)
         stored = int(await self.redis.get(channels.PARTITIONS_KEY))
         if stored != self.settings.partitions:
@@ -218,11 +230,11 @@ def build(settings: Settings) -> Engram:
     store = RedisEventStore(redis, settings.partitions, settings.idempotency_ttl_seconds, master)
     partitions = range(settings.partitions)
     owner, lease_ms = settings.consumer_name, settings.lease_ms
-    history = HistoryReader(redis, settings.partitions)
+    history = HistoryReader(redis, settings.partitions, master)
     access = AccessLog(redis, settings.partitions)
     runners: list[ProjectionRunner] = []
     if "history" in roles:
-        runners += [history_runner(redis, store, p, owner, lease_ms) for p in partitions]
+        runners += [history_runner(redis, store, master, p, owner, lease_ms) for p in partitions]
     uses_index = settings.index_enabled and bool(roles & {"commands", "queries", "index"})
     index = build_index_runtime(redis, settings, SubjectMatcher.from_master(master)) if uses_index else None
     search = None
@@ -315,14 +327,22 @@ def _subscribe(broker: RedisBroker, settings: Settings, commands: CommandService
         NoteWritten, NotesWritten or ErrorReply."""
         return await commands.handle(msg.body)
 
+    async def handle_operator_command(msg: RedisStreamMessage) -> bytes:
+        """Executes a command sent by an operator: a confirmed forget is taken from here only."""
+        return await commands.handle(msg.body, operator=True)
+
     async def handle_query(msg: RedisStreamMessage) -> bytes:
         """Answers a query (GetNote, GetHistory, ListNotes, ListRecent) from the history read
         model, after waiting for the caller's consistency token."""
         return await queries.handle(msg.body)
 
-    handlers = {"commands": handle_command, "queries": handle_query}
+    handlers = {
+        channels.command_stream: handle_command,
+        channels.operator_stream: handle_operator_command,
+        channels.query_stream: handle_query,
+    }
     for role, stream, group in REQUEST_STREAMS:
-        handler = handlers[role]
+        handler = handlers[stream]
         if role not in settings.roles:
             continue
         for p in range(settings.partitions):
@@ -332,10 +352,3 @@ def _subscribe(broker: RedisBroker, settings: Settings, commands: CommandService
                 max_workers=settings.handler_concurrency,
                 title=f"{role}-{p}",
             )(handler)
-
-
-def _redacted(url: str) -> str:
-    if "@" in url:
-        scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return url

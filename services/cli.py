@@ -21,7 +21,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from contracts.commands import NoteDraft
 from contracts.errors import EngramError, ErrorCode
-from contracts.limits import parse_time
+from contracts.limits import LIST_NOTES_MAX, LIST_NOTES_PAGE, parse_time
 from contracts.model import NoteKind, NoteSource, NoteStatus
 from services import cli_render as render
 from services.adapters.redis_conn import close_redis
@@ -174,11 +174,16 @@ def _time_argument(text: str) -> Any:
         raise argparse.ArgumentTypeError(e.message) from None
 
 
-def _client(settings: Settings, timeout: float | None = None) -> EngramClient:
+def _client(settings: Settings, timeout: float | None = None, operator: bool = True) -> EngramClient:
+    """The command line is an operator's (``forget --yes`` deletes at once); the MCP server it
+    starts serves an agent, whose client is not."""
     from services.bus.client import EngramClient  # the client pulls in FastStream: not at import
 
     return EngramClient(
-        resolve_url(settings), timeout=timeout or settings.request_timeout_seconds, cluster=settings.redis_cluster
+        resolve_url(settings),
+        timeout=timeout or settings.request_timeout_seconds,
+        cluster=settings.redis_cluster,
+        operator=operator,
     )
 
 
@@ -264,9 +269,16 @@ async def cmd_history(client: Any, args: argparse.Namespace) -> None:
 
 async def cmd_list(client: Any, args: argparse.Namespace) -> None:
     reply = await client.list_notes(
-        args.user, category=args.category, include_superseded=args.include_superseded, after=args.after
+        args.user,
+        category=args.category,
+        include_superseded=args.include_superseded,
+        offset=args.offset,
+        limit=args.limit,
+        after=args.after,
     )
-    _print(args, {"notes": reply.notes, "total": reply.total}, lambda o: render.notes(o["notes"], o["total"]))
+    more = max(reply.total - args.offset - len(reply.notes), 0)
+    listed = {"notes": reply.notes, "total": reply.total, "more": more}
+    _print(args, listed, lambda o: render.notes(o["notes"], o["total"], args.offset))
 
 
 async def cmd_recent(client: Any, args: argparse.Namespace) -> None:
@@ -386,11 +398,12 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from services.adapters.private_files import open_private
     from services.ops.portable import export_log
 
     async def go() -> dict[str, int]:
         async with operator_redis(Settings.from_env()) as (redis, partitions):
-            with open(args.out, "w") as out:
+            with open_private(args.out) as out:  # it holds every wrapped data key
                 return await export_log(redis, partitions, out)
 
     counts = asyncio.run(go())
@@ -401,7 +414,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_import(args: argparse.Namespace) -> int:
     from services.adapters.crypto import load_master_key
     from services.adapters.event_store import RedisEventStore
-    from services.ops.portable import import_log
+    from services.ops.portable import import_log, read_partitions
 
     settings = Settings.from_env()
 
@@ -409,8 +422,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         redis = connect(settings)
         try:
             with open(args.source) as source:
-                partitions = json.loads(source.readline())["partitions"]
-                source.seek(0)
+                partitions = read_partitions(source)
                 store = RedisEventStore(redis, partitions, 0, load_master_key(settings.data_dir))
                 return await import_log(redis, store, source)
         except ValueError as e:
@@ -459,7 +471,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
                 ErrorCode.INVALID_PARAMETER, "--user is required for stdio (or serve --http for many users)"
             )
         check_user_id(args.user, "--user")  # refused at start, before looking for the bus
-    client = _client(Settings.from_env())
+    client = _client(Settings.from_env(), operator=False)
     if args.http is not None:
         asyncio.run(serve_http(client, args.profile, args.host, args.http))
         return 0
@@ -484,7 +496,7 @@ async def cmd_memory(client: Any, args: argparse.Namespace) -> None:
         if args.json:
             _print(args, {"notes": reply.notes, "total": reply.total})
             return
-        sys.stdout.write(render.memory_list(reply.notes))
+        sys.stdout.write(render.memory_list(reply.notes, reply.total))
         return
     note = await client.get_note(args.user, args.note_id)
     reply = await client.forget(args.user, note_ids=[args.note_id], confirmed=True)
@@ -564,6 +576,8 @@ def _parser() -> argparse.ArgumentParser:
     p = add("list", _with_client(cmd_list), "list notes by category, then creation time", user=True)
     p.add_argument("--category")
     p.add_argument("--include-superseded", action="store_true")
+    p.add_argument("--limit", type=int, default=LIST_NOTES_PAGE, help=f"notes a page (1-{LIST_NOTES_MAX})")
+    p.add_argument("--offset", type=int, default=0, help="where the page starts (the listing's order)")
     p.add_argument("--after")
 
     p = add("recent", _with_client(cmd_recent), "most recently created notes", user=True)

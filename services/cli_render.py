@@ -225,13 +225,19 @@ def _note_line(view: NoteView, *, extra: Iterable[str] = ()) -> Text:
     return line
 
 
-def notes(views: list[NoteView], total: int | None = None) -> Text:
-    """``ListNotes`` and ``ListRecent``: one line a note."""
+def notes(views: list[NoteView], total: int | None = None, offset: int | None = None) -> Text:
+    """``ListNotes`` and ``ListRecent``: one line a note. ``offset``: where a page of a listing
+    starts; the line after it says how to ask for the next one."""
+    start = offset or 0
     if not views:
+        if total and start:
+            return Text(f"(no memories from offset {start}: there are {total})")
         return Text("(no memories)")
     parts = [_note_line(v) for v in views]
-    if total is not None and total > len(views):
-        parts.append(Text(f"… {total - len(views)} more", style=DIM))
+    more = (total or 0) - start - len(views)
+    if more > 0:
+        hint = f" (--offset {start + len(views)})" if offset is not None else ""
+        parts.append(Text(f"… {more} more{hint}", style=DIM))
     return _lines(*parts)
 
 
@@ -336,8 +342,9 @@ def _section(title: str, value: object, depth: int) -> list[Text]:
 # requirements §3's /memory ------------------------------------------------------------------------
 
 
-def memory_list(views: list[NoteView]) -> str:
-    """Requirements §3's ``/memory list``, as its document shows it (plain text)."""
+def memory_list(views: list[NoteView], total: int | None = None) -> str:
+    """Requirements §3's ``/memory list``, as its document shows it (plain text). ``total``:
+    how many there are, when the listing is one page of them."""
     if not views:
         return "📝 No memories yet.\n"
     lines = ["📝 Your memories:", ""]
@@ -351,5 +358,7 @@ def memory_list(views: list[NoteView]) -> str:
         # Its exact text, on its line, with nothing that could drive the terminal.
         shown = "".join(_visible(c) for c in view.content.replace("\n", " "))
         lines.append(f"• [{view.id}] {shown}")
+    if total is not None and total > len(views):
+        lines += ["", f"… and {total - len(views):,} more (engram list --offset {len(views)})"]
     lines += ["", "Use /memory delete <id> to remove a memory."]
     return "\n".join(lines) + "\n"

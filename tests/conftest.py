@@ -92,5 +92,6 @@ async def service(redis_url: str) -> AsyncIterator[RunningService]:
 
 @pytest.fixture
 async def client(service: RunningService) -> AsyncIterator[EngramClient]:
-    async with EngramClient(service.settings.redis_url, timeout=10) as c:
+    # Tests act as the operator too (confirmed forgets); test_operator_only.py sends as an agent.
+    async with EngramClient(service.settings.redis_url, timeout=10, operator=True) as c:
         yield c

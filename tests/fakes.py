@@ -251,6 +251,21 @@ class InMemoryHistory(CheckpointReader):
         ]
         return sorted(listed, key=order_member)
 
+    async def list_page(
+        self,
+        user_id: str,
+        category: str | None,
+        include_superseded: bool,
+        category_prefix: str | None,
+        offset: int,
+        limit: int,
+        now: datetime,
+    ) -> tuple[list[NoteView], int] | None:
+        listed = await self.list_notes(user_id, category, include_superseded, category_prefix)
+        if any(v.expires_at is not None and v.expires_at <= now for v in listed):
+            return None  # as the real one when a note has lapsed: the caller reads the listing
+        return listed[offset : offset + limit], len(listed)
+
     async def categories(self, user_id: str, prefix: str | None, keyed_only: bool = False) -> list[str]:
         listed = await self.list_notes(user_id, None, False, prefix)
         return sorted({v.category for v in listed if v.key is not None or not keyed_only})

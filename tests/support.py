@@ -13,7 +13,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from contracts import channels
 from contracts.channels import HistoryKeys
 from services.adapters.crypto import MasterKey
 from services.adapters.event_store import decode_event
+from services.adapters.redis_server import answers, find_redis_server, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_MASTER_KEY_B64 = base64.b64encode(bytes(range(32))).decode()
@@ -197,3 +199,21 @@ async def log_events(url: str, partition: int = 0) -> list:  # type: ignore[type
     entries = await r.xrange(channels.event_log(partition))
     await r.aclose()
     return [decode_event(fields[b"e"]) for _, fields in entries]
+
+
+@contextmanager
+def redis_with_password(directory: Path, password: str) -> Iterator[int]:
+    """A redis-server that refuses clients without ``password`` (requirepass); its port."""
+    port = free_port()
+    process = subprocess.Popen(
+        [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--requirepass", password,
+         "--save", "", "--appendonly", "no", "--dir", str(directory)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: answers(f"redis://:{password}@127.0.0.1:{port}/0"))
+        yield port
+    finally:
+        process.terminate()
+        process.wait(10)

@@ -6,6 +6,10 @@ content (the note stream, the log, a backup, an AOF) is then ciphertext nobody c
 Subjects are sealed too (a person's name, a place: personal data). Where the vector index must
 filter by subject it holds a keyed hash instead (``SubjectMatcher``), never the text.
 
+The history read model seals the same content under the same data keys (``RecordKey``), and
+finds a keyed note by a keyed hash of its key (``KeyedFields``), so a forget that destroys a
+key leaves nothing readable there either.
+
 The master key comes from ``ENGRAM_MASTER_KEY`` (32 bytes, base64), or the file named by
 ``ENGRAM_MASTER_KEY_FILE``; the embedded default generates one under the data dir and says so.
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import logging
@@ -28,6 +33,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from contracts.events import AnyEvent
+from services.adapters.private_files import private_dir
 
 log = logging.getLogger("engram.crypto")
 
@@ -50,6 +56,10 @@ _NONCE = 12
 # HKDF info of the subject matching key: a new version of the label is a new key, so changing
 # how subjects are hashed means an index rebuild.
 SUBJECT_MATCH_LABEL = "engram subject match v1"
+KEYED_FIELD_LABEL = "engram keyed field v1"
+# The read model's two subkeys of a note's data key: one seals, one makes the nonce.
+_RECORD_SEAL_LABEL = b"engram read model v1 seal"
+_RECORD_NONCE_LABEL = b"engram read model v1 nonce"
 
 
 class MasterKeyError(RuntimeError):
@@ -101,7 +111,7 @@ def load_master_key(data_dir: Path, env: Mapping[str, str] = os.environ) -> Mast
 def _generate(path: Path) -> None:
     """Written aside, then linked into place: a link never overwrites, so two processes starting
     together on one data dir end up with the same key (the first one's)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     draft = path.with_name(f".master.key.{os.getpid()}")
     fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
@@ -190,3 +200,63 @@ class SubjectMatcher:
         message = msgspec.json.encode([user_id, normalize_subject(subject)])
         digest = hmac.new(self._key, message, hashlib.sha256).digest()[:16]
         return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+class KeyedFields:
+    """Keyed hashes of the keys notes are put under (``PutNote``): what the read model's key
+    lookup is indexed by, so a caller's key (which may be personal: an email address, a
+    name) is not left in a hash field. Keyed like ``SubjectMatcher``, by its own derived key."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    @classmethod
+    def from_master(cls, master: MasterKey) -> KeyedFields:
+        return cls(master.derive(KEYED_FIELD_LABEL))
+
+    def digest(self, user_id: str, category: str, key: str) -> str:
+        message = msgspec.json.encode([user_id, category, key])
+        digest = hmac.new(self._key, message, hashlib.sha256).digest()[:16]
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+class RecordKey:
+    """A note's data key as the read model uses it: values sealed with AES-256-GCM under a
+    subkey, bound to the name they are stored under (the additional data), with a synthetic
+    nonce (an HMAC of that name and the plaintext under a second subkey). Deterministic on
+    purpose: a rebuild writes the very bytes the live projection wrote, and a replayed write
+    changes nothing; all it shows is that a value stored under one name did not change. Both
+    subkeys are HMACs of the data key, so the events' key is never used for anything else."""
+
+    __slots__ = ("_aead", "_nonce_key")
+
+    def __init__(self, data_key: bytes) -> None:
+        self._aead = AESGCM(hmac.digest(data_key, _RECORD_SEAL_LABEL, "sha256"))
+        self._nonce_key = hmac.digest(data_key, _RECORD_NONCE_LABEL, "sha256")
+
+    def seal(self, plain: bytes, name: bytes) -> bytes:
+        bound = len(name).to_bytes(4, "big") + name + plain
+        nonce = hmac.digest(self._nonce_key, bound, "sha256")[:_NONCE]
+        return nonce + self._aead.encrypt(nonce, plain, name)
+
+    def open(self, box: bytes, name: bytes) -> bytes:
+        """Raises ``InvalidTag`` for a value sealed under another name or another key."""
+        return self._aead.decrypt(box[:_NONCE], box[_NONCE:], name)
+
+
+class RecordKeys:
+    """Unwraps notes' data keys for the read model. Unwrapped keys are kept in a bounded LRU
+    (by the wrapped key and the note it is wrapped for, as the unwrap's label binds them):
+    callers read the wrapped key from Redis with every value, so a key the cache still holds
+    opens nothing once a forget has deleted the wrapped one."""
+
+    def __init__(self, master: MasterKey, cache_size: int = 4096) -> None:
+        self._master = master
+        self._unwrapped = functools.lru_cache(maxsize=cache_size)(self._unwrap)
+
+    def _unwrap(self, wrapped: bytes, user_id: str, note_id: str) -> RecordKey:
+        return RecordKey(self._master.unwrap(wrapped, f"{user_id}/{note_id}"))
+
+    def of(self, wrapped: bytes | None, user_id: str, note_id: str) -> RecordKey | None:
+        """The note's key, or None when it has none (forgotten)."""
+        return None if wrapped is None else self._unwrapped(wrapped, user_id, note_id)

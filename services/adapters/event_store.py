@@ -137,7 +137,7 @@ class RedisEventStore:
         """Every note and message id the user has a stream for (account and session streams aside)."""
         prefix = channels.note_version(self.partition_of(user_id), user_id, "")
         keys = self._redis.scan_iter(match=channels.matching(prefix), count=1000)
-        ids = [key.decode()[len(prefix) :] async for key in keys]
+        ids = [channels.unpart(key.decode()[len(prefix) :]) async for key in keys]
         return sorted(i for i in ids if not is_control_stream(i))
 
     async def outcome(self, user_id: str, command_id: str) -> Outcome | None:

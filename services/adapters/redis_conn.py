@@ -7,6 +7,7 @@ outside a partition (``engram:partitions``, the index generations) are single-ke
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -16,6 +17,25 @@ from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 
 from contracts import channels
+
+# A password may also come as a query argument (``?password=``, ``?ssl_password=``).
+_QUERY_SECRET = re.compile(r"(password=)[^&#]*", re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """``url`` as a message or a log line may show it: the password becomes ``***`` (the user
+    name stays, to tell which ACL user was refused), and so does a user part without a colon,
+    which may be a password missing its colon. Scheme, host, port, path and database stay."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    # The last '@' ends the credentials: a password may hold '@', '/' or '?' unencoded (an '@'
+    # in the query hides more than needed, which is the safe side).
+    at = rest.rfind("@")
+    if at >= 0:
+        user, colon, _ = rest[:at].partition(":")
+        rest = (f"{user}:***" if colon else "***") + rest[at:]
+    return scheme + sep + _QUERY_SECRET.sub(r"\1***", rest)
 
 
 def open_redis(url: str, cluster: bool = False, **options: Any) -> Redis:
@@ -56,8 +76,20 @@ async def transaction_client(redis: Redis, key: str) -> Redis:
     return clients[node.name]
 
 
+_closers: weakref.WeakKeyDictionary[Redis, list[Callable[[], Awaitable[None]]]] = weakref.WeakKeyDictionary()
+
+
+def close_with(redis: Redis, closer: Callable[[], Awaitable[None]]) -> None:
+    """Have ``close_redis`` run ``closer`` first: for what holds a connection of its own from
+    ``redis`` (a subscription), which would otherwise outlive the client."""
+    _closers.setdefault(redis, []).append(closer)
+
+
 async def close_redis(redis: Redis) -> None:
-    """Closes the client and the per-node ones ``transaction_client`` opened for it."""
+    """Closes the client, what ``close_with`` registered on it, and the per-node ones
+    ``transaction_client`` opened for it."""
+    for closer in _closers.pop(redis, []):
+        await closer()
     if isinstance(redis, RedisCluster):
         for client in _node_clients.pop(redis, {}).values():
             await client.aclose()

@@ -1,5 +1,6 @@
 """A private ``redis-server`` for the embedded default, used when no Redis URL was configured
-and none answers at the default address. AOF on, under the data dir, so nothing acknowledged is lost."""
+and none answers at the default address. AOF on, under the data dir, so nothing acknowledged is lost;
+its directory and files are the service user's alone, and with a password it refuses anyone without it."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import redis
+
+from services.adapters.private_files import private_dir, write_private
 
 
 def free_port() -> int:
@@ -46,23 +50,34 @@ class RedisServer:
         port: int | None = None,
         appendfsync: str = "everysec",
         extra_args: list[str] | None = None,
+        password: str | None = None,
     ) -> None:
+        """``password``: required of every client (the ``default`` user's), given in ``url``."""
         self.directory = directory
         self.port = port or free_port()
         self.appendfsync = appendfsync
         self.extra_args = extra_args or []
+        self.password = password
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        credentials = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{credentials}127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)
         self._remove_stale_rewrites()
+        config: list[str] = []
+        if self.password:
+            # In a 0600 file, not on the command line, which every local user can read (ps).
+            escaped = self.password.replace("\\", "\\\\").replace('"', '\\"')
+            write_private(self.directory / "redis.conf", f'requirepass "{escaped}"\n')
+            config = [str(self.directory / "redis.conf")]
         self.process = subprocess.Popen(
             [
                 find_redis_server(),
+                *config,
                 "--port",
                 str(self.port),
                 "--bind",
@@ -83,6 +98,8 @@ class RedisServer:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            # Its AOF, RDB and log are created 0600: they hold key names and sealed content.
+            umask=0o077,
         )
         deadline = time.monotonic() + timeout
         while not answers(self.url, 0.2):

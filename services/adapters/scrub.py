@@ -58,8 +58,9 @@ class Scrubber:
 
     async def _commands_pending(self) -> bool:
         for p in range(self._partitions):
-            if (await self._redis.xpending(channels.command_stream(p), channels.COMMAND_GROUP))["pending"]:
-                return True
+            for stream in (channels.command_stream(p), channels.operator_stream(p)):
+                if (await self._redis.xpending(stream, channels.COMMAND_GROUP))["pending"]:
+                    return True
         return False
 
     async def _quiet(self) -> bool:
@@ -90,6 +91,7 @@ class Scrubber:
         try:
             for p in range(self._partitions):
                 await trim_handled(self._redis, channels.command_stream(p), channels.COMMAND_GROUP)
+                await trim_handled(self._redis, channels.operator_stream(p), channels.COMMAND_GROUP)
                 await trim_handled(self._redis, channels.query_stream(p), channels.QUERY_GROUP)
             for server in await servers(self._redis):
                 aof = await server("CONFIG GET", "appendonly")

@@ -14,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import OrderedDict
 from typing import Any
 
 import mcp_types as types
 from mcp.server.lowlevel import Server
 
+from contracts import channels
 from contracts.errors import EngramError, ErrorCode
 from services.agents.specs import WRITE_TIMEOUT, ToolSpec, error
 from services.agents.tools import ToolDispatcher, profile
@@ -42,16 +44,63 @@ def mcp_tool(spec: ToolSpec) -> types.Tool:
     )
 
 
-def build_server(client: EngramClient, profile_name: str, user_id: str | None, session_id: str | None = None) -> Server:
+# Users whose dispatchers an HTTP server keeps: every request names its user in a header, so the
+# cache would otherwise grow by one for every name anyone sends.
+MAX_DISPATCHERS = 1_024
+
+
+class Dispatchers:
+    """One ``ToolDispatcher`` per user, each keeping that user's read-your-writes token, for the
+    ``limit`` users seen last; the least recently used is dropped (a dispatcher is cheap to make
+    again). A user's next dispatcher starts from the latest token dropped from their partition,
+    which is at or after their own last write: their reads still see it (waiting, at worst, for
+    a few of another user's writes besides)."""
+
+    def __init__(
+        self, client: EngramClient, profile_name: str, session_id: str | None = None, limit: int = MAX_DISPATCHERS
+    ) -> None:
+        self._client = client
+        self._profile = profile_name
+        self._session = session_id
+        self._limit = limit
+        self._kept: OrderedDict[str, ToolDispatcher] = OrderedDict()
+        self._dropped: dict[int, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def __call__(self, user: str) -> ToolDispatcher:
+        found = self._kept.get(user)
+        if found is not None:
+            self._kept.move_to_end(user)
+            return found
+        made = ToolDispatcher(self._client, user, self._profile, self._session)
+        made.track(self._dropped.get(channels.partition_of(user, self._client.partitions)))
+        self._kept[user] = made
+        while len(self._kept) > self._limit:
+            _, old = self._kept.popitem(last=False)
+            self._remember(old.last_token)
+        return made
+
+    def _remember(self, token: str | None) -> None:
+        if token is None:
+            return
+        partition, position = channels.parse_token(token)
+        kept = self._dropped.get(partition)
+        if kept is None or channels.parse_token(kept)[1] < position:
+            self._dropped[partition] = token
+
+
+def build_server(
+    client: EngramClient,
+    profile_name: str,
+    user_id: str | None,
+    session_id: str | None = None,
+    dispatchers: Dispatchers | None = None,
+) -> Server:
     """The MCP server of one profile: for ``user_id``, or (None) for the user each request names."""
     specs = profile(profile_name)
-    dispatchers: dict[str, ToolDispatcher] = {}
-
-    def dispatcher_for(user: str) -> ToolDispatcher:
-        # One per user, so each keeps its own read-your-writes token.
-        if user not in dispatchers:
-            dispatchers[user] = ToolDispatcher(client, user, profile_name, session_id)
-        return dispatchers[user]
+    dispatcher_for = dispatchers if dispatchers is not None else Dispatchers(client, profile_name, session_id)
 
     async def on_list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         return types.ListToolsResult(tools=[mcp_tool(s) for s in specs])

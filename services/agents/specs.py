@@ -12,6 +12,8 @@ import msgspec
 from contracts.errors import ErrorCode
 from contracts.limits import (
     CATEGORY_PATTERN,
+    LIST_NOTES_MAX,
+    LIST_NOTES_PAGE,
     MAX_CATEGORY_CHARS,
     MAX_CONTENT_CHARS,
     MAX_EPISODE_FIELD_CHARS,
@@ -22,6 +24,7 @@ from contracts.limits import (
     SEARCH_TOP_K_DEFAULT,
     SEARCH_TOP_K_MAX,
 )
+from contracts.queries import NotesReply
 from services.agents.session import AgentSession
 
 # Requirements §2: searches 15 s, writes 10 s.
@@ -89,6 +92,25 @@ CATEGORY: dict[str, Any] = {
     "description": "a lower-case word of a-z, 0-9, _ and -, e.g. person, preference, project",
 }
 TIME: dict[str, Any] = {"type": "string", "format": "date-time"}
+# A page of a listing: never the whole of a memory that may hold thousands of notes.
+OFFSET: dict[str, Any] = {
+    "type": "integer",
+    "minimum": 0,
+    "default": 0,
+    "description": "where the page starts: the next_offset of the previous page",
+}
+LIMIT: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": LIST_NOTES_MAX, "default": LIST_NOTES_PAGE}
+
+
+async def list_page(s: AgentSession, arguments: Mapping[str, Any], **filters: Any) -> tuple[NotesReply, Result]:
+    """One page of the user's notes (``offset``, ``limit`` as the tool was given them) and what
+    the reply says about the rest: ``total``, and ``next_offset`` while notes remain."""
+    offset, limit = arguments.get("offset", 0), arguments.get("limit", LIST_NOTES_PAGE)
+    reply = await s.client.list_notes(s.user_id, offset=offset, limit=limit, after=s.last_token, **filters)
+    paging: Result = {"total": reply.total}
+    if offset + len(reply.notes) < reply.total:
+        paging["next_offset"] = offset + len(reply.notes)
+    return reply, paging
 
 
 def contract_default(struct: type[msgspec.Struct], name: str) -> Any:

@@ -74,12 +74,21 @@ class CommandService:
         self._advisor = advisor
         self._forget = forget
 
-    async def handle(self, body: bytes) -> bytes:
+    async def handle(self, body: bytes, operator: bool = False) -> bytes:
         """Bus entry point: raw JSON in, JSON reply out. Domain refusals become error replies;
-        infrastructure failures propagate so the message stays pending and is retried."""
+        infrastructure failures propagate so the message stays pending and is retried.
+        ``operator``: the command came on the operators' stream, the one place a confirmed
+        forget (no second call) is taken from."""
         try:
             command = decode_command(body)
             if isinstance(command, RequestForget | RequestForgetUser | RequestForgetSession):
+                if command.confirmed and not operator:
+                    raise EngramError(
+                        ErrorCode.INVALID_PARAMETER,
+                        "confirmed deletes at once, without the second call: only an operator may ask that "
+                        "(engram forget --yes, or EngramClient(..., operator=True)); ask without it and "
+                        "confirm with the same request again",
+                    )
                 if self._forget is None:
                     raise EngramError(ErrorCode.UNAVAILABLE, "forgetting is not served here")
                 if isinstance(command, RequestForget):

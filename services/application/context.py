@@ -10,16 +10,23 @@ counted with MiniLM's own WordPiece tokenizer (no download: it ships with the mo
 A budget is a promise: the block never exceeds it. The profile and the episodes count like any
 note (the profile is kept first, then the episodes); a budget smaller than the block's frame
 (markdown's header, XML's empty ``<user_memory>``) is refused with the smallest one that works.
+
+What a block costs is tokenizing its notes, so it is bounded: the notes considered are the first
+as ``select`` ranks them, at most ``MAX_CONTEXT_NOTES`` of them and ``MAX_CONTEXT_CHARS``
+characters of their text (the block says ``truncated`` when that leaves any out); the rendering
+and tokenizing run on a worker thread, lines tokenized in batches, so the event loop keeps serving.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from xml.sax.saxutils import escape, quoteattr
 
 from contracts.errors import EngramError, ErrorCode
+from contracts.limits import LIST_NOTES_MAX, MAX_CONTEXT_TOKENS
 from contracts.model import NoteKind, NoteView
 from contracts.queries import BuildContext, ContextReply, SearchNotes
 from services.application.ports import NoteHistory
@@ -32,8 +39,15 @@ MARKDOWN_HEADER = (
 )
 PROFILE_CATEGORY = "profile"
 PROFILE_FIELDS = ("name", "timezone")
+# The most notes one block considers, and the most characters of their text: far more than a
+# prompt holds (a token is some four characters of English, so this is more than the largest
+# budget), and little enough that tokenizing them stays a bounded cost (under a second of a
+# worker thread here) whatever the size of the memory.
+MAX_CONTEXT_NOTES = LIST_NOTES_MAX
+MAX_CONTEXT_CHARS = 5 * MAX_CONTEXT_TOKENS
 
-Counter = Callable[[str], int]
+# Tokens of each text, in order.
+Counter = Callable[[Sequence[str]], list[int]]
 
 
 def canonical(notes: Sequence[NoteView]) -> list[NoteView]:
@@ -122,21 +136,22 @@ def render_xml(
     return "\n".join(lines) + "\n"
 
 
+def ranked(notes: Sequence[NoteView], relevance: Mapping[str, float] | None = None) -> list[NoteView]:
+    """Most relevant and important first; ties by recency, then id, so the order is deterministic."""
+    relevance = relevance or {}
+    return sorted(notes, key=lambda n: (-relevance.get(n.id, 0.0), -n.importance, -n.created_at.timestamp(), n.id))
+
+
 def select(
     notes: Sequence[NoteView],
     cost: Callable[[NoteView], int],
     budget: int,
     relevance: Mapping[str, float] | None = None,
 ) -> list[NoteView]:
-    """The notes that fit ``budget`` tokens (each costing ``cost(note)``), most relevant and
-    important first; ties by recency, then id, so the choice is deterministic."""
-    relevance = relevance or {}
-    ranked = sorted(
-        notes,
-        key=lambda n: (-relevance.get(n.id, 0.0), -n.importance, -n.created_at.timestamp(), n.id),
-    )
+    """The notes that fit ``budget`` tokens (each costing ``cost(note)``), taken in ``ranked``
+    order."""
     chosen, spent = [], 0
-    for note in ranked:
+    for note in ranked(notes, relevance):
         price = cost(note)
         if spent + price <= budget:
             chosen.append(note)
@@ -144,13 +159,18 @@ def select(
     return chosen
 
 
+# Held while the tokenizer is loaded and while it runs: blocks are built on worker threads, and
+# one fast tokenizer is not to be called from two threads at once.
 _tokenizer_lock = threading.Lock()
 _tokenizer = None
 
 
-def count_tokens(text: str) -> int:
-    """Word pieces of MiniLM's tokenizer (the model package's own files, offline)."""
+def count_tokens_many(texts: Sequence[str]) -> list[int]:
+    """Word pieces of MiniLM's tokenizer (the model package's own files, offline), of each text;
+    one call for them all, which the tokenizer runs far faster than one call each."""
     global _tokenizer
+    if not texts:
+        return []
     with _tokenizer_lock:
         if _tokenizer is None:
             from transformers import AutoTokenizer
@@ -158,16 +178,27 @@ def count_tokens(text: str) -> int:
             from services.adapters.embedder import model_path
 
             _tokenizer = AutoTokenizer.from_pretrained(model_path(), local_files_only=True)
-    return len(_tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+        encoded = _tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]
+    return [len(ids) for ids in encoded]
+
+
+def count_tokens(text: str) -> int:
+    (count,) = count_tokens_many([text])
+    return count
 
 
 class ContextService:
     """Answers ``BuildContext`` from the history read model (and the search, for relevance)."""
 
-    def __init__(self, history: NoteHistory, search: SearchService | None, count: Counter = count_tokens) -> None:
+    def __init__(self, history: NoteHistory, search: SearchService | None, count: Counter = count_tokens_many) -> None:
         self._history = history
         self._search = search
-        self._count = count
+        self._count_many = count
+
+    def _count(self, text: str) -> int:
+        # The tokenizer splits at whitespace before anything else, so a text's count is the sum
+        # of its lines' counts; as a batch of lines it is counted some three times faster.
+        return sum(self._count_many(text.split("\n")))
 
     async def build(self, query: BuildContext) -> ContextReply:
         now = datetime.now(UTC)
@@ -185,6 +216,12 @@ class ContextService:
                     SearchNotes(user_id=query.user_id, query=query.query, top_k=3, kind=NoteKind.EPISODE)
                 )
                 episodes = [h.note for h in hits.results if h.note is not None]
+        return await asyncio.to_thread(self._compose, query, notes, relevance, episodes)
+
+    def _compose(
+        self, query: BuildContext, notes: list[NoteView], relevance: dict[str, float], episodes: list[NoteView]
+    ) -> ContextReply:
+        """The block from the notes read: CPU only (rendering, tokenizing), run on a worker thread."""
         # ``fixed``: the parts kept before any other note (XML's profile), dropped last.
         fixed: list[NoteView] = []
         if query.format == "markdown":
@@ -198,8 +235,9 @@ class ContextService:
             def rendered(kept: Sequence[NoteView], chosen: Sequence[NoteView], eps: Sequence[NoteView]) -> list[str]:
                 return [n.id for n in canonical(chosen)]
 
-            def cost(note: NoteView) -> int:
-                return self._count(markdown_line(note)) + 1
+            def line(note: NoteView) -> tuple[str, int]:
+                # What a note puts in the block, and the tokens counted on top of it (the join).
+                return markdown_line(note), 1
 
         else:
             fixed = profile_notes(notes)
@@ -216,12 +254,20 @@ class ContextService:
                 rules = [n.id for n in canonical(chosen) if n.kind is NoteKind.PROCEDURE]
                 return [n.id for n in kept] + facts + rules + [n.id for n in eps]
 
-            def cost(note: NoteView) -> int:
-                return self._count(sentence(note.content)) + (8 if note.kind is NoteKind.PROCEDURE else 1)
+            def line(note: NoteView) -> tuple[str, int]:
+                return sentence(note.content), 8 if note.kind is NoteKind.PROCEDURE else 1
 
+        considered: list[NoteView] = []
+        chars = 0
+        for note in ranked(candidates, relevance):
+            chars += len(line(note)[0])
+            if len(considered) == MAX_CONTEXT_NOTES or chars > MAX_CONTEXT_CHARS:
+                break
+            considered.append(note)
+        truncated = len(considered) < len(candidates)
+        candidates = considered
         chosen = list(candidates)
         text = render(fixed, chosen, episodes)
-        truncated = False
         budget = query.max_tokens
         if budget is not None and self._count(text) > budget:
             truncated = True
@@ -240,7 +286,10 @@ class ContextService:
                 else:
                     fixed = fixed[:-1]
             spent = self._count(render(fixed, [], episodes))
-            chosen = select(candidates, cost, budget - spent, relevance)
+            lines = [line(n) for n in candidates]
+            counted = self._count_many([said for said, _ in lines])
+            costs = {n.id: tokens + extra for n, (_, extra), tokens in zip(candidates, lines, counted, strict=True)}
+            chosen = select(candidates, lambda n: costs[n.id], budget - spent, relevance)
             text = render(fixed, chosen, episodes)
             # The per-note estimate can be off by a token or two at the joins: trim the least
             # ranked until it fits. The frame fits, so this ends.

@@ -151,8 +151,9 @@ class NoteHistory(Protocol):
     async def checkpoint(self, partition: int) -> tuple[int, int]:
         """The last log position applied in a partition."""
 
-    async def wait_for(self, token: str, timeout: float, poll: float = 0.002) -> bool:
-        """Until the read model has applied the write a token names; False on timeout."""
+    async def wait_for(self, token: str, timeout: float) -> bool:
+        """Until the read model has applied the write a token names; False on timeout. A token
+        that names no write (past the end of the log) raises ``INVALID_PARAMETER`` at once."""
 
     async def get_note(self, user_id: str, note_id: str) -> NoteView | None: ...
 
@@ -170,6 +171,20 @@ class NoteHistory(Protocol):
     async def list_notes(
         self, user_id: str, category: str | None, include_superseded: bool, category_prefix: str | None = None
     ) -> list[NoteView]: ...
+
+    async def list_page(
+        self,
+        user_id: str,
+        category: str | None,
+        include_superseded: bool,
+        category_prefix: str | None,
+        offset: int,
+        limit: int,
+        now: datetime,
+    ) -> tuple[list[NoteView], int] | None:
+        """A page of ``list_notes`` (notes whose time to live ran out by ``now`` left out) and how
+        many notes that listing holds, read without the rest; None when the page cannot be
+        told without reading the whole listing."""
 
     async def categories(self, user_id: str, prefix: str | None, keyed_only: bool = False) -> list[str]:
         """The categories of the user's active notes, sorted (``prefix``: it and those under it;

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import msgspec
 
 from contracts.errors import EngramError, ErrorCode
+from contracts.limits import LIST_NOTES_MAX
 from contracts.model import NoteStatus
 from contracts.queries import (
     AnyQuery,
@@ -106,17 +107,31 @@ class QueryService:
             view, versions = found
             return HistoryReply(note_id=view.id, status=view.status.value, versions=versions)
         if isinstance(query, ListNotes):
+            # A page, never the whole listing: without a limit, the largest one a query may ask for.
+            limit = query.limit if query.limit is not None else LIST_NOTES_MAX
+            now = datetime.now(UTC)
+            if not query.where and not query.keyed_only:
+                # Only the page is read when the listing alone says which notes are on it.
+                page = await history.list_page(
+                    query.user_id,
+                    query.category,
+                    query.include_superseded,
+                    query.category_prefix,
+                    query.offset,
+                    limit,
+                    now,
+                )
+                if page is not None:
+                    return NotesReply(notes=page[0], total=page[1])
             notes = await history.list_notes(
                 query.user_id, query.category, query.include_superseded, query.category_prefix
             )
-            now = datetime.now(UTC)
             notes = [n for n in notes if not lapsed(n, now)]
             if query.keyed_only:
                 notes = [n for n in notes if n.key is not None]
             if query.where:
                 notes = [n for n in notes if matches(n.value, query.where)]
-            end = query.offset + query.limit if query.limit is not None else None
-            return NotesReply(notes=notes[query.offset : end], total=len(notes))
+            return NotesReply(notes=notes[query.offset : query.offset + limit], total=len(notes))
         if isinstance(query, ListCategories):
             return CategoriesReply(categories=await history.categories(query.user_id, query.prefix, query.keyed_only))
         if isinstance(query, ListMessages):

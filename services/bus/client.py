@@ -57,7 +57,7 @@ from contracts.queries import (
     SearchNotes,
     SearchReply,
 )
-from services.adapters.redis_conn import open_redis
+from services.adapters.redis_conn import open_redis, redact_url
 from services.bus.requester import BusRequester
 
 R = TypeVar("R")
@@ -71,10 +71,19 @@ UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAga
 
 class EngramClient:
     def __init__(
-        self, url: str, *, timeout: float = 10.0, request_stream_maxlen: int = 100_000, cluster: bool = False
+        self,
+        url: str,
+        *,
+        timeout: float = 10.0,
+        request_stream_maxlen: int = 100_000,
+        cluster: bool = False,
+        operator: bool = False,
     ) -> None:
-        """``cluster``: ``url`` names a node of a Redis Cluster (as ENGRAM_REDIS_CLUSTER=on)."""
+        """``cluster``: ``url`` names a node of a Redis Cluster (as ENGRAM_REDIS_CLUSTER=on).
+        ``operator``: commands go to the operators' stream, where a confirmed forget (deleting
+        without the second call) is accepted; an agent's client is never one."""
         self.url = url
+        self.operator = operator
         self.timeout = timeout
         self._redis = open_redis(url, cluster)
         self._bus = BusRequester(self._redis, request_stream_maxlen)
@@ -93,11 +102,13 @@ class EngramClient:
             await self._bus.start()
         except UNREACHABLE as e:
             await self.close()
-            raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {self.url}: {e}") from None
+            raise EngramError(
+                ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {redact_url(self.url)}: {e}"
+            ) from None
         if stored is None:
             await self._bus.stop()  # a later connect starts it afresh
             raise EngramError(
-                ErrorCode.UNAVAILABLE, f"no Engram service has ever run on {self.url}; start `engram serve`"
+                ErrorCode.UNAVAILABLE, f"no Engram service has ever run on {redact_url(self.url)}; start `engram serve`"
             )
         self.partitions = int(stored)
 
@@ -455,7 +466,8 @@ class EngramClient:
     # Plumbing -------------------------------------------------------------------------------
 
     async def execute(self, command: AnyCommand, expect: type[R]) -> R:
-        stream = channels.command_stream(channels.partition_of(command.user_id, self.partitions))
+        partition = channels.partition_of(command.user_id, self.partitions)
+        stream = channels.operator_stream(partition) if self.operator else channels.command_stream(partition)
         return _expect(await self.request_raw(stream, _encoder.encode(command)), expect)
 
     async def ask(self, query: AnyQuery, expect: type[R]) -> R:
@@ -473,7 +485,9 @@ class EngramClient:
                 "retry it with the same command_id",
             ) from None
         except UNREACHABLE as e:
-            raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {self.url}: {e}") from None
+            raise EngramError(
+                ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {redact_url(self.url)}: {e}"
+            ) from None
 
 
 class ReadYourWrites:

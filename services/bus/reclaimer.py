@@ -3,8 +3,9 @@
 FastStream acks after a handler returns and leaves an entry pending when it raises or when its
 worker dies, and it neither redelivers nor counts deliveries. This sweeper does both: an entry
 pending longer than ``idle_ms`` is re-queued as a new entry with its attempt count, and after
-``max_deliveries`` attempts it goes to the dead-letter stream instead. Both moves are one Lua
-script each (claim, copy, ack), so two sweepers never move the same entry twice.
+``max_deliveries`` attempts it goes to the dead-letter stream instead, which keeps the newest
+``DEAD_LETTERS_KEPT``. Both moves are one Lua script each (claim, copy, ack), so two sweepers
+never move the same entry twice.
 """
 
 from __future__ import annotations
@@ -17,11 +18,17 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from contracts import channels
+from contracts.limits import REQUEST_STREAM_BYTES
 from services.ops.periodic import every
 
 log = logging.getLogger("engram.reclaimer")
 
 ATTEMPT_FIELD = "engram-attempt"
+# The dead letters a stream keeps, the newest: enough to see what fails and how, and a bound on
+# what requests made to fail can pile up. Letters are capped by bytes too, as the request streams
+# are (REQUEST_STREAM_BYTES over a letter's size), and trimmed exactly, not by whole nodes: they
+# are rare, so the exact trim costs nothing.
+DEAD_LETTERS_KEPT = 1_000
 
 _MOVE = """
 local stream, dead = KEYS[1], KEYS[2]
@@ -42,20 +49,40 @@ end
 if attempt >= max then
   copy[#copy + 1] = ARGV[6]; copy[#copy + 1] = tostring(attempt)
   copy[#copy + 1] = 'engram-original-id'; copy[#copy + 1] = id
-  redis.call('XADD', dead, '*', unpack(copy))
+  -- The newest ARGV[7], and as on the request streams no more than ARGV[8] bytes' worth of
+  -- letters this size or larger.
+  local size = 0
+  for i = 1, #copy do size = size + #copy[i] end
+  local keep = math.max(1, math.min(tonumber(ARGV[7]), math.floor(tonumber(ARGV[8]) / size)))
+  redis.call('XADD', dead, 'MAXLEN', keep, '*', unpack(copy))
   redis.call('XACK', stream, group, id)
+  redis.call('XDEL', stream, id)
   return 'dead'
 end
 copy[#copy + 1] = ARGV[6]; copy[#copy + 1] = tostring(attempt + 1)
 redis.call('XADD', stream, '*', unpack(copy))
 redis.call('XACK', stream, group, id)
+-- The copy carries the body on; the original (a caller's text) is not left to the length cap.
+redis.call('XDEL', stream, id)
 return 'requeued'
 """
 
 
 class PendingReclaimer:
-    def __init__(self, redis: Redis, stream: str, group: str, idle_ms: int, max_deliveries: int, consumer: str) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        stream: str,
+        group: str,
+        idle_ms: int,
+        max_deliveries: int,
+        consumer: str,
+        dead_letters_kept: int = DEAD_LETTERS_KEPT,
+        dead_letter_bytes: int = REQUEST_STREAM_BYTES,
+    ) -> None:
         self._redis = redis
+        self._dead_kept = dead_letters_kept
+        self._dead_bytes = dead_letter_bytes
         self.stream = stream
         self.dead_letters = channels.dead_letter_stream(stream)
         self._group = group
@@ -79,7 +106,16 @@ class PendingReclaimer:
             entry_id = item["message_id"]
             result = await self._move(
                 keys=[self.stream, self.dead_letters],
-                args=[self._group, entry_id, self._consumer, self._idle_ms, self._max, ATTEMPT_FIELD],
+                args=[
+                    self._group,
+                    entry_id,
+                    self._consumer,
+                    self._idle_ms,
+                    self._max,
+                    ATTEMPT_FIELD,
+                    self._dead_kept,
+                    self._dead_bytes,
+                ],
             )
             outcome = result.decode() if isinstance(result, bytes) else str(result)
             counts[outcome] = counts.get(outcome, 0) + 1

@@ -23,14 +23,18 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from contracts import channels
+from contracts.limits import REQUEST_STREAM_BYTES
 
 RESUBSCRIBE_PAUSE_SECONDS = 0.2
 
 
 class BusRequester:
-    def __init__(self, redis: Redis, request_stream_maxlen: int) -> None:
+    def __init__(
+        self, redis: Redis, request_stream_maxlen: int, request_stream_bytes: int = REQUEST_STREAM_BYTES
+    ) -> None:
         self._redis = redis
         self._maxlen = request_stream_maxlen
+        self._bytes = request_stream_bytes
         self.reply_channel = channels.reply_channel(uuid.uuid4().hex)
         self._waiting: dict[str, asyncio.Future[bytes]] = {}
         self._pubsub: PubSub | None = None
@@ -78,8 +82,11 @@ class BusRequester:
             message = await BinaryMessageFormatV1.encode(
                 message=body, reply_to=self.reply_channel, headers=headers, correlation_id=correlation_id
             )
+            # Capped by bytes as well as by count: the larger the request, the fewer the stream
+            # keeps (see REQUEST_STREAM_BYTES), so big requests cannot pile up to the count cap.
+            maxlen = max(1, min(self._maxlen, self._bytes // len(message)))
             try:
-                await self._redis.xadd(stream, {DATA_KEY: message}, maxlen=self._maxlen, approximate=True)
+                await self._redis.xadd(stream, {DATA_KEY: message}, maxlen=maxlen, approximate=True)
             except (AttributeError, TypeError) as e:
                 # redis-py 8.1 (redis/redis-py#4287): a write on a connection the server has just
                 # closed can leak the transport's AttributeError/TypeError instead of its

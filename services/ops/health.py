@@ -167,6 +167,7 @@ async def health(redis: Redis, partitions: int | None = None) -> dict[str, Any]:
         }
         for name, stream, group in (
             ("commands", channels.command_stream(p), channels.COMMAND_GROUP),
+            ("operator", channels.operator_stream(p), channels.COMMAND_GROUP),
             ("queries", channels.query_stream(p), channels.QUERY_GROUP),
         ):
             info = await group_info(redis, stream, group)

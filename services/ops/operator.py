@@ -12,12 +12,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from contracts import channels
 from contracts.errors import EngramError, ErrorCode
-from services.adapters.redis_conn import close_redis, open_redis
+from services.adapters.redis_conn import close_redis, open_redis, redact_url
 from services.adapters.redis_server import answers
 from services.config import Settings
 
-# `engram serve` leaves the URL of the private redis-server it started here, in the data dir.
+# `engram serve` leaves the URL of the private redis-server it started here, in the data dir
+# (0600: the URL holds the password, kept in PASSWORD_FILE for the next start).
 PRIVATE_URL_FILE = "redis.url"
+PASSWORD_FILE = "redis.password"
 
 
 def resolve_url(settings: Settings) -> str:
@@ -46,7 +48,7 @@ async def operator_redis(settings: Settings, **options: Any) -> AsyncIterator[tu
         try:
             partitions = int(await redis.get(channels.PARTITIONS_KEY) or settings.partitions)
         except (OSError, RedisConnectionError) as e:  # redis-py's ConnectionError is not an OSError
-            raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {url}: {e}") from None
+            raise EngramError(ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {redact_url(url)}: {e}") from None
         yield redis, partitions
     finally:
         await close_redis(redis)

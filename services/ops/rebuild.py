@@ -27,13 +27,14 @@ async def rebuild_history(redis: Redis, settings: Settings, partitions: int, pro
     from projections.history import HistoryProjection, live_generation
 
     store = event_store(redis, settings, partitions)
+    master = load_master_key(settings.data_dir)
     total = 0
     generations = {}
     for p in range(partitions):
         _, length = await store.log_head(p)
         previous = await live_generation(redis, p)
         generation = int(await redis.incr(HistoryKeys(p, 0).generations))
-        projection = HistoryProjection(redis, p, generation)
+        projection = HistoryProjection(redis, p, generation, master)
         with progress(f"history partition {p}", length) as bar:
             total += await projection.rebuild(store, progress=bar.update)
         if not await projection.make_live(previous):

@@ -5,25 +5,37 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import signal
 
+from services.adapters.private_files import private_dir, write_private
+from services.adapters.redis_conn import redact_url
 from services.adapters.redis_server import RedisServer, answers
 from services.config import Settings
-from services.ops.operator import PRIVATE_URL_FILE
+from services.ops.operator import PASSWORD_FILE, PRIVATE_URL_FILE
 
 log = logging.getLogger("engram")
 
 
 def serve(settings: Settings) -> int:
     """Run until stopped; the exit code (1: cannot reach Redis or bad configuration)."""
+    private_dir(settings.data_dir)
     private = None
-    if not settings.redis_url_configured and not answers(settings.redis_url):
-        private = RedisServer(settings.data_dir / "redis").start()
-        (settings.data_dir / PRIVATE_URL_FILE).write_text(private.url)
+    if settings.redis_url_configured:
+        log.info("using the configured Redis at %s (ENGRAM_REDIS_URL)", redact_url(settings.redis_url))
+    elif answers(settings.redis_url):
+        # Whoever runs a Redis there gets every note: worth a line an operator notices.
+        log.warning(
+            "no Redis configured: using the one that answers at the default %s; set ENGRAM_REDIS_URL to choose",
+            redact_url(settings.redis_url),
+        )
+    else:
+        private = start_private_redis(settings)
         log.info(
-            "no Redis at %s and none configured: started a private redis-server (AOF) at %s under %s",
-            settings.redis_url,
-            private.url,
+            "no Redis at %s and none configured: started a private redis-server (AOF, password in %s) at %s under %s",
+            redact_url(settings.redis_url),
+            settings.data_dir / PASSWORD_FILE,
+            redact_url(private.url),
             private.directory,
         )
         settings = Settings(**{**settings.__dict__, "redis_url": private.url})
@@ -33,6 +45,21 @@ def serve(settings: Settings) -> int:
         if private is not None:
             private.stop()
             (settings.data_dir / PRIVATE_URL_FILE).unlink(missing_ok=True)
+
+
+def start_private_redis(settings: Settings) -> RedisServer:
+    """A redis-server under the data dir that refuses clients without its password. The password
+    is generated once and kept beside the data it guards, as the master key is, for an operator
+    who opens this Redis by hand; the URL (the port is new each start) goes where the `engram`
+    commands look for it (operator.resolve_url)."""
+    password_file = settings.data_dir / PASSWORD_FILE
+    write_private(password_file, secrets.token_urlsafe(32) + "\n", replace=False)
+    password = password_file.read_text().strip()
+    if not password:  # never a private Redis open to every local user
+        raise RuntimeError(f"{password_file} is empty: delete it, and a new password is generated")
+    server = RedisServer(settings.data_dir / "redis", password=password).start()
+    write_private(settings.data_dir / PRIVATE_URL_FILE, server.url)
+    return server
 
 
 async def _run(settings: Settings) -> int:
@@ -49,7 +76,7 @@ async def _run(settings: Settings) -> int:
     try:
         await engram.run()
     except (OSError, ConnectionError) as e:
-        log.error("cannot reach Redis at %s: %s", settings.redis_url, e)
+        log.error("cannot reach Redis at %s: %s", redact_url(settings.redis_url), e)
         return 1
     except ConfigurationError as e:
         log.error("%s", e)

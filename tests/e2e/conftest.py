@@ -57,7 +57,7 @@ def engram_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture
 async def engram(engram_url: str) -> AsyncIterator[EngramClient]:
     """A client of the module's `engram serve`."""
-    async with EngramClient(engram_url, timeout=30) as client:
+    async with EngramClient(engram_url, timeout=30, operator=True) as client:
         yield client
 
 

@@ -102,6 +102,12 @@ def test_the_note_lifecycle_through_the_cli(env: dict[str, str]) -> None:
     assert sum(p["log_length"] for p in report["partitions"]) == 4
     code, after_rebuild, _ = cli(env, "list", "--user", "alice", "--include-superseded")
     assert after_rebuild == everything
+    # Ids that hold ':' never run into another's key: bob's "x:1" is not bob:x's "1".
+    code, bobs, _ = cli(env, "save", "--user", "bob", "--command-id", "x:1", "Bob's note")
+    code, other, _ = cli(env, "save", "--user", "bob:x", "--command-id", "1", "Bob X's note")
+    assert code == 0 and other["replayed"] is False and other["note_id"] != bobs["note_id"]
+    code, listed, _ = cli(env, "list", "--user", "bob:x", "--after", other["token"])
+    assert [n["content"] for n in listed["notes"]] == ["Bob X's note"]
 
 
 def test_human_output_and_schema(env: dict[str, str], tmp_path: Path) -> None:
@@ -429,6 +435,21 @@ def test_human_output_of_advice_and_search(env_with_index: dict[str, str]) -> No
     hit = next(x for x in found.splitlines() if boss["note_id"] in x)
     assert f"superseded by {newer}" in hit and "memory" in hit
     assert f"superseded by {newer}" not in human(env, "search", "--user", "ann", "--after", token, "who is my boss?")
+
+
+def test_list_pages_and_says_how_many_more(env: dict[str, str]) -> None:
+    """`engram list` printed the whole memory in one go; it now asks for a page (--limit,
+    --offset) and says how many more there are."""
+    for i in range(5):
+        code, saved, _ = cli(env, "save", "--user", "pat", "--category", "general", f"fact number {i}")
+        assert code == 0, saved
+    code, page, _ = cli(env, "list", "--user", "pat", "--limit", "2", "--offset", "1", "--after", saved["token"])
+    assert code == 0 and len(page["notes"]) == 2 and page["total"] == 5 and page["more"] == 2, page
+    shown = human(env, "list", "--user", "pat", "--limit", "2").splitlines()
+    assert len(shown) == 3 and shown[-1] == "… 3 more (--offset 2)", shown
+    assert human(env, "list", "--user", "pat").count("fact number") == 5, "a page of 100 by default"
+    code, refused, _ = cli(env, "list", "--user", "pat", "--limit", "1001")
+    assert code == 1 and refused["error"]["code"] == "INVALID_PARAMETER" and "limit" in refused["error"]["message"]
 
 
 def test_the_readme_puts_engram_on_path() -> None:

@@ -55,7 +55,7 @@ async def test_index_killed_mid_load_and_mid_catch_up_equals_a_rebuild(tmp_path:
     notes: dict[tuple[str, str], str] = {}  # (user, note id) -> its text now
     token = ""
     try:
-        async with EngramClient(server.url, timeout=3) as client:
+        async with EngramClient(server.url, timeout=3, operator=True) as client:
             for step in range(160):
                 if step == 60:
                     serve.kill()  # mid-load: some writes are not yet in the index

@@ -9,7 +9,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from contracts import channels
+from contracts.commands import NoteDraft
 from contracts.errors import EngramError, ErrorCode
+from contracts.limits import LIST_NOTES_MAX
 from contracts.model import NoteStatus
 from services.bus.client import EngramClient, ReadYourWrites
 from tests.conftest import RunningService, service_settings
@@ -192,17 +194,143 @@ async def test_read_your_writes_under_concurrent_load(client: EngramClient) -> N
     await asyncio.gather(*[writer(f"user{u}") for u in range(8)])
 
 
-async def test_a_token_the_read_model_cannot_reach_times_out_with_a_typed_error(redis_url: str) -> None:
-    from tests.conftest import RunningService, service_settings
+def waits(running: RunningService) -> list[tuple[object, ...]]:
+    """The commands the service's client sends from now on that read the history's checkpoint
+    or live pointer, or the log's head: what waiting on a token costs."""
+    redis = running.engram.redis
+    sent = redis.execute_command
+    seen: list[tuple[object, ...]] = []
 
-    running = await RunningService(service_settings(redis_url, read_wait_seconds=0.3)).start()
+    async def counting(*args: object, **options: object) -> object:
+        if args[0] == "XREVRANGE" or ":hist:" in str(args[1:2]):
+            seen.append(args)
+        return await sent(*args, **options)
+
+    redis.execute_command = counting  # type: ignore[method-assign]
+    return seen
+
+
+async def test_a_token_from_the_future_is_refused_at_once_without_polling(redis_url: str) -> None:
+    """A forged token used to hold a handler for the whole read wait, reading the checkpoint
+    every 2 ms (some 4,000 commands in 5 s); it names no write, so it is refused at once."""
+    settings = service_settings(redis_url, index_enabled=False, read_wait_seconds=5.0, claim_idle_ms=60_000)
+    running = await RunningService(settings).start()
     try:
         async with EngramClient(redis_url) as c:
-            with pytest.raises(EngramError) as info:
-                await c.list_notes("alice", after="0:99999999999999-0")
-            assert info.value.code is ErrorCode.TIMEOUT
+            await c.save("alice", "a note, so the log is not empty")
+            seen = waits(running)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            for token in ("0:99999999999999-0", "7:1-0"):  # past the log's head; a partition there is not
+                with pytest.raises(EngramError) as info:
+                    await c.list_notes("alice", after=token)
+                assert info.value.code is ErrorCode.INVALID_PARAMETER, info.value
+                assert f"token {token}" in info.value.message and "a write's reply gave" in info.value.message
+            assert loop.time() - started < 2.5, "answered well within the 5 s wait"
+            # The checkpoint, the live pointer and the log's head, once each (the scrubber may
+            # read the first two meanwhile): not some 4,000 reads over the wait.
+            assert len(seen) <= 10, seen
     finally:
         await running.stop()
+
+
+async def test_a_token_the_read_model_has_not_reached_times_out_waiting_without_polling(redis_url: str) -> None:
+    # No history role: the read model never applies the save.
+    settings = service_settings(
+        redis_url,
+        index_enabled=False,
+        read_wait_seconds=1.0,
+        claim_idle_ms=60_000,
+        roles=frozenset({"commands", "queries"}),
+    )
+    running = await RunningService(settings).start()
+    try:
+        async with EngramClient(redis_url) as c:
+            saved = await c.save("alice", "never applied")
+            seen = waits(running)
+            with pytest.raises(EngramError) as info:
+                await c.list_notes("alice", after=saved.token)
+            assert info.value.code is ErrorCode.TIMEOUT
+            # The checkpoint and the live pointer read at the start, after subscribing and every
+            # RECHECK_SECONDS, the log's head once (and the scrubber's own reads, every second):
+            # not a read every 2 ms (some 800 in this second).
+            assert len(seen) <= 30, seen
+    finally:
+        await running.stop()
+
+
+async def test_a_waiting_read_is_woken_by_the_projections_notice(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the re-check put out of reach, only the notice the history publishes with its
+    checkpoint can end the wait in time."""
+    from projections import tracking
+
+    monkeypatch.setattr(tracking, "RECHECK_SECONDS", 60.0)
+    front = service_settings(
+        redis_url, index_enabled=False, claim_idle_ms=60_000, roles=frozenset({"commands", "queries"})
+    )
+    running = await RunningService(front).start()
+    projections = None
+    try:
+        async with EngramClient(redis_url) as c:
+            saved = await c.save("alice", "applied later")
+            listing = asyncio.create_task(c.list_notes("alice", after=saved.token))
+            await asyncio.sleep(0.3)
+            assert not listing.done(), "waiting: nothing has applied the save yet"
+            history = service_settings(redis_url, index_enabled=False, roles=frozenset({"history"}))
+            projections = await RunningService(history).start()
+            assert [n.id for n in (await listing).notes] == [saved.note_id]
+    finally:
+        if projections is not None:
+            await projections.stop()
+        await running.stop()
+
+
+async def test_a_listing_without_a_limit_is_one_page_of_the_largest_size(redis_url: str) -> None:
+    """A ListNotes without ``limit`` answered the whole memory; it now answers LIST_NOTES_MAX
+    notes and says how many there are."""
+    running = await RunningService(service_settings(redis_url, index_enabled=False)).start()
+    try:
+        async with EngramClient(redis_url, timeout=30) as c:
+            for start in range(0, LIST_NOTES_MAX + 5, 100):
+                count = min(100, LIST_NOTES_MAX + 5 - start)
+                written = await c.save_many("alice", [NoteDraft(content=f"fact {start + i}") for i in range(count)])
+            listed = await c.list_notes("alice", after=written.token)
+            assert len(listed.notes) == LIST_NOTES_MAX and listed.total == LIST_NOTES_MAX + 5
+            rest = await c.list_notes("alice", offset=LIST_NOTES_MAX)
+            assert len(rest.notes) == 5 and not {n.id for n in rest.notes} & {n.id for n in listed.notes}
+    finally:
+        await running.stop()
+
+
+async def test_a_request_stream_keeps_big_requests_within_its_byte_budget(redis_url: str) -> None:
+    """Request streams were capped by count only: 100,000 requests of up to 8 MiB each. Each
+    request now trims its stream to the byte budget over its own size. (No service answers
+    here, so nothing else trims the stream.)"""
+    from services.bus.requester import BusRequester
+
+    redis = aioredis.Redis.from_url(redis_url)
+    budget = 4 * 1024 * 1024
+    bus = BusRequester(redis, 100_000, budget)
+    await bus.start()
+    stream = channels.query_stream(0)
+
+    async def send(body: bytes) -> None:
+        with pytest.raises(TimeoutError):
+            await bus.request(stream, body, 0.01)
+
+    try:
+        for i in range(50):
+            await send(b'{"a small request": %d}' % i)
+        assert await redis.xlen(stream) == 50, "small requests keep the count cap's backlog"
+        for _ in range(10):
+            await send(b"x" * (1024 * 1024))
+        kept = sum(len(v) for _, fields in await redis.xrange(stream) for v in fields.values())
+        assert 3 * 1024 * 1024 < kept <= budget, kept
+    finally:
+        await bus.stop()
+        await redis.aclose()
 
 
 async def test_health_reports_lag_groups_and_pending_deletions(client: EngramClient, redis_url: str) -> None:

@@ -3,14 +3,17 @@ same memory state, within a token budget (counted with a real tokenizer), most r
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 
 import pytest
 
+from contracts.commands import NoteDraft
 from contracts.errors import EngramError, ErrorCode
 from contracts.model import NoteKind
-from services.application.context import MARKDOWN_HEADER, count_tokens
+from services.application.context import MARKDOWN_HEADER, MAX_CONTEXT_CHARS, MAX_CONTEXT_NOTES, count_tokens
 from services.bus.client import EngramClient
+from tests.conftest import RunningService, service_settings
 
 pytestmark = pytest.mark.integration
 
@@ -207,3 +210,37 @@ async def test_no_budget_is_exceeded_and_note_ids_are_every_note_rendered(client
         assert sorted(block.note_ids) == sorted(rendered), (budget, block.text)
         seen.add(len(rendered))
     assert len(seen) > 3, "the budgets in between keep some of the notes"
+
+
+async def test_a_large_memory_is_bounded_and_tokenized_off_the_event_loop(redis_url: str) -> None:
+    """Building a block tokenized every note on the event loop: 1,010 notes of 1,500 characters
+    stopped every other request for about 4 s. The notes considered are now bounded (by count and
+    characters, the most important and recent first) and tokenized on a worker thread."""
+    running = await RunningService(service_settings(redis_url, index_enabled=False, claim_idle_ms=60_000)).start()
+    try:
+        async with EngramClient(redis_url, timeout=60) as client:
+            token = ""
+            for start in range(0, 1010, 100):
+                drafts = [NoteDraft(content=f"note {i}: {filler(i)}") for i in range(start, start + 100)]
+                token = (await client.save_many("bulk", drafts[: 1010 - start])).token
+            stalls: list[float] = []
+            building = asyncio.create_task(client.context("bulk", after=token))
+            loop = asyncio.get_running_loop()
+            while not building.done():
+                before = loop.time()
+                await asyncio.sleep(0.005)
+                stalls.append(loop.time() - before)
+            block = await building
+            assert max(stalls) < 1.5, f"the event loop stopped for {max(stalls):.2f} s"
+            assert block.truncated and 0 < len(block.note_ids) <= MAX_CONTEXT_NOTES
+            assert len(block.text) <= MAX_CONTEXT_CHARS + 2 * len(MARKDOWN_HEADER)
+            newest = f"note 1009: {filler(1009)}"
+            assert newest in block.text, "equal importance: the most recent are kept"
+    finally:
+        await running.stop()
+
+
+def filler(i: int) -> str:
+    """1,500 characters of words that differ from note to note."""
+    words = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
+    return " ".join(f"{words[(i * 7 + k) % len(words)]}{(i * 31 + k) % 997}" for k in range(200))[:1500]

@@ -123,7 +123,7 @@ async def test_a_conversation_cleared_and_spoken_in_again_rebuilds_to_the_same_r
     redis = aioredis.Redis.from_url(redis_url)
     try:
         store = RedisEventStore(redis, 1, 3600, master_key_for_tests())
-        await HistoryProjection(redis, 0, generation=77).rebuild(store)
+        await HistoryProjection(redis, 0, 77, master_key_for_tests()).rebuild(store)
         assert await dump(redis, 0, 77) == await dump(redis, 0, await live_generation(redis, 0))
     finally:
         await redis.aclose()

@@ -23,7 +23,7 @@ async def test_no_file_under_the_data_dir_holds_a_forgotten_text(tmp_path: Path)
         return [p for p in tmp_path.rglob("*") if p.is_file() and any(n in p.read_bytes() for n in needles)]
 
     try:
-        async with EngramClient(server.url) as client:
+        async with EngramClient(server.url, operator=True) as client:
             note = (await client.save("alice", secret, subject=subject)).note_id
             tea = await client.save("alice", "I like tea", advise=False)
             await client.search("alice", "tea", after=tea.token)

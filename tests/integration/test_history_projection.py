@@ -21,7 +21,7 @@ async def test_rebuild_from_the_log_equals_the_live_projection(client: EngramCli
     redis = aioredis.Redis.from_url(redis_url)
     store = RedisEventStore(redis, 1, 3600, master_key_for_tests())
     live = await live_generation(redis, 0)
-    rebuilt = HistoryProjection(redis, 0, generation=99)
+    rebuilt = HistoryProjection(redis, 0, 99, master_key_for_tests())
     read = await rebuilt.rebuild(store)
     assert read == (await store.log_head(0))[1] > 100
     live_state = await dump(redis, 0, live)
@@ -35,7 +35,7 @@ async def test_redelivered_and_replayed_events_change_nothing(client: EngramClie
     await mixed_workload(client, steps=40)
     redis = aioredis.Redis.from_url(redis_url)
     store = RedisEventStore(redis, 1, 3600, master_key_for_tests())
-    projection = HistoryProjection(redis, 0, generation=50)
+    projection = HistoryProjection(redis, 0, 50, master_key_for_tests())
     await projection.rebuild(store)
     before = await dump(redis, 0, 50)
     everything = await store.read_log(0, "0", 10_000)

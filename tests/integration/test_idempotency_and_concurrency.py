@@ -155,3 +155,19 @@ async def test_the_same_text_saved_concurrently_under_different_command_ids_is_o
     assert len({r.note_id for r in replies}) == 1
     assert sum(not r.duplicate for r in replies) == 1
     assert len(await log_events(redis_url)) == 1
+
+
+async def test_ids_holding_colons_never_share_a_key(client: EngramClient) -> None:
+    """Every key joining caller-chosen parts keeps them apart (issue 19: a cross-user write lost)."""
+    bob = await client.save("bob", "Bob's note", command_id="x:1", advise=False)
+    bob_x = await client.save("bob:x", "Bob X's note", command_id="1", advise=False)
+    assert not bob_x.replayed and bob_x.note_id != bob.note_id
+    assert [n.content for n in (await client.list_notes("bob:x", after=bob_x.token)).notes] == ["Bob X's note"]
+    # A conversation's control stream holds its name: "x:_account" of bob is not bob:x's account.
+    await client.record_message("bob", "x:_account", "said in a conversation with an awkward name")
+    await client.record_message("bob:_session:x", "s", "another user's turn")
+    asked = await client.forget_session("bob", "x:_account")
+    assert asked.status == "confirmation_required"
+    erased = await client.forget_user("bob:_session:x", confirmed=True)
+    assert erased.status == "forgotten" and len(erased.forgotten) == 1
+    assert (await client.forget_session("bob", "x:_account")).status == "forgotten"

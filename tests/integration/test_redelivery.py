@@ -14,7 +14,7 @@ from contracts.channels import PARTITIONS_KEY
 from contracts.commands import SaveNote
 from contracts.errors import EngramError, ErrorCode
 from services.bus.client import EngramClient
-from services.bus.reclaimer import ATTEMPT_FIELD
+from services.bus.reclaimer import ATTEMPT_FIELD, DEAD_LETTERS_KEPT, PendingReclaimer
 from tests.conftest import RunningService, service_settings
 from tests.support import log_events
 
@@ -82,3 +82,41 @@ async def test_a_poison_command_is_dead_lettered_after_bounded_deliveries(redis_
     finally:
         await redis.aclose()
         await running.stop()
+
+
+async def failed_for_good(redis: aioredis.Redis, stream: str, bodies: list[bytes], **caps: int) -> PendingReclaimer:
+    """``bodies`` sent to ``stream`` and taken by a worker that dies with each: the reclaimer
+    (one delivery allowed, the dead letters' ``caps``) moves every one of them to the dead letters."""
+    await redis.xgroup_create(stream, channels.QUERY_GROUP, id="0", mkstream=True)
+    for body in bodies:
+        await redis.xadd(stream, {"__data__": body})
+    await redis.xreadgroup(channels.QUERY_GROUP, "dead-worker", {stream: ">"})
+    return PendingReclaimer(redis, stream, channels.QUERY_GROUP, 0, 1, "sweeper", **caps)
+
+
+async def test_dead_letters_keep_the_newest_thousand(redis_url: str) -> None:
+    """Dead letters were never trimmed: every request made to fail stayed in Redis for good."""
+    redis = aioredis.Redis.from_url(redis_url)
+    stream = channels.query_stream(0)
+    try:
+        sweeper = await failed_for_good(redis, stream, [b"poison %d" % i for i in range(DEAD_LETTERS_KEPT + 50)])
+        while (await redis.xpending(stream, channels.QUERY_GROUP))["pending"]:
+            await sweeper.sweep()
+        dead = await redis.xrange(sweeper.dead_letters)
+        assert len(dead) == DEAD_LETTERS_KEPT
+        assert dead[-1][1][b"__data__"] == b"poison %d" % (DEAD_LETTERS_KEPT + 49), "the newest are kept"
+    finally:
+        await redis.aclose()
+
+
+async def test_big_dead_letters_are_kept_within_the_byte_budget(redis_url: str) -> None:
+    redis = aioredis.Redis.from_url(redis_url)
+    stream = channels.query_stream(0)
+    try:
+        sweeper = await failed_for_good(redis, stream, [b"x" * 100_000] * 12, dead_letter_bytes=500_000)
+        await sweeper.sweep()
+        assert await redis.xlen(sweeper.dead_letters) == 4, "500,000 bytes hold four letters of just over 100,000"
+        kept = sum(len(v) for _, fields in await redis.xrange(sweeper.dead_letters) for v in fields.values())
+        assert 400_000 < kept <= 500_000, kept
+    finally:
+        await redis.aclose()

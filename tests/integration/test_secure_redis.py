@@ -22,6 +22,7 @@ from contracts.errors import EngramError, ErrorCode
 from services.adapters.redis_server import find_redis_server, free_port
 from services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
+from tests.support import redis_with_password
 
 PASSWORD = "s3cret-for-tests"
 
@@ -119,3 +120,21 @@ async def test_the_service_and_its_clients_work_over_tls_with_an_acl_user(secure
             await EngramClient(plain, timeout=2).connect()  # no TLS: the server does not answer
     finally:
         await service.stop()
+
+
+async def test_the_clients_errors_show_the_url_without_its_password(tmp_path: Path) -> None:
+    with redis_with_password(tmp_path, PASSWORD) as port:
+        wrong = f"redis://engram:typo-of-{PASSWORD}@127.0.0.1:{port}/0"
+        with pytest.raises(EngramError) as refused:
+            await EngramClient(wrong, timeout=2).connect()
+        assert refused.value.code == ErrorCode.UNAVAILABLE
+        assert f"redis://engram:***@127.0.0.1:{port}/0" in refused.value.message
+        assert PASSWORD not in refused.value.message
+
+        # The right password, and no service has run there yet.
+        with pytest.raises(EngramError) as never:
+            await EngramClient(f"redis://:{PASSWORD}@127.0.0.1:{port}/0", timeout=2).connect()
+        assert (
+            never.value.message
+            == f"no Engram service has ever run on redis://:***@127.0.0.1:{port}/0; start `engram serve`"
+        )

@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from contracts.commands import NoteDraft
+from contracts.limits import LIST_NOTES_MAX, LIST_NOTES_PAGE
 from services.agents.tools import PROFILES, ToolDispatcher, profile
 from services.bus.client import EngramClient
 
@@ -210,6 +212,25 @@ async def test_engram_profile_every_tool(client: EngramClient) -> None:
     linked_fact = await t.call("save", {"content": "a fact with links", "links": [note]})
     assert linked_fact["error"]["code"] == "INVALID_PARAMETER"
     assert (await t.call("forget", {"memory_id": episode["note_id"]}))["status"] == "confirmation_required"
+
+
+async def test_the_tools_that_list_notes_page_them(client: EngramClient) -> None:
+    """The listing tools returned the whole memory in one result; they now page it."""
+    written = await client.save_many("alice", [NoteDraft(content=f"fact number {i}") for i in range(5)])
+    for name, key in (("engram", "notes"), ("assistant", "facts")):
+        t = tools(client, name)
+        t.track(written.token)
+        lister = "list" if name == "engram" else "list_memories"
+        first = await t.call(lister, {"limit": 2})
+        assert len(first[key]) == 2 and first["total"] == 5 and first["next_offset"] == 2, first
+        last = await t.call(lister, {"offset": 4, "limit": 2})
+        assert len(last[key]) == 1 and last["total"] == 5 and "next_offset" not in last, last
+        assert (await t.call(lister, {"limit": LIST_NOTES_MAX + 1}))["error"]["code"] == "INVALID_PARAMETER"
+        everything = await t.call(lister, {})
+        assert len(everything[key]) == 5 and "next_offset" not in everything
+    specs = {s.name: s for s in PROFILES["engram"] + PROFILES["assistant"]}
+    for name in ("list", "list_memories"):
+        assert specs[name].parameters["properties"]["limit"]["default"] == LIST_NOTES_PAGE
 
 
 def _shape(result: dict[str, Any]) -> set[str]:

@@ -11,9 +11,12 @@ from cryptography.exceptions import InvalidTag
 
 from contracts.events import NoteUpdated
 from services.adapters.crypto import (
+    KeyedFields,
     MasterKey,
     MasterKeyError,
     NoteCipher,
+    RecordKey,
+    RecordKeys,
     SubjectMatcher,
     is_sealed,
     load_master_key,
@@ -96,3 +99,38 @@ def test_the_embedded_default_generates_a_private_key_file_once(tmp_path: Path) 
     )
     with pytest.raises(MasterKeyError):
         load_master_key(tmp_path, env={"ENGRAM_MASTER_KEY": "too short"})
+
+
+def test_a_read_model_value_is_deterministic_and_bound_to_its_note_and_name() -> None:
+    master = MasterKey(bytes(32))
+    key = RecordKey(master.new_data_key())
+    sealed = key.seal(b"Alec is my boss", b'["note","alice","AAAAAAAA"]')
+    assert b"Alec" not in sealed
+    assert key.seal(b"Alec is my boss", b'["note","alice","AAAAAAAA"]') == sealed, "a rebuild writes the same bytes"
+    assert key.seal(b"Alec is my boss", b'["note","alice","BBBBBBBB"]')[:12] != sealed[:12], "one nonce per name"
+    assert key.open(sealed, b'["note","alice","AAAAAAAA"]') == b"Alec is my boss"
+    with pytest.raises(InvalidTag):
+        key.open(sealed, b'["note","alice","BBBBBBBB"]')
+    with pytest.raises(InvalidTag):
+        RecordKey(master.new_data_key()).open(sealed, b'["note","alice","AAAAAAAA"]')
+
+
+def test_unwrapped_keys_are_cached_per_note_and_a_missing_key_is_none() -> None:
+    master = MasterKey(bytes(32))
+    data_key = master.new_data_key()
+    wrapped = master.wrap(data_key, "alice/AAAAAAAA")
+    keys = RecordKeys(master, cache_size=2)
+    first = keys.of(wrapped, "alice", "AAAAAAAA")
+    assert first is not None and keys.of(wrapped, "alice", "AAAAAAAA") is first
+    assert keys.of(None, "alice", "AAAAAAAA") is None, "a forgotten note's key is gone, cached or not"
+    with pytest.raises(MasterKeyError):
+        keys.of(wrapped, "mallory", "AAAAAAAA")  # the cache keeps the unwrap's binding to its note
+
+
+def test_a_keyed_notes_key_is_looked_up_by_a_keyed_hash() -> None:
+    fields = KeyedFields.from_master(MasterKey(bytes(32)))
+    digest = fields.digest("alice", "prefs", "sarah@example.com")
+    assert "sarah" not in digest and digest == fields.digest("alice", "prefs", "sarah@example.com")
+    assert digest != fields.digest("bob", "prefs", "sarah@example.com")
+    assert digest != fields.digest("alice", "prefs/x", "sarah@example.com")
+    assert digest != KeyedFields.from_master(MasterKey(bytes([1]) * 32)).digest("alice", "prefs", "sarah@example.com")

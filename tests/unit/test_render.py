@@ -257,3 +257,9 @@ def test_a_bad_setting_is_one_line_naming_it(
         "code": "INVALID_PARAMETER",
         "message": "bad configuration: ENGRAM_PARTITIONS='x' is not a whole number",
     }
+
+
+def test_a_memory_list_that_is_one_page_says_how_many_more() -> None:
+    shown = render.memory_list([view("AAAAAAAA", "one")], total=1_001)
+    assert "… and 1,000 more (engram list --offset 1)" in shown
+    assert "more" not in render.memory_list([view("AAAAAAAA", "one")], total=1)

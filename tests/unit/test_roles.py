@@ -35,7 +35,9 @@ def test_a_process_builds_only_the_workers_of_its_roles() -> None:
     assert front.runners == [] and front.forget_timer is None and front.scrubber is not None
     assert sorted(r.stream for r in front.reclaimers) == [
         "engram:{0}:commands",
+        "engram:{0}:operator",
         "engram:{0}:queries",
         "engram:{1}:commands",
+        "engram:{1}:operator",
         "engram:{1}:queries",
     ]

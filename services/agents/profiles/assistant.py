@@ -12,12 +12,15 @@ from services.agents.specs import (
     CATEGORY,
     CONTENT,
     ID,
+    LIMIT,
+    OFFSET,
     READ_TIMEOUT,
     Arguments,
     Result,
     Tool,
     ToolSpec,
     given,
+    list_page,
     schema,
 )
 
@@ -84,22 +87,22 @@ async def remove_memory(s: AgentSession, a: Arguments) -> Result:
 
 LIST_MEMORIES = ToolSpec(
     "list_memories",
-    "View all stored facts with their ids, categories and timestamps.",
-    schema({}),
+    "View the stored facts with their ids, categories and timestamps, a page at a time: total counts "
+    "them all, and next_offset, while facts remain, is the offset of the next page.",
+    schema({"offset": OFFSET, "limit": LIMIT}),
     read_only=True,
     timeout=READ_TIMEOUT,
 )
 
 
 async def list_memories(s: AgentSession, a: Arguments) -> Result:
-    reply = await s.client.list_notes(s.user_id, after=s.last_token)
-    return {
-        "facts": [
-            {"id": n.id, "content": n.content, "category": n.category, "created_at": n.created_at.isoformat()}
-            for n in reply.notes
-            if n.status is NoteStatus.ACTIVE
-        ]
-    }
+    reply, paging = await list_page(s, a)
+    facts = [
+        {"id": n.id, "content": n.content, "category": n.category, "created_at": n.created_at.isoformat()}
+        for n in reply.notes
+        if n.status is NoteStatus.ACTIVE
+    ]
+    return {"facts": facts, **paging}
 
 
 TOOLS = [

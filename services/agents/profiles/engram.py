@@ -12,7 +12,9 @@ from services.agents.specs import (
     CATEGORY,
     CONTENT,
     ID,
+    LIMIT,
     LONG_TEXT,
+    OFFSET,
     QUERY,
     READ_TIMEOUT,
     SUBJECT,
@@ -23,6 +25,7 @@ from services.agents.specs import (
     Tool,
     ToolSpec,
     given,
+    list_page,
     schema,
 )
 
@@ -148,16 +151,24 @@ async def supersede(s: AgentSession, a: Arguments) -> Result:
 
 LIST = ToolSpec(
     "list",
-    "List the user's notes (category, then age, then id).",
-    schema({"category": CATEGORY, "include_superseded": {"type": "boolean", "default": False}}),
+    "List the user's notes (category, then age, then id), a page at a time: total counts them all, "
+    "and next_offset, while notes remain, is the offset of the next page.",
+    schema(
+        {
+            "category": CATEGORY,
+            "include_superseded": {"type": "boolean", "default": False},
+            "offset": OFFSET,
+            "limit": LIMIT,
+        }
+    ),
     read_only=True,
     timeout=READ_TIMEOUT,
 )
 
 
 async def list_notes(s: AgentSession, a: Arguments) -> Result:
-    reply = await s.client.list_notes(s.user_id, after=s.last_token, **given(a, "category", "include_superseded"))
-    return {"notes": msgspec.to_builtins(reply.notes), "total": reply.total}
+    reply, paging = await list_page(s, a, **given(a, "category", "include_superseded"))
+    return {"notes": msgspec.to_builtins(reply.notes), **paging}
 
 
 HISTORY = ToolSpec(

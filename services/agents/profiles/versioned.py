@@ -3,6 +3,8 @@ subjects, a known subject pointing to update_memory, updates reporting old -> ne
 
 from __future__ import annotations
 
+from contracts.limits import LIST_NOTES_MAX
+from contracts.model import NoteView
 from services.agents.session import AgentSession
 from services.agents.specs import ID, SUBJECT, Arguments, Result, Tool, ToolSpec, given, schema, text
 
@@ -27,13 +29,23 @@ ADD_TO_MEMORY = ToolSpec(
 )
 
 
+async def about(s: AgentSession, subject: str) -> NoteView | None:
+    """The first of the user's active notes about ``subject`` (case aside), read a page of the
+    listing at a time, so no one reply holds the whole memory."""
+    offset = 0
+    while True:
+        page = await s.client.list_notes(s.user_id, offset=offset, limit=LIST_NOTES_MAX, after=s.last_token)
+        found = next((n for n in page.notes if (n.subject or "").casefold() == subject.casefold()), None)
+        offset += len(page.notes)
+        if found is not None or not page.notes or offset >= page.total:
+            return found
+
+
 async def add_to_memory(s: AgentSession, a: Arguments) -> Result:
     content, subject = a["content"], a.get("subject")
     if subject:
-        existing = await s.client.list_notes(s.user_id, after=s.last_token)
-        same = [n for n in existing.notes if (n.subject or "").casefold() == subject.casefold()]
-        if same:
-            note = same[0]
+        note = await about(s, subject)
+        if note is not None:
             return {
                 "created": False,
                 "existing_id": note.id,

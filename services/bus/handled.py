@@ -1,0 +1,51 @@
+"""``DeleteHandled``: a request stream entry is deleted as soon as its reply has been sent.
+
+A request's body is what the caller sent: a ``SaveNote``'s text, a search's query, a key. Acked
+and left in its stream, it would stay there in plain text, in Redis's memory, its RDB and its
+AOF, until the stream's length cap pushed it out. So once a handler has returned and FastStream
+has published its reply, the entry is acked and deleted (``XACK``, ``XDEL``); FastStream's own
+ack, which runs after every middleware, then finds it acked already.
+
+Redis frees a stream's memory by whole nodes (up to 100 entries): a deleted entry's bytes go
+when every entry of its node is deleted (or trimmed), which, with every request deleted once
+answered, is when the last of them is. An append-only file keeps the ``XADD`` until it is
+rewritten: that is the scrub after a forget (``services/adapters/scrub.py``), which also trims
+what a failed delete left. An entry whose handler failed is not deleted: it stays pending for
+the reclaimer to deliver again (``services/bus/reclaimer.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from types import TracebackType
+from typing import Any
+
+from faststream import BaseMiddleware
+from faststream.redis.message import RedisStreamMessage
+from redis.exceptions import RedisError
+
+log = logging.getLogger("engram.bus")
+
+
+class DeleteHandled(BaseMiddleware):
+    async def consume_scope(self, call_next: Any, msg: Any) -> Any:
+        result = await call_next(msg)
+        # Reached only when the handler returned: a failure leaves the entry pending.
+        self.handled = msg
+        return result
+
+    async def after_processed(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_val: BaseException | None = None,
+        exc_tb: TracebackType | None = None,
+    ) -> bool | None:
+        message = getattr(self, "handled", None)
+        if exc_type is None and isinstance(message, RedisStreamMessage) and message.group is not None:
+            try:
+                await message.ack()
+                await message.delete()
+            except (RedisError, OSError) as e:
+                # Left for the stream's cap and the scrub; the reply is out already.
+                log.warning("a handled request could not be deleted from %s: %r", message.raw_message["channel"], e)
+        return False
