@@ -182,6 +182,13 @@ def normalize_subject(subject: str) -> str:
     return " ".join(subject.casefold().split())
 
 
+def keyed_hash(key: bytes, *parts: str) -> str:
+    """An HMAC of the parts (as one JSON array, so they cannot run into each other), shortened
+    to 128 bits: a guess cannot be checked without the key."""
+    digest = hmac.new(key, msgspec.json.encode(list(parts)), hashlib.sha256).digest()[:16]
+    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
 class SubjectMatcher:
     """Keyed hashes of subjects: what the vector index filters by subject on, so its payloads
     (which stay in the shard's files after a point is deleted, FIELD-NOTES) never hold the text.
@@ -197,9 +204,7 @@ class SubjectMatcher:
 
     def match_key(self, user_id: str, subject: str) -> str:
         """The same for two subjects that ``normalize_subject`` makes equal, for one user."""
-        message = msgspec.json.encode([user_id, normalize_subject(subject)])
-        digest = hmac.new(self._key, message, hashlib.sha256).digest()[:16]
-        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+        return keyed_hash(self._key, user_id, normalize_subject(subject))
 
 
 class KeyedFields:
@@ -215,9 +220,7 @@ class KeyedFields:
         return cls(master.derive(KEYED_FIELD_LABEL))
 
     def digest(self, user_id: str, category: str, key: str) -> str:
-        message = msgspec.json.encode([user_id, category, key])
-        digest = hmac.new(self._key, message, hashlib.sha256).digest()[:16]
-        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+        return keyed_hash(self._key, user_id, category, key)
 
 
 class RecordKey:
