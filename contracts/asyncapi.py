@@ -12,6 +12,15 @@ from contracts.commands import AnyCommand
 from contracts.events import AnyEvent
 from contracts.queries import AnyQuery, AnyReply
 
+# What a subscriber that keeps copies owes the users whose memory it copies (README, Subscribing).
+ERASURE_CONTRACT = (
+    "Forgetting reaches subscribers: on note_forgotten erase every copy of that note (all its versions, "
+    "and whatever was derived from its content: embeddings, summaries, index entries, caches); on "
+    "user_forgotten erase everything held about the user (every id in erased); on session_forgotten the "
+    "conversation's messages (erased). Ack only once erased. Engram destroys the note's data key, so its "
+    "content can never be read from the log again; copies made before are the subscriber's to erase."
+)
+
 
 def _tag(cls: type) -> str:
     return str(cls.__struct_config__.tag)  # type: ignore[attr-defined]
@@ -43,7 +52,9 @@ def asyncapi() -> dict[str, Any]:
         "commands": {
             "address": "engram:{p}:commands",
             "description": "Redis stream, consumer group engram-commands. Entries carry one field, __data__, in "
-            "FastStream's message format; the reply goes to the Pub/Sub channel named by reply_to.",
+            'FastStream\'s binary format or its JSON envelope {"data": "<body as JSON text>", "headers": '
+            '{"reply_to": ..., "correlation_id": ...}}; the reply goes to the Pub/Sub channel named by '
+            "reply_to, in the request's format.",
             "parameters": partition,
             "messages": refs("command"),
         },
@@ -56,14 +67,20 @@ def asyncapi() -> dict[str, Any]:
         "replies": {
             "address": "{reply_to}",
             "description": "Redis Pub/Sub channel chosen by the requester; one reply per request, matched by "
-            "correlation_id.",
+            "correlation_id, in the request's format (a JSON envelope answers a JSON envelope).",
             "parameters": {"reply_to": {"description": "the requester's reply channel"}},
             "messages": refs("reply"),
         },
         "log": {
             "address": "engram:{p}:log",
-            "description": "Redis stream: the partition's event log, field e (the event JSON, content sealed "
-            "as enc1:...) and u (user id). Never trimmed past the slowest projection's checkpoint.",
+            "description": "Redis stream: the partition's event log, in commit order (each note's versions in "
+            "order), never trimmed. Entry fields: e (the event JSON, its content fields sealed as enc1:...) and u "
+            "(the user id). Subscribe with a consumer group of your own on every partition: XGROUP CREATE "
+            "engram:{p}:log <group> 0 MKSTREAM (0: from the start; $: new events only), XREADGROUP with >, XACK "
+            "once processed, XAUTOCLAIM for what a dead consumer left pending; a restarted consumer reads its own "
+            "pending entries first (XREADGROUP with 0). Delivery is at least once: make processing idempotent by "
+            "note_id and version. In Python: EngramClient.events(group, ...) (typed deliveries, content opened "
+            "with the master key), or FastStream's StreamSub (examples/subscriber.py). " + ERASURE_CONTRACT,
             "parameters": partition,
             "messages": refs("event"),
         },
@@ -85,7 +102,12 @@ def asyncapi() -> dict[str, Any]:
             "channel": {"$ref": "#/channels/queries"},
             "reply": {"channel": {"$ref": "#/channels/replies"}},
         },
-        "followLog": {"action": "receive", "channel": {"$ref": "#/channels/log"}},
+        "followLog": {
+            "action": "receive",
+            "channel": {"$ref": "#/channels/log"},
+            "summary": "Subscribe to memory events with a consumer group of your own; ack after processing.",
+            "description": ERASURE_CONTRACT,
+        },
     }
     return {
         "asyncapi": "3.0.0",

@@ -13,6 +13,7 @@ through ``part()``, which encodes ``%`` and ``:``: user ``bob`` with command ``x
 from __future__ import annotations
 
 import hashlib
+import re
 import zlib
 
 PREFIX = "engram"
@@ -23,6 +24,8 @@ SCRUB_OWED_KEY = f"{PREFIX}:scrub:owed"
 # Every running worker's report of its readiness (consumer name -> JSON, refreshed every few
 # seconds; services/ops/health.py): what `engram health` reads, since the model lives in-process.
 WORKERS_KEY = f"{PREFIX}:workers"
+# The MCP front door's bearer tokens: SHA-256 of the token -> its record (services/agents/tokens.py).
+TOKENS_KEY = f"{PREFIX}:tokens"
 
 
 # Which key layout this Redis holds (see ``part``); a store without it predates layout 2.
@@ -40,9 +43,25 @@ def unpart(text: str) -> str:
     return text.replace("%3A", ":").replace("%25", "%")
 
 
-def reply_channel(requester: str) -> str:
-    """The pub/sub channel a requester's replies come back on."""
-    return f"{PREFIX}:replies:{requester}"
+# A client's name, when its replies are bound to it: letters, digits, '.', '_', '-' (never ':'
+# nor a glob character, so one name's channel pattern can never take in another name's channels).
+CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def valid_client_name(name: str) -> bool:
+    return CLIENT_NAME.fullmatch(name) is not None
+
+
+def reply_channel(requester: str, client: str | None = None) -> str:
+    """The pub/sub channel a requester's replies come back on. With ``client`` (a valid client
+    name) it falls under ``client_reply_channels(client)``, which a Redis ACL can grant to that
+    client's user alone."""
+    return f"{PREFIX}:replies:{client}:{requester}" if client else f"{PREFIX}:replies:{requester}"
+
+
+def client_reply_channels(client: str) -> str:
+    """The channel pattern (an ACL's ``&...``) holding every reply channel of ``client``."""
+    return f"{PREFIX}:replies:{client}:*"
 
 
 def applied_channel(database: int) -> str:
@@ -87,6 +106,11 @@ def query_stream(partition: int) -> str:
 def dead_letter_stream(stream: str) -> str:
     """Where a message that failed too many deliveries goes, with its failure record."""
     return f"{stream}:dead"
+
+
+def relay_dead_letters(group: str) -> str:
+    """Where ``engram relay`` of consumer group ``group`` moves an event every post of which failed."""
+    return f"{PREFIX}:relay:{part(group)}:dead"
 
 
 def event_log(partition: int) -> str:

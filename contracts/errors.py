@@ -20,6 +20,9 @@ class ErrorCode(enum.StrEnum):
     EMBEDDING_ERROR = "EMBEDDING_ERROR"
     TIMEOUT = "TIMEOUT"
     UNAVAILABLE = "UNAVAILABLE"
+    # Redis's ACL refused the caller's user what it asked (a role without that stream, key or
+    # channel): raised by the client and the CLI, never sent by the service. Retrying cannot help.
+    PERMISSION_DENIED = "PERMISSION_DENIED"
 
 
 class ErrorReply(Message, tag="error", frozen=True, kw_only=True):

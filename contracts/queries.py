@@ -260,7 +260,9 @@ class SearchHit(msgspec.Struct, frozen=True, kw_only=True):
     found by a search. (Until schema version 2 of ``SearchReply`` this field was ``source``, a
     name a note's own ``source``, its provenance, also has.) ``score`` is the fused score that
     orders results (see ``services/application/ranking.py``); ``similarity`` the cosine of the
-    query and the best chunk. A conversation hit's ``message`` says its session, speaker and
+    query and the best chunk; ``keyword`` the keyword (BM25) score of its best chunk, 0 when
+    none of the query's words is in it: the two parts the fusion weighs, for a person asking why
+    a note was or was not found. A conversation hit's ``message`` says its session, speaker and
     time."""
 
     note_id: str
@@ -270,6 +272,7 @@ class SearchHit(msgspec.Struct, frozen=True, kw_only=True):
     found_in: Literal["memory", "conversation"]
     note: NoteView | None = None
     message: MessageView | None = None
+    keyword: float = 0.0
 
 
 class SearchReply(Message, tag="search_results", frozen=True, kw_only=True):

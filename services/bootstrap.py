@@ -47,8 +47,9 @@ from projections.forget_saga import SagaPendingDeletions
 from projections.history import HistoryReader
 from projections.index_runtime import IndexRuntime
 from projections.runner import ProjectionRunner, forget_saga_runner, history_runner, index_runner
-from services.adapters.crypto import SubjectMatcher, load_master_key
+from services.adapters.crypto import MasterKey, MasterKeyError, SubjectMatcher, load_master_key
 from services.adapters.event_store import RedisEventStore
+from services.adapters.keyring import KeyringWatcher, attach_keyring
 from services.adapters.redis_conn import close_redis, open_redis, redact_url
 from services.adapters.scrub import Scrubber
 from services.application.advice import SaveAdvisor
@@ -57,6 +58,7 @@ from services.application.forget import ForgetService
 from services.application.forget_timer import ForgetExpiryTimer
 from services.application.queries import QueryService
 from services.application.search import BlendPolicy, SearchService
+from services.bus.envelope import EnvelopeFormat, ReplyInKind
 from services.bus.handled import DeleteHandled
 from services.bus.reclaimer import PendingReclaimer
 from services.config import Settings
@@ -91,6 +93,9 @@ def make_broker(
         # Spans go to the process's tracer provider (set up by the deployment: OTEL_* variables,
         # opentelemetry-instrument, or code); trace context arrives in the request's headers.
         middlewares.append(RedisTelemetryMiddleware())
+    # Last, nearest the handler: it answers a malformed envelope itself, and every reply in the
+    # request's own format (services/bus/envelope.py).
+    middlewares.append(ReplyInKind)
     kind = RedisClusterBroker if cluster else RedisBroker
     return kind(url, serializer=MsgSpecSerializer(), logger=None, middlewares=middlewares)  # type: ignore[arg-type]
 
@@ -113,15 +118,32 @@ class Engram:
     registry: CollectorRegistry | None = None
     gauges: EngramGauges | None = None
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    # The master key's generations: followed in Redis while running (services/adapters/keyring.py).
+    master: MasterKey | None = None
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Run every worker until ``stopping`` is set."""
         tasks: list[asyncio.Task[None]] = []
         metrics_server = None
-        report = WorkerReport(self.redis, self.settings.consumer_name, self.settings.roles, self.index)
+        report = WorkerReport(self.redis, self.settings.consumer_name, self.settings.roles, self.index, self.master)
         try:
             await self._check_partitions()
             await self._ensure_groups()
+            if self.master is not None:
+                try:
+                    await attach_keyring(self.redis, self.master)
+                except MasterKeyError as e:
+                    raise ConfigurationError(str(e)) from None
+                watcher = KeyringWatcher(self.redis, self.master, report.publish)
+                tasks.append(asyncio.create_task(watcher.run(self.stopping), name="key-generations"))
+            # `engram health` reads this worker's readiness (model, index) from Redis: published
+            # before the first request is taken, again whenever the model is loaded.
+            await report.publish()
+            # Before any worker that may load the model (the index projection embeds its backlog
+            # at once): FastStream gives each subscriber 3 s to start its consumer task
+            # (anyio.fail_after), torch's import holds the GIL for seconds at a time, and on a busy
+            # machine the subscribers missed that window and the service stopped.
+            await self.broker.start()
             tasks += [asyncio.create_task(r.run(self.stopping), name=f"{r.name}-{r.partition}") for r in self.runners]
             tasks += [asyncio.create_task(r.run(self.stopping), name=f"reclaim-{r.stream}") for r in self.reclaimers]
             if self.scrubber is not None:
@@ -134,16 +156,12 @@ class Engram:
                 )
                 metrics_server = server
                 tasks.append(asyncio.create_task(self.gauges.run(self.stopping), name="metrics"))
-            # `engram health` reads this worker's readiness (model, index) from Redis: published
-            # before the first request is taken, again whenever the model is loaded.
-            await report.publish()
             tasks.append(asyncio.create_task(report.run(self.stopping), name="readiness-report"))
             if self.index is not None:
-                # The model loads in the background from the start (6-9 s, more from a cold disk);
-                # commands and reads are served meanwhile, and the first embedding waits for it.
+                # The model loads in the background (6-9 s, more from a cold disk); commands and
+                # reads are served meanwhile, and the first embedding waits for it.
                 tasks.append(asyncio.create_task(self._load_model(self.index, report), name="load-model"))
                 tasks.append(asyncio.create_task(self.index.watch(self.stopping), name="index-generations"))
-            await self.broker.start()
             log.info(
                 "engram serving on %s: %d partition(s), consumer %s, roles %s",
                 redact_url(self.settings.redis_url),
@@ -292,6 +310,7 @@ def build(settings: Settings) -> Engram:
         scrubber if "commands" in roles else None,
         registry,
         gauges,
+        master=master,
     )
 
 
@@ -351,4 +370,5 @@ def _subscribe(broker: RedisBroker, settings: Settings, commands: CommandService
                 ack_policy=AckPolicy.REJECT_ON_ERROR,
                 max_workers=settings.handler_concurrency,
                 title=f"{role}-{p}",
+                message_format=EnvelopeFormat,
             )(handler)

@@ -8,15 +8,17 @@ import asyncio
 import json
 import logging
 import os
+import secrets
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import msgspec
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException
+from redis.exceptions import NoPermissionError, RedisClusterException
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from contracts.commands import NoteDraft
@@ -26,9 +28,10 @@ from contracts.model import NoteKind, NoteSource, NoteStatus
 from services import cli_render as render
 from services.adapters.redis_conn import close_redis
 from services.config import ROLES, SettingError, Settings, parse_roles
-from services.ops.operator import connect, follow_log, operator_redis, resolve_url
+from services.ops.operator import connect, operator_redis, resolve_url
 
 if TYPE_CHECKING:
+    from services.adapters.crypto import MasterKey
     from services.bus.client import EngramClient
 
 log = logging.getLogger("engram")
@@ -53,6 +56,13 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(as_json, e.code.value, e.message)
         except SettingError as e:
             return _fail(as_json, ErrorCode.INVALID_PARAMETER.value, f"bad configuration: {e}")
+        except NoPermissionError as e:
+            # An admin command (health, export, rebuild...) run as a role that may not do it.
+            return _fail(
+                as_json,
+                ErrorCode.PERMISSION_DENIED.value,
+                f"Redis refused this command to its user: {e}; `engram acl` says what each role may do",
+            )
         except (RedisConnectionError, RedisTimeoutError, RedisClusterException) as e:
             # The operator commands (tail, export, rebuild...) talk to Redis itself.
             return _fail(as_json, ErrorCode.UNAVAILABLE.value, f"cannot reach the Engram bus: {e}")
@@ -320,16 +330,117 @@ async def cmd_search(client: Any, args: argparse.Namespace) -> None:
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
+    """The log as typed events, one line each (a JSON object each with --json); with --group
+    through that consumer group, each entry acked once its line is written."""
+    from services.bus.subscription import Subscription
+
+    settings = Settings.from_env()
+    if args.count is not None and args.count < 1:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, f"--count must be at least 1; got {args.count}")
+    kinds = [k.strip() for given in args.kinds or [] for k in given.split(",") if k.strip()] or None
+    subscription = Subscription.connect(
+        resolve_url(settings),
+        args.group,
+        cluster=settings.redis_cluster,
+        from_start=args.from_start,
+        users=args.user,
+        kinds=kinds,
+        key=_subscriber_key(args, settings),
+        # Its own name in the group: a tail never takes over an application consumer's pending entries.
+        consumer="tail",
+    )
+
     async def go() -> None:
-        settings = Settings.from_env()
-        async with operator_redis(settings) as (redis, partitions):
-            events = follow_log(redis, partitions, cluster=settings.redis_cluster, from_start=args.from_start)
-            shown = 0
-            async for entry in events:
-                print(json.dumps(entry), flush=True)
+        shown = 0
+        async with subscription:
+            async for delivery in subscription:
+                if args.json:
+                    line = {
+                        "token": delivery.token,
+                        "partition": delivery.partition,
+                        "position": delivery.position,
+                        "type": delivery.event.__struct_config__.tag,
+                        "content": delivery.content,
+                        "erase": delivery.erasure,
+                        "redelivered": delivery.redelivered,
+                        "event": delivery.event,
+                    }
+                    sys.stdout.write(msgspec.json.encode(line).decode() + "\n")
+                else:
+                    render.show(render.event_line(delivery))
+                # Written before it is acked: a tail killed in between shows it again, never loses it.
+                sys.stdout.flush()
+                await delivery.ack()
                 shown += 1
                 if args.count is not None and shown >= args.count:
                     return
+
+    asyncio.run(go())
+    return 0
+
+
+def _subscriber_key(args: argparse.Namespace, settings: Settings) -> MasterKey | None:
+    """The master key for --key-file or --content (as `engram serve` finds it, never generating
+    one); None: metadata only."""
+    from services.adapters.crypto import MasterKeyError, load_master_key
+
+    try:
+        if args.key_file:
+            return load_master_key(settings.data_dir, {"ENGRAM_MASTER_KEY_FILE": args.key_file})
+        if not args.content:
+            return None
+        configured = any(v for k, v in os.environ.items() if k.startswith("ENGRAM_MASTER_KEY"))
+        if not configured and not (settings.data_dir / "master.key").exists():
+            raise EngramError(
+                ErrorCode.INVALID_PARAMETER,
+                f"--content: no master key here (ENGRAM_MASTER_KEY, ENGRAM_MASTER_KEY_FILE or "
+                f"{settings.data_dir / 'master.key'}); give the service's with --key-file",
+            )
+        return load_master_key(settings.data_dir)
+    except MasterKeyError as e:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, f"the master key: {e}") from None
+
+
+def cmd_relay(args: argparse.Namespace) -> int:
+    """`engram relay`: every event of the log posted to a URL, signed, until SIGINT/SIGTERM."""
+    from services.adapters.private_files import write_private
+    from services.ops.relay import RelayOptions, RetryPolicy, run_relay
+
+    settings = Settings.from_env()
+    if not args.url.startswith(("http://", "https://")):
+        raise EngramError(ErrorCode.INVALID_PARAMETER, f"--url must be an http:// or https:// URL; got {args.url!r}")
+    if args.attempts < 1:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, "--attempts must be at least 1")
+    secret_file = Path(args.secret_file) if args.secret_file else settings.data_dir / "relay.secret"
+    if not args.secret_file:
+        # Generated once, beside the master key, for the receiver to be given.
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        write_private(secret_file, secrets.token_urlsafe(32) + "\n", replace=False)
+    try:
+        secret = secret_file.read_text().strip().encode()
+    except OSError as e:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, f"--secret-file {secret_file}: {e.strerror}") from None
+    if len(secret) < 16:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, f"the secret in {secret_file} is shorter than 16 characters")
+    logging.getLogger("engram").info("signing posts with the secret in %s", secret_file)
+    options = RelayOptions(
+        url=args.url,
+        group=args.group,
+        secret=secret,
+        kinds=args.kinds,
+        users=args.users,
+        from_start=args.from_start,
+        key=_subscriber_key(args, settings),
+        metrics_port=args.metrics_port,
+        retry=RetryPolicy(attempts=args.attempts),
+    )
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_relay(resolve_url(settings), settings.redis_cluster, options, stop)
 
     asyncio.run(go())
     return 0
@@ -397,6 +508,35 @@ def cmd_health(args: argparse.Namespace) -> int:
     return 0 if report["status"] == "ok" else 1
 
 
+def cmd_keys(args: argparse.Namespace) -> int:
+    from services.ops.keys import human, run_keys
+
+    def progress(what: str, total: int | None) -> Any:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=what, unit="event", file=sys.stderr, disable=args.json)
+
+    options = {k: getattr(args, k) for k in ("wait_seconds", "batch", "pause") if hasattr(args, k)}
+    result = asyncio.run(run_keys(Settings.from_env(), args.action, progress, **options))
+    _print(args, result, lambda r: human(args.action, r))
+    return 0
+
+
+def _bounded(kind: Callable[[str], Any], low: float, high: float) -> Callable[[str], Any]:
+    """An argument of type ``kind`` from ``low`` to ``high``, refused with its range otherwise."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is not from {low:g} to {high:g}")
+        return value
+
+    return parse
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from services.adapters.private_files import open_private
     from services.ops.portable import export_log
@@ -432,6 +572,49 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     counts = asyncio.run(go())
     _print(args, counts, lambda o: f"imported {o['events']} events; projections rebuild when engram serve starts")
+    return 0
+
+
+def cmd_acl(args: argparse.Namespace) -> int:
+    """`engram acl`: each role's Redis ACL rules, or (--write) an ACL file and URL files."""
+    from services.ops import acl
+
+    if args.write:
+        if args.role or args.name:
+            raise EngramError(ErrorCode.INVALID_PARAMETER, "--write makes every role's user: give no ROLE or --name")
+        paths = acl.write_deployment(Path(args.write), args.host, database=args.database, cluster=args.cluster)
+        written = {name: str(path) for name, path in paths.items()}
+        _print(args, {"written": written}, lambda o: "wrote (0600) " + ", ".join(o["written"].values()))
+        return 0
+    if args.name and not args.role:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, "--name names the user of one ROLE: give the ROLE too")
+    roles = [args.role] if args.role else list(acl.ROLES)
+    out = []
+    for role in roles:
+        user = args.name or acl.DEFAULT_USERS[role]
+        described = acl.ROLES[role]
+        command = acl.setuser(role, user, cluster=args.cluster)
+        out.append(
+            {
+                "role": role,
+                "user": user,
+                "for": described.who,
+                "can": described.can,
+                "cannot": described.cannot,
+                "setuser": command,
+            }
+        )
+
+    def human(roles: list[dict[str, Any]]) -> str:
+        import shlex
+
+        return "\n\n".join(
+            f"# {r['role']}: {r['for']}\n# can: {r['can']}\n# cannot: {r['cannot']}\n"
+            f"redis-cli {shlex.join(r['setuser'])}\nredis-cli ACL SETUSER {r['user']} '>PASSWORD'"
+            for r in roles
+        )
+
+    _print(args, {"roles": out}, lambda o: human(o["roles"]))
     return 0
 
 
@@ -471,11 +654,79 @@ def cmd_mcp(args: argparse.Namespace) -> int:
                 ErrorCode.INVALID_PARAMETER, "--user is required for stdio (or serve --http for many users)"
             )
         check_user_id(args.user, "--user")  # refused at start, before looking for the bus
-    client = _client(Settings.from_env(), operator=False)
+    elif args.user:
+        raise EngramError(
+            ErrorCode.INVALID_PARAMETER,
+            "--user is for stdio; over HTTP the user comes from each request's token (engram tokens create)",
+        )
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise EngramError(ErrorCode.INVALID_PARAMETER, "--tls-cert and --tls-key go together")
+    settings = Settings.from_env()
+    client = _client(settings, operator=False)
     if args.http is not None:
-        asyncio.run(serve_http(client, args.profile, args.host, args.http))
+        verifier = _token_verifier(settings, args.gateway_secret_file)
+        tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
+        asyncio.run(serve_http(client, args.profile, args.host, args.http, verifier, tls))
         return 0
     asyncio.run(serve_stdio(client, args.profile, args.user, args.session))
+    return 0
+
+
+def _token_verifier(settings: Settings, gateway_secret_file: str | None) -> Any:
+    """The MCP server's check of bearer tokens: the registry in Redis, and the gateway's shared
+    secret when one is given (read from a file: a secret on the command line shows in ps)."""
+    from services.agents.tokens import EngramTokenVerifier, GatewayVerifier, TokenRegistry
+
+    gateway = None
+    if gateway_secret_file:
+        try:
+            gateway = GatewayVerifier(Path(gateway_secret_file).read_text())
+        except OSError as e:
+            raise EngramError(ErrorCode.INVALID_PARAMETER, f"--gateway-secret-file: {e.strerror}") from None
+    return EngramTokenVerifier(TokenRegistry(connect(settings)), gateway)
+
+
+def cmd_tokens(args: argparse.Namespace) -> int:
+    """`engram tokens create|list|revoke`: the MCP front door's bearer tokens."""
+    from services.agents.tokens import TokenRegistry
+
+    if args.action == "create" and bool(args.user) == bool(args.operator):
+        raise EngramError(ErrorCode.INVALID_PARAMETER, "give --user USER, or --operator for the operator role")
+    if args.action == "create" and args.expires_in_days is not None and args.expires_in_days <= 0:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, "--expires-in-days must be positive")
+
+    async def go() -> dict[str, Any]:
+        redis = connect(Settings.from_env())
+        registry = TokenRegistry(redis)
+        try:
+            if args.action == "create":
+                lifetime = timedelta(days=args.expires_in_days) if args.expires_in_days is not None else None
+                token, record = await registry.create(user_id=args.user, label=args.label, expires_in=lifetime)
+                return {"token": token, **msgspec.to_builtins(record)}
+            if args.action == "revoke":
+                revoked = await registry.revoke(args.token_id)
+                if revoked is None:
+                    raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"no token has the id {args.token_id!r}")
+                return {"revoked": msgspec.to_builtins(revoked)}
+            return {"tokens": [msgspec.to_builtins(r) for r in await registry.records()]}
+        finally:
+            await close_redis(redis)
+
+    outcome = asyncio.run(go())
+    if args.json:
+        sys.stdout.write(json.dumps(outcome) + "\n")
+    elif "token" in outcome:
+        whom = f"user {outcome['user_id']}" if outcome["user_id"] else "the operator role"
+        sys.stdout.write(f"{outcome['token']}\n")
+        sys.stderr.write(f"token {outcome['id']} for {whom}: shown once, keep it secret (Redis keeps only its hash)\n")
+    elif "revoked" in outcome:
+        sys.stdout.write(f"revoked {outcome['revoked']['id']}\n")
+    else:
+        for r in outcome["tokens"]:
+            whom = f"user {r['user_id']}" if r["user_id"] else "operator"
+            expires = f" expires {r['expires_at']}" if r["expires_at"] else ""
+            label = f" {r['label']!r}" if r["label"] else ""
+            sys.stdout.write(f"{r['id']}  {whom}  created {r['created_at']}{expires}{label}\n")
     return 0
 
 
@@ -501,6 +752,41 @@ async def cmd_memory(client: Any, args: argparse.Namespace) -> None:
     note = await client.get_note(args.user, args.note_id)
     reply = await client.forget(args.user, note_ids=[args.note_id], confirmed=True)
     _print(args, reply, lambda r: f"Deleted: '{note.content}'")
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    """`engram console`: the memory console in a browser (services/console), until SIGINT/SIGTERM."""
+    from services.console.app import serve_console
+    from services.console.auth import check_token, new_token
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = Settings.from_env()
+    chosen = os.environ.get("ENGRAM_CONSOLE_TOKEN")
+    token = check_token(chosen) if chosen else new_token()
+
+    def announce(url: str) -> None:
+        # The generated token is shown here once; a chosen one is never printed.
+        shown = {"url": url, "token": None if chosen else token}
+        if args.json:
+            print(json.dumps(shown), flush=True)
+            return
+        print(f"engram console on {url}", flush=True)
+        if not chosen:
+            print(f"console token (log in with it; set ENGRAM_CONSOLE_TOKEN to choose one): {token}", flush=True)
+
+    url = resolve_url(settings)
+    asyncio.run(
+        serve_console(
+            url,
+            token,
+            args.host,
+            args.port,
+            cluster=settings.redis_cluster,
+            timeout=settings.request_timeout_seconds,
+            announce=announce,
+        )
+    )
+    return 0
 
 
 # argument parsing -------------------------------------------------------------------------------
@@ -598,9 +884,30 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--include-superseded", action="store_true")
     p.add_argument("--after")
 
-    p = add("tail", cmd_tail, "follow the public event stream (JSON lines)")
-    p.add_argument("--from-start", action="store_true", help="start at the beginning of the log")
+    p = add("tail", cmd_tail, "follow the event log: typed events, one line each (content only with the key)")
+    p.add_argument("--from-start", action="store_true", help="start at the beginning of the log (a new --group too)")
     p.add_argument("--count", type=int, help="stop after this many events")
+    p.add_argument(
+        "--group", help="read through this consumer group: created on first use, each line acked once written"
+    )
+    p.add_argument(
+        "--kinds", action="append", help="only these event types, comma-separated (erasures are always shown)"
+    )
+    p.add_argument("--user", action="append", help="only this user's events (repeat for several)")
+    p.add_argument("--content", action="store_true", help="open content with the master key as `engram serve` finds it")
+    p.add_argument("--key-file", help="open content with the master key in this file")
+
+    p = add("relay", cmd_relay, "post every event of the log to a webhook URL, signed (HMAC-SHA256), at least once")
+    p.add_argument("--url", required=True, help="where to POST each event as JSON")
+    p.add_argument("--group", required=True, help="the relay's consumer group: its position is kept in Redis")
+    p.add_argument("--secret-file", help="the signing secret (default: generated once as DATA_DIR/relay.secret)")
+    p.add_argument("--kinds", nargs="+", metavar="KIND", help="only these event types (erasures always come)")
+    p.add_argument("--users", nargs="+", metavar="USER", help="only these users' events")
+    p.add_argument("--from-start", action="store_true", help="a new group starts at the log's beginning")
+    p.add_argument("--content", action="store_true", help="post the content of notes not forgotten (the master key)")
+    p.add_argument("--key-file", help="the master key file to open content with (implies --content)")
+    p.add_argument("--attempts", type=int, default=8, help="posts of one event before it is dead-lettered")
+    p.add_argument("--metrics-port", type=int, help="Prometheus metrics on 127.0.0.1:PORT (lag, failures)")
 
     p = add("rebuild", cmd_rebuild, "rebuild a projection from the event log, then switch to it")
     p.add_argument("projection", choices=["history", "index"])
@@ -615,14 +922,43 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", choices=PROFILE_NAMES, default="engram")
     p.add_argument("--user", help="the user (stdio)")
     p.add_argument("--session", help="the conversation, for include_conversation")
-    p.add_argument("--http", type=int, metavar="PORT", help="streamable HTTP on this port (user per request)")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--http", type=int, metavar="PORT", help="streamable HTTP on this port (bearer tokens)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (loopback by default)")
+    p.add_argument("--tls-cert", help="HTTPS: the certificate chain file (PEM)")
+    p.add_argument("--tls-key", help="HTTPS: the private key file (PEM)")
+    p.add_argument(
+        "--gateway-secret-file",
+        help="also accept this shared secret as the bearer token of a gateway that authenticates users "
+        "itself and names the user in X-Engram-User",
+    )
+
+    tokens = sub.add_parser("tokens", help="bearer tokens of the MCP server over HTTP: create, list, revoke")
+    token_actions = tokens.add_subparsers(dest="action", required=True)
+    for action, help in (
+        ("create", "a new token for one user (or the operator role), printed once"),
+        ("list", "every token: id, user or role, when made, when it expires"),
+        ("revoke", "refuse a token from its next request on"),
+    ):
+        p = token_actions.add_parser(action, help=help, description=help)
+        p.set_defaults(run=cmd_tokens)
+        p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+        if action == "create":
+            p.add_argument("--user", help="the user the token acts as")
+            p.add_argument("--operator", action="store_true", help="a token that may name any user per request")
+            p.add_argument("--label", default="", help="what the token is for (shown by list)")
+            p.add_argument("--expires-in-days", type=float, help="refused after this many days (default: never)")
+        if action == "revoke":
+            p.add_argument("token_id", help="the id `engram tokens list` shows")
 
     p = add("context", _with_client(cmd_context), "the user's memory as a prompt block", user=True)
     p.add_argument("--format", choices=["markdown", "xml"], default="markdown")
     p.add_argument("--query", help="focus: the most relevant notes and episodes")
     p.add_argument("--max-tokens", type=int, help="token budget (MiniLM word pieces)")
     p.add_argument("--after", help="consistency token to wait for")
+
+    p = add("console", cmd_console, "the memory console in a browser: users, search, timelines, forgetting, live")
+    p.add_argument("--port", type=_bounded(int, 1, 65_535), default=8780, help="port to listen on (default 8780)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (loopback by default)")
 
     memory = sub.add_parser("memory", help="requirements §3's /memory: list, or delete ID at once")
     actions = memory.add_subparsers(dest="action", required=True)
@@ -637,6 +973,34 @@ def _parser() -> argparse.ArgumentParser:
 
     add("health", cmd_health, "bus reachable? projection and request-group lag, pending deletions")
 
+    keys = sub.add_parser("keys", help="the master key's generations: rotate, status, retire")
+    key_actions = keys.add_subparsers(dest="action", required=True)
+    for action, help in (
+        ("rotate", "re-wrap every note's data key under a new master-key generation; resumes one in progress"),
+        ("status", "the master-key generation in use, a rotation in progress, each worker's generations"),
+        ("retire", "after a rotation: take the older generations out of the keyring file"),
+    ):
+        p = key_actions.add_parser(action, help=help, description=help)
+        p.set_defaults(run=cmd_keys)
+        p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+        if action == "status":
+            continue
+        p.add_argument(
+            "--wait",
+            dest="wait_seconds",
+            type=_bounded(float, 0, 86_400),
+            default=60.0,
+            help="seconds to wait for every worker to hold and use the new generation (default 60)",
+        )
+        p.add_argument("--batch", type=_bounded(int, 1, 10_000), default=500, help="log entries a round (default 500)")
+        if action == "rotate":
+            p.add_argument(
+                "--pause",
+                type=_bounded(float, 0, 60),
+                default=0.0,
+                help="seconds between rounds, to spare a busy Redis",
+            )
+
     p = add("export", cmd_export, "write the raw event log (sealed) and data keys as JSON lines")
     p.add_argument("--out", required=True)
     p = add("import", cmd_import, "replay an export into an empty store (same master key)")
@@ -647,6 +1011,16 @@ def _parser() -> argparse.ArgumentParser:
 
     p = add("schema", cmd_schema, "write the JSON Schema of every contract")
     p.add_argument("--out", help="file to write (default: stdout)")
+
+    from services.ops.acl import ROLES as ACL_ROLES
+
+    p = add("acl", cmd_acl, "Redis ACL users with least privilege, one per role: print them, or --write files")
+    p.add_argument("role", nargs="?", choices=list(ACL_ROLES), help="one role (default: all)")
+    p.add_argument("--name", help="the ACL user's name (default engram-ROLE); an agent's replies are bound to it")
+    p.add_argument("--cluster", action="store_true", help="also what a Redis Cluster client needs")
+    p.add_argument("--write", metavar="DIR", help="write an ACL file and each role's URL (fresh passwords, 0600)")
+    p.add_argument("--host", default="redis:6379", help="HOST:PORT in the URLs --write makes (default redis:6379)")
+    p.add_argument("--database", type=int, default=0, help="the database in the URLs --write makes")
     return parser
 
 

@@ -9,13 +9,28 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.text import Text
 
+from contracts.events import (
+    AnyEvent,
+    ForgetExpired,
+    ForgetRequested,
+    MessageRecorded,
+    MessageRetracted,
+    NoteForgotten,
+    NoteRenewed,
+    NoteSaved,
+    NoteSuperseded,
+    NoteUpdated,
+)
 from contracts.model import NoteStatus, NoteView, VersionView
 from contracts.queries import ForgetReply, HistoryReply, NoteWritten, SearchHit, SearchReply
+
+if TYPE_CHECKING:
+    from services.bus.subscription import Delivery
 
 # A note's text on one line of a listing (list, search, history, similar notes), and in full view (get).
 LINE_CHARS = 160
@@ -362,3 +377,64 @@ def memory_list(views: list[NoteView], total: int | None = None) -> str:
         lines += ["", f"… and {total - len(views):,} more (engram list --offset {len(views)})"]
     lines += ["", "Use /memory delete <id> to remove a memory."]
     return "\n".join(lines) + "\n"
+
+
+# the event log (engram tail) ----------------------------------------------------------------------
+
+
+def event_line(delivery: Delivery) -> Text:
+    """One event as ``engram tail`` shows it: when, its token, its type, whose note and which
+    version, what changed; content only when the subscription could open it. An erasure says
+    what a downstream copy must erase."""
+    event = delivery.event
+    line = Text.assemble(
+        (when(event.at), DIM),
+        "  ",
+        (delivery.token, DIM),
+        "  ",
+        (str(event.__struct_config__.tag), HEADING),
+        f"  {event.user_id}/",
+        _id(event.note_id),
+        f" v{event.version}",
+    )
+    for part in _event_details(event):
+        line.append("  ")
+        line.append(part)
+    text = getattr(event, "content", None)
+    if delivery.content == "open" and text:
+        line.append("  ")
+        line.append(f'"{cut(text, LINE_CHARS, one_line=True)}"')
+    elif delivery.content == "withheld":
+        line.append("  (content sealed: --content or --key-file to read it)", style=DIM)
+    elif delivery.content == "erased":
+        line.append("  (content erased: the note was forgotten)", style=GONE)
+    erasure = delivery.erasure
+    if erasure is not None:
+        line.append(f"  → {erasure}", style=GONE)
+    return line
+
+
+def _event_details(event: AnyEvent) -> list[str]:
+    if isinstance(event, NoteSaved):
+        subject = f", about {cut(event.subject, 80, one_line=True)}" if event.subject else ""
+        return [f"{event.kind} in {event.category}{subject}"]
+    if isinstance(event, NoteUpdated):
+        changed = [f for f in ("content", "category", "subject", "confidence", "importance", "value", "expires_at")
+                   if getattr(event, f) is not None]  # fmt: skip
+        return [f"changed {', '.join(changed + (['expiry cleared'] if event.expiry_cleared else [])) or 'nothing'}"]
+    if isinstance(event, NoteSuperseded):
+        return [f"superseded by {event.superseded_by}"]
+    if isinstance(event, NoteRenewed):
+        return [f"renewed: expires {when(event.expires_at)}"]
+    if isinstance(event, MessageRecorded):
+        speaker = f" ({cut(event.speaker, 80, one_line=True)})" if event.speaker else ""
+        return [f"{event.role}{speaker} in conversation {cut(event.session_id, 80, one_line=True)}"]
+    if isinstance(event, MessageRetracted):
+        return [f"retracted from conversation {cut(event.session_id, 80, one_line=True)}"]
+    if isinstance(event, ForgetRequested):
+        return [f"deletion requested ({event.request_count}), to confirm by {when(event.expires_at)}"]
+    if isinstance(event, ForgetExpired):
+        return [f"deletion lapsed: {event.reason}"]
+    if isinstance(event, NoteForgotten):
+        return [f"forgotten ({event.reason or 'requested'})"]
+    return []

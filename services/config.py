@@ -56,6 +56,21 @@ def parse_roles(text: str) -> frozenset[str]:
     return frozenset(names)
 
 
+def _url_file(name: str) -> str | None:
+    """A URL read from the file the variable names: a URL with a password is a secret, which a
+    file (a compose secret) keeps out of the process's environment and `docker inspect`."""
+    path = os.environ.get(name)
+    if not path:
+        return None
+    try:
+        url = Path(path).read_text().strip()
+    except OSError as e:
+        raise SettingError(f"{name}={path!r}: cannot read it ({e.strerror})") from None
+    if not url:
+        raise SettingError(f"{name}={path!r} is empty; it should hold a Redis URL")
+    return url
+
+
 def _on(text: str) -> bool:
     return text.strip().lower() in ("on", "1", "true", "yes")
 
@@ -121,7 +136,7 @@ class Settings:
 
     @classmethod
     def _from_env(cls) -> Settings:
-        url = os.environ.get("ENGRAM_REDIS_URL") or os.environ.get("REDIS_URL")
+        url = os.environ.get("ENGRAM_REDIS_URL") or os.environ.get("REDIS_URL") or _url_file("ENGRAM_REDIS_URL_FILE")
         return cls(
             # With no URL configured, this address is tried first (then a private redis-server).
             redis_url=url or os.environ.get("ENGRAM_DEFAULT_REDIS_URL", DEFAULT_REDIS_URL),

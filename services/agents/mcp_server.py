@@ -1,12 +1,17 @@
 """The MCP server: one tool profile over the official ``mcp`` SDK's low-level server.
 
 ``engram mcp --profile P --user U`` serves one user over stdio (what a desktop agent spawns).
-``engram mcp --profile P --http PORT`` serves several users over streamable HTTP; the user is
-then named per request by the ``X-Engram-User`` header. Tool results are JSON text content (and
-the same JSON as structured content); a tool's own errors are results with ``is_error`` set, in
-requirements §4's ``{"error": {...}}`` shape, so the LLM can read and correct them. A user id the
-contracts refuse is refused before anything is served: at start for stdio, with HTTP 400 for a
-request (the session's first among them) whose header names one.
+``engram mcp --profile P --http PORT`` serves several users over streamable HTTP, and who calls
+comes from authentication, never from what a request says of itself: every request carries a
+bearer token (``engram tokens create``; checked by the SDK's ``mcp.server.auth`` middleware
+against ``services/agents/tokens.py``), and a request without a valid one is answered 401 before
+any tool runs. A user's token acts as that user only; an operator's token, or a gateway's shared
+secret (only when the server is started with it), names the user per request in the
+``X-Engram-User`` header. Tool results are JSON text content (and the same JSON as structured
+content); a tool's own errors are results with ``is_error`` set, in requirements §4's
+``{"error": {...}}`` shape, so the LLM can read and correct them. A user id the contracts refuse
+is refused before anything is served: at start for stdio, with HTTP 400 for a request whose
+header names one.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ from collections import OrderedDict
 from typing import Any
 
 import mcp_types as types
+from mcp.server.auth.provider import TokenVerifier
 from mcp.server.lowlevel import Server
 
 from contracts import channels
 from contracts.errors import EngramError, ErrorCode
 from services.agents.specs import WRITE_TIMEOUT, ToolSpec, error
+from services.agents.tokens import USER_SCOPE
 from services.agents.tools import ToolDispatcher, profile
 from services.application.decoding import check_user_id
 from services.bus.client import EngramClient
@@ -30,6 +37,7 @@ from services.bus.client import EngramClient
 log = logging.getLogger("engram.mcp")
 
 USER_HEADER = "X-Engram-User"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def mcp_tool(spec: ToolSpec) -> types.Tool:
@@ -106,7 +114,7 @@ def build_server(
         return types.ListToolsResult(tools=[mcp_tool(s) for s in specs])
 
     async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        user = user_id or _header_user(ctx)
+        user = user_id or _caller(ctx)
         spec = next((s for s in specs if s.name == params.name), None)
         timeout = spec.timeout if spec is not None else WRITE_TIMEOUT
         try:
@@ -132,35 +140,85 @@ def build_server(
     )
 
 
-def _header_user(ctx: Any) -> str | None:
+def _caller(ctx: Any) -> str | None:
+    """The user a request acts as: its token's, or (operator token, gateway) the header's.
+    ``BindUser`` has refused every other combination before the session saw the request."""
     request = getattr(ctx, "request", None)
-    headers = getattr(request, "headers", None)
-    if headers is None:
+    if request is None:
         return None
-    value = headers.get(USER_HEADER.lower())
-    return str(value) if value else None
+    return bound_user(request.scope)
 
 
-class RefuseBadUsers:
-    """ASGI middleware: a request whose header names a user id the contracts refuse is answered
-    400 with the reason in plain words (a JSON-RPC error), before a session is made for it."""
+def bound_user(scope: Any) -> str | None:
+    from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+
+    who = scope.get("user")
+    if not isinstance(who, AuthenticatedUser):
+        return None
+    if USER_SCOPE in who.scopes:
+        return who.access_token.subject
+    named = _named(scope)
+    return named[0] if named else None
+
+
+def _named(scope: Any) -> list[str]:
+    """The users a request's ``X-Engram-User`` headers name."""
+    header = USER_HEADER.lower().encode()
+    return [v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == header]
+
+
+class BindUser:
+    """ASGI, behind the SDK's authentication and in front of its ``RequireAuthMiddleware``: an
+    authenticated request whose ``X-Engram-User`` the contracts refuse is answered 400, one whose
+    user token is bound to another user than the header names 403, in plain words (a JSON-RPC
+    error). An unauthenticated request passes on, to be answered 401."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
         from starlette.responses import JSONResponse
 
-        if scope["type"] == "http":
-            named = [v for k, v in scope.get("headers", []) if k.lower() == USER_HEADER.lower().encode()]
+        who = scope.get("user")
+        if scope["type"] == "http" and isinstance(who, AuthenticatedUser):
+            named = _named(scope)
+            status, message = 0, ""
             try:
                 for value in named:
-                    check_user_id(value.decode("latin-1"), USER_HEADER)
+                    check_user_id(value, USER_HEADER)
             except EngramError as e:
-                reply = {"jsonrpc": "2.0", "id": None, "error": {"code": -32602, "message": e.message}}
-                await JSONResponse(reply, status_code=400)(scope, receive, send)
+                status, message = 400, e.message
+            if not status and USER_SCOPE in who.scopes and any(v != who.access_token.subject for v in named):
+                status = 403
+                message = f"this token acts as user {who.access_token.subject!r} only; {USER_HEADER} names another"
+            if status:
+                reply = {"jsonrpc": "2.0", "id": None, "error": {"code": -32602, "message": message}}
+                await JSONResponse(reply, status_code=status)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def http_app(server: Server, verifier: TokenVerifier, host: str = "127.0.0.1", path: str = "/mcp") -> Any:
+    """The streamable HTTP app with the SDK's bearer authentication on ``path``. No OAuth flow
+    is served: tokens are issued out of band (``engram tokens create``), so the issuer named
+    to the SDK is this server itself and no authorization server is advertised."""
+    from mcp.server.auth.settings import AuthSettings
+    from pydantic import AnyHttpUrl
+    from starlette.routing import Route
+
+    authority = f"[{host}]" if ":" in host else host
+    auth = AuthSettings(issuer_url=AnyHttpUrl(f"http://{authority}"), resource_server_url=None)
+    app = server.streamable_http_app(streamable_http_path=path, host=host, auth=auth, token_verifier=verifier)
+    for route in app.routes:
+        if isinstance(route, Route) and route.path == path:
+            # The SDK's route endpoint is its RequireAuthMiddleware, which runs after the
+            # authentication middleware has set scope["user"]: the binding check goes there.
+            route.app = BindUser(route.app)
+            break
+    else:  # an SDK that lays its routes out otherwise must not serve unbound requests
+        raise RuntimeError(f"the MCP SDK's app has no route {path}")
+    return app
 
 
 async def serve_stdio(client: EngramClient, profile_name: str, user_id: str, session_id: str | None) -> None:
@@ -174,11 +232,28 @@ async def serve_stdio(client: EngramClient, profile_name: str, user_id: str, ses
             await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
-async def serve_http(client: EngramClient, profile_name: str, host: str, port: int) -> None:
+async def serve_http(
+    client: EngramClient,
+    profile_name: str,
+    host: str,
+    port: int,
+    verifier: TokenVerifier,
+    tls: tuple[str, str] | None = None,
+) -> None:
+    """``tls``: certificate and key files, for anything but loopback."""
     import uvicorn
 
+    if tls is None and host not in LOOPBACK:
+        log.warning(
+            "serving MCP on %s without TLS: bearer tokens cross the network in clear; "
+            "give --tls-cert and --tls-key, or put a TLS proxy in front",
+            host,
+        )
     async with client:
         server = build_server(client, profile_name, None)
-        app = RefuseBadUsers(server.streamable_http_app(host=host))
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
+        app = http_app(server, verifier, host)
+        certfile, keyfile = tls if tls is not None else (None, None)
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="warning", ssl_certfile=certfile, ssl_keyfile=keyfile
+        )
         await uvicorn.Server(config).serve()

@@ -27,7 +27,7 @@ from projections.vector_index import (
     VectorIndex,
 )
 from services.application.ports import AccessStats, NoteHistory
-from services.application.ranking import DEFAULT_POLICY, RankingPolicy, boost_named, fuse
+from services.application.ranking import DEFAULT_POLICY, RankingPolicy, best_per_note, boost_named, fuse
 from services.domain.values import matches
 
 
@@ -154,7 +154,7 @@ class SearchService:
         sources = {h.payload["note_id"]: h.payload.get("record", MEMORY) for h in dense_hits + sparse_hits}
         candidates = [(sources[n], (n, score, cos)) for n, score, cos in fuse(dense_hits, sparse_hits, self._policy)]
         wanted = depth if query.ranking == "relevance" else depth * 4
-        results = await self._hydrate(query, candidates, wanted)
+        results = await self._hydrate(query, candidates, wanted, best_per_note(sparse_hits))
         if self._access is not None:
             results = await self._annotate(query.user_id, results)
         if query.ranking == "blended":
@@ -192,7 +192,11 @@ class SearchService:
         return [msgspec.structs.replace(h, note=annotated[h.note_id]) if h.note else h for h in hits]
 
     async def _hydrate(
-        self, query: SearchNotes, candidates: list[tuple[str, tuple[str, float, float]]], wanted: int
+        self,
+        query: SearchNotes,
+        candidates: list[tuple[str, tuple[str, float, float]]],
+        wanted: int,
+        keyword: dict[str, float],
     ) -> list[SearchHit]:
         """The text comes from the read model (the index holds none), read a slice at a time in
         one round trip; a hit the read model does not have (yet, or any more) is left out, and
@@ -214,7 +218,13 @@ class SearchService:
                 for source, (record_id, score, similarity) in window
                 if (
                     hit := _hit(
-                        query, source, record_id, round(score, 6), round(similarity, 6), notes, messages, self._clock()
+                        query,
+                        source,
+                        record_id,
+                        (round(score, 6), round(similarity, 6), round(keyword.get(record_id, 0.0), 6)),
+                        notes,
+                        messages,
+                        self._clock(),
                     )
                 )
             ]
@@ -248,12 +258,13 @@ def _hit(
     query: SearchNotes,
     source: str,
     record_id: str,
-    score: float,
-    similarity: float,
+    scores: tuple[float, float, float],
     notes: dict[str, NoteView],
     messages: dict[str, MessageView],
     now: datetime,
 ) -> SearchHit | None:
+    """``scores``: fused, cosine, keyword."""
+    score, similarity, keyword = scores
     if source == CONVERSATION:
         message = messages.get(record_id)
         if message is None:
@@ -263,6 +274,7 @@ def _hit(
             content=message.content,
             score=score,
             similarity=similarity,
+            keyword=keyword,
             found_in="conversation",
             message=message,
         )
@@ -277,5 +289,11 @@ def _hit(
     if lapsed(view, now):
         return None
     return SearchHit(
-        note_id=record_id, content=view.content, score=score, similarity=similarity, found_in="memory", note=view
+        note_id=record_id,
+        content=view.content,
+        score=score,
+        similarity=similarity,
+        keyword=keyword,
+        found_in="memory",
+        note=view,
     )

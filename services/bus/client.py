@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit
 
 import msgspec
-from redis.exceptions import ClusterDownError, TryAgainError
+from redis.exceptions import ClusterDownError, NoPermissionError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -57,8 +58,10 @@ from contracts.queries import (
     SearchNotes,
     SearchReply,
 )
+from services.adapters.crypto import MasterKey
 from services.adapters.redis_conn import open_redis, redact_url
 from services.bus.requester import BusRequester
+from services.bus.subscription import CLAIM_IDLE_MS, DEFAULT_CONSUMER, Subscription
 
 R = TypeVar("R")
 _reply_decoder = msgspec.json.Decoder(AnyReply)
@@ -78,15 +81,20 @@ class EngramClient:
         request_stream_maxlen: int = 100_000,
         cluster: bool = False,
         operator: bool = False,
+        client_name: str | None = None,
     ) -> None:
         """``cluster``: ``url`` names a node of a Redis Cluster (as ENGRAM_REDIS_CLUSTER=on).
         ``operator``: commands go to the operators' stream, where a confirmed forget (deleting
-        without the second call) is accepted; an agent's client is never one."""
+        without the second call) is accepted; an agent's client is never one.
+        ``client_name``: replies come on channels ``engram:replies:<client_name>:*``, which a
+        Redis ACL grants to this client's user alone (services/ops/acl.py); by default the URL's
+        user name when it is a valid name (letters, digits, '.', '_', '-'), else none."""
         self.url = url
         self.operator = operator
         self.timeout = timeout
+        self.client_name = _client_name(url, client_name)
         self._redis = open_redis(url, cluster)
-        self._bus = BusRequester(self._redis, request_stream_maxlen)
+        self._bus = BusRequester(self._redis, request_stream_maxlen, client_name=self.client_name)
         self.partitions = 1
 
     async def __aenter__(self) -> EngramClient:
@@ -98,8 +106,21 @@ class EngramClient:
 
     async def connect(self) -> None:
         try:
-            stored = await self._redis.get(channels.PARTITIONS_KEY)
-            await self._bus.start()
+            try:
+                stored = await self._redis.get(channels.PARTITIONS_KEY)
+            except NoPermissionError as e:
+                raise self._refused(f"read {channels.PARTITIONS_KEY}", e) from None
+            try:
+                await self._bus.start()
+            except NoPermissionError as e:
+                raise self._refused(
+                    f"subscribe to its reply channel {self._bus.reply_channel} (a role's user may subscribe to "
+                    f"{channels.client_reply_channels('<its name>')} alone: name the client after its ACL user)",
+                    e,
+                ) from None
+        except EngramError:
+            await self.close()
+            raise
         except UNREACHABLE as e:
             await self.close()
             raise EngramError(
@@ -120,6 +141,36 @@ class EngramClient:
     async def close(self) -> None:
         await self._bus.stop()
         await self._redis.aclose()
+
+    def events(
+        self,
+        group: str,
+        *,
+        from_start: bool = False,
+        users: Sequence[str] | None = None,
+        kinds: Sequence[str | type] | None = None,
+        key: MasterKey | None = None,
+        consumer: str = DEFAULT_CONSUMER,
+        partitions: Sequence[int] | None = None,
+        claim_idle_ms: int = CLAIM_IDLE_MS,
+    ) -> Subscription:
+        """The memory events, typed, through consumer group ``group`` (created on first use, at
+        the log's start with ``from_start``): ``async with client.events(...) as events: async for
+        delivery in events: ...; await delivery.ack()``. Content only with ``key`` (the master
+        key). See ``services/bus/subscription.py``."""
+        return Subscription(
+            self._redis,
+            group,
+            from_start=from_start,
+            users=users,
+            kinds=kinds,
+            key=key,
+            consumer=consumer,
+            partitions=partitions,
+            partition_count=self.partitions if self.connected else None,
+            claim_idle_ms=claim_idle_ms,
+            url=self.url,
+        )
 
     # Commands -------------------------------------------------------------------------------
 
@@ -488,6 +539,28 @@ class EngramClient:
             raise EngramError(
                 ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {redact_url(self.url)}: {e}"
             ) from None
+        except NoPermissionError as e:
+            raise self._refused(f"send to {stream}", e) from None
+
+    def _refused(self, what: str, e: NoPermissionError) -> EngramError:
+        return EngramError(
+            ErrorCode.PERMISSION_DENIED,
+            f"the Redis user of {redact_url(self.url)} may not {what}: {e}. See `engram acl` for what each role may do",
+        )
+
+
+def _client_name(url: str, given: str | None) -> str | None:
+    """The name this client's reply channels carry: the one given, else the URL's ACL user when
+    it is a valid name, so that a role's user works from its URL alone; else none."""
+    if given is not None:
+        if not channels.valid_client_name(given):
+            raise EngramError(
+                ErrorCode.INVALID_PARAMETER,
+                f"client_name {given!r} must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            )
+        return given
+    user = urlsplit(url).username
+    return unquote(user) if user and channels.valid_client_name(unquote(user)) else None
 
 
 class ReadYourWrites:

@@ -21,21 +21,30 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from contracts import channels
 from contracts.limits import REQUEST_STREAM_BYTES
 
 RESUBSCRIBE_PAUSE_SECONDS = 0.2
+SUBSCRIBE_TIMEOUT_SECONDS = 10.0
 
 
 class BusRequester:
     def __init__(
-        self, redis: Redis, request_stream_maxlen: int, request_stream_bytes: int = REQUEST_STREAM_BYTES
+        self,
+        redis: Redis,
+        request_stream_maxlen: int,
+        request_stream_bytes: int = REQUEST_STREAM_BYTES,
+        *,
+        client_name: str | None = None,
     ) -> None:
+        """``client_name``: replies come on a channel under ``channels.client_reply_channels``,
+        which a Redis ACL can grant to this client's user alone; None: an unnamed channel."""
         self._redis = redis
         self._maxlen = request_stream_maxlen
         self._bytes = request_stream_bytes
-        self.reply_channel = channels.reply_channel(uuid.uuid4().hex)
+        self.reply_channel = channels.reply_channel(uuid.uuid4().hex, client_name)
         self._waiting: dict[str, asyncio.Future[bytes]] = {}
         self._pubsub: PubSub | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -48,8 +57,15 @@ class BusRequester:
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
                 await self._pubsub.aclose()
-        self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        self._pubsub = self._redis.pubsub()
         await self._pubsub.subscribe(self.reply_channel)
+        # Redis answers a SUBSCRIBE later, on the same connection: wait for its confirmation, so
+        # that a refusal (an ACL without this channel: NoPermissionError) is raised here, where
+        # the caller connects, rather than turning every request into a time-out.
+        deadline = asyncio.get_running_loop().time() + SUBSCRIBE_TIMEOUT_SECONDS
+        while (message := await self._pubsub.get_message(timeout=0.1)) is None or message["type"] != "subscribe":
+            if asyncio.get_running_loop().time() > deadline:
+                raise RedisTimeoutError(f"no confirmation of SUBSCRIBE {self.reply_channel}")
 
     @property
     def running(self) -> bool:

@@ -8,7 +8,9 @@ The model lives in each worker's process, so every worker publishes its own read
 (``WorkerReport``, under ``engram:workers``) and ``health`` reads it from there: ``model`` is
 ``loaded``, ``loading``, ``failed`` or ``off`` (no worker embeds), ``index`` is ``ready``,
 ``catching up`` (not open yet, or more than ``CATCHING_UP_ENTRIES`` behind the log), ``refused``
-or ``off``. A deployment waits for ``engram health`` to exit 0."""
+or ``off``. ``keys`` is the master-key generation new data keys are wrapped under and a
+rotation in progress (services/ops/keys.py); a worker that does not hold that generation makes
+the service ``degraded``. A deployment waits for ``engram health`` to exit 0."""
 
 from __future__ import annotations
 
@@ -28,11 +30,13 @@ from contracts.channels import HistoryKeys, IndexKeys, SagaKeys, model_key
 from projections.history import live_generation
 from projections.index import live_index_generation
 from projections.tracking import position_key
+from services.adapters.keyring import read_state
 from services.bus.reclaimer import group_info
 from services.ops.periodic import every
 
 if TYPE_CHECKING:
     from projections.index_runtime import IndexRuntime
+    from services.adapters.crypto import MasterKey
 
 log = logging.getLogger("engram.health")
 
@@ -56,11 +60,19 @@ class WorkerReport:
     """One worker's readiness, kept in Redis for ``engram health``: its roles, whether its
     embedding model is loaded, whether it has the live index generation open."""
 
-    def __init__(self, redis: Redis, consumer: str, roles: Iterable[str], index: IndexRuntime | None) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        consumer: str,
+        roles: Iterable[str],
+        index: IndexRuntime | None,
+        keys: MasterKey | None = None,
+    ) -> None:
         self._redis = redis
         self._consumer = consumer
         self._roles = sorted(roles)
         self._index = index
+        self._keys = keys
 
     def state(self) -> dict[str, Any]:
         index = self._index
@@ -71,6 +83,11 @@ class WorkerReport:
         }
         if index is not None and index.model_load_seconds is not None:
             state["model_load_seconds"] = index.model_load_seconds
+        if self._keys is not None:
+            # What a key rotation waits on (services/ops/keys.py): the generations this worker can
+            # open, and the one it wraps new data keys under.
+            state["key_generation"] = self._keys.active_generation
+            state["key_generations"] = self._keys.generations
         return state
 
     async def publish(self) -> None:
@@ -95,7 +112,8 @@ class WorkerReport:
             await self._redis.hdel(channels.WORKERS_KEY, self._consumer)
 
 
-async def _workers(redis: Redis) -> list[dict[str, Any]]:
+async def live_workers(redis: Redis) -> list[dict[str, Any]]:
+    """The reports of the workers heard from in the last ``SILENT_SECONDS``."""
     now = await _now_ms(redis)
     workers = []
     for name, raw in sorted((await redis.hgetall(channels.WORKERS_KEY)).items()):
@@ -130,7 +148,7 @@ async def health(redis: Redis, partitions: int | None = None) -> dict[str, Any]:
         partitions = partitions or int(await redis.get(channels.PARTITIONS_KEY) or 1)
     except (RedisError, OSError) as e:
         return {"status": "down", "error": str(e)}
-    workers = await _workers(redis)
+    workers = await live_workers(redis)
     model_state = _worst((w["model"] for w in workers), ("failed", "loading", "loaded"))
     index_state = _worst((w["index"] for w in workers), ("refused", "opening", "open"))
     report: dict[str, Any] = {
@@ -140,7 +158,13 @@ async def health(redis: Redis, partitions: int | None = None) -> dict[str, Any]:
         "workers": workers,
         "partitions": [],
     }
-    degraded = model_state == "failed" or index_state == "refused"
+    keys = (await read_state(redis)).summary()
+    report["keys"] = keys
+    # A worker without the generation in use cannot open the data keys wrapped under it.
+    blind = [w["worker"] for w in workers if keys["generation"] not in w.get("key_generations", [keys["generation"]])]
+    if blind:
+        keys["workers_without_generation"] = blind
+    degraded = model_state == "failed" or index_state == "refused" or bool(blind)
     index_behind = False
     now_ms = time.time() * 1000
     for p in range(partitions):

@@ -1,10 +1,9 @@
-"""What operator commands share: finding the bus, opening Redis for a command and closing it
-however the command ends, and following the event log."""
+"""What operator commands share: finding the bus, and opening Redis for a command and closing it
+however the command ends (following the event log is services/bus/subscription.py's)."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -52,20 +51,3 @@ async def operator_redis(settings: Settings, **options: Any) -> AsyncIterator[tu
         yield redis, partitions
     finally:
         await close_redis(redis)
-
-
-async def follow_log(redis: Any, partitions: int, *, cluster: bool, from_start: bool) -> AsyncIterator[dict[str, Any]]:
-    """Every event appended to any partition's log, as it comes (from the start, or from now)."""
-    positions = {channels.event_log(p): ("0" if from_start else "$") for p in range(partitions)}
-    while True:
-        if cluster:
-            # The partitions' logs live in different slots: one XREAD may not name them all.
-            response: list[Any] = []
-            for stream, after in list(positions.items()):
-                response += await redis.xread({stream: after}, block=max(1000 // partitions, 50), count=100) or []
-        else:
-            response = await redis.xread(positions, block=1000, count=100)
-        for stream, entries in response or []:
-            for entry_id, fields in entries:
-                positions[stream.decode()] = entry_id.decode()
-                yield {"log": stream.decode(), "position": entry_id.decode(), "event": json.loads(fields[b"e"])}

@@ -1,9 +1,10 @@
 """``engram export`` / ``engram import``: the raw event log, portable and replayable into an
 empty store. One JSON object per line: a header, every log entry of every partition in order
 (the event exactly as stored, content still sealed), then every note's wrapped data key. The keys
-are wrapped by the master key, so the target needs the same ``ENGRAM_MASTER_KEY``; a forgotten
-note has no key and stays forgotten. Projections rebuild themselves from the imported log;
-command outcomes (idempotency) are not carried over."""
+are wrapped by the master key, so the target needs the same ``ENGRAM_MASTER_KEY`` (for a
+rotated store, the generation in use: its header carries that generation and the derivation
+root, services/ops/keys.py); a forgotten note has no key and stays forgotten. Projections
+rebuild themselves from the imported log; command outcomes (idempotency) are not carried over."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from contracts import channels
 from contracts.base import SCHEMA_VERSION
 from contracts.events import ACCOUNT, session_stream
 from contracts.limits import ID_PATTERN, MAX_ID_CHARS, NOTE_ID_PATTERN
+from services.adapters.crypto import MAX_GENERATION
 from services.adapters.event_store import RedisEventStore, decode_event
+from services.adapters.keyring import KEYRING_KEY, read_state, root_field
 from services.adapters.redis_conn import transaction_client
 from services.domain.decider import forgettable, identity_claim
 
@@ -28,7 +31,16 @@ FORMAT = 1
 
 
 async def export_log(redis: Redis, partitions: int, out: IO[str]) -> dict[str, int]:
-    out.write(json.dumps({"engram_export": FORMAT, "partitions": partitions, "schema_version": SCHEMA_VERSION}) + "\n")
+    header: dict[str, Any] = {"engram_export": FORMAT, "partitions": partitions, "schema_version": SCHEMA_VERSION}
+    keyring = await read_state(redis)
+    if keyring.roots or keyring.active != 1:
+        # A rotated store: the data keys' generation, and the derivation root wrapped by it, so a
+        # target given only the current master key derives the same keyed hashes.
+        header["keyring"] = {
+            "generation": keyring.active,
+            "roots": {str(g): base64.b64encode(w).decode() for g, w in keyring.roots.items()},
+        }
+    out.write(json.dumps(header) + "\n")
     events = keys = 0
     for p in range(partitions):
         after = "-"
@@ -103,6 +115,16 @@ class _Checker:
         if type(partitions) is not int or not 1 <= partitions <= MAX_PARTITIONS:
             raise ValueError(f"partitions {partitions!r} is not a count from 1 to {MAX_PARTITIONS}")
         self.partitions = partitions
+        keyring = header.get("keyring", {"generation": 1, "roots": {}})
+        roots = keyring.get("roots") if isinstance(keyring, dict) else None
+        generation = keyring.get("generation") if isinstance(keyring, dict) else None
+        if (
+            type(generation) is not int
+            or not 1 <= generation <= MAX_GENERATION
+            or not isinstance(roots, dict)
+            or not all(g.isdigit() and 1 <= int(g) <= MAX_GENERATION and _is_base64(w) for g, w in roots.items())
+        ):
+            raise ValueError("keyring is not a generation and roots by generation (base64)")
         self.positions: dict[int, tuple[int, int]] = {}  # each partition's last entry id
         self.versions: dict[tuple[str, str], int] = {}  # each note's last version
 
@@ -156,6 +178,14 @@ class _Checker:
             raise ValueError(f"user {user_id!r} belongs to partition {owner}, not {p}")
 
 
+def _is_base64(text: Any) -> bool:
+    try:
+        base64.b64decode(text, validate=True)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def _is_stream_id(note_id: Any) -> bool:
     """A note's (or a message's) id, or a control stream's (a user's account, a session)."""
     if not isinstance(note_id, str):
@@ -181,7 +211,8 @@ async def import_log(redis: Redis, store: RedisEventStore, source: IO[str]) -> d
     for _ in _lines(source):
         pass
     lines = _lines(source)
-    partitions = int(next(lines)["partitions"])
+    header = next(lines)
+    partitions = int(header["partitions"])
     if int(await redis.get(channels.PARTITIONS_KEY) or partitions) != partitions:
         raise ValueError(f"this Redis is set up for another partition count than the export's {partitions}")
     for p in range(partitions):
@@ -189,6 +220,10 @@ async def import_log(redis: Redis, store: RedisEventStore, source: IO[str]) -> d
             raise ValueError("the target store is not empty: import only into an empty one")
     await redis.set(channels.PARTITIONS_KEY, partitions)
     await redis.set(channels.LAYOUT_KEY, channels.LAYOUT)  # written below with this release's key names
+    if "keyring" in header:
+        keyring = header["keyring"]
+        roots = {root_field(int(g)): base64.b64decode(w) for g, w in keyring["roots"].items()}
+        await redis.hset(KEYRING_KEY, mapping={"active": keyring["generation"], **roots})
     events = keys = 0
     notes: set[tuple[str, str]] = set()
     for item in lines:

@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 from contracts.errors import EngramError, ErrorCode
 from services.adapters.crypto import SubjectMatcher, load_master_key
 from services.adapters.event_store import RedisEventStore
+from services.adapters.keyring import attach_for_operator
 from services.adapters.redis_conn import unlink_prefix
 from services.config import Settings
 
@@ -28,6 +29,7 @@ async def rebuild_history(redis: Redis, settings: Settings, partitions: int, pro
 
     store = event_store(redis, settings, partitions)
     master = load_master_key(settings.data_dir)
+    await attach_for_operator(redis, master)  # a keyring without generation 1 finds its root there
     total = 0
     generations = {}
     for p in range(partitions):
@@ -53,6 +55,7 @@ async def rebuild_index(redis: Redis, settings: Settings, partitions: int, progr
 
     settings = Settings(**{**settings.__dict__, "partitions": partitions})
     master = load_master_key(settings.data_dir)
+    await attach_for_operator(redis, master)
     store = RedisEventStore(redis, partitions, settings.idempotency_ttl_seconds, master)
     previous = await live_index_generation(redis, 0)
     generation = max(int(await redis.incr(GENERATIONS_KEY)), previous + 1)

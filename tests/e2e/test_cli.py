@@ -85,7 +85,7 @@ def test_the_note_lifecycle_through_the_cli(env: dict[str, str]) -> None:
     assert code == 1 and bad["error"]["code"] == "INVALID_PARAMETER" and "confidence" in bad["error"]["message"]
 
     tail = subprocess.run(
-        [sys.executable, "-m", "services.cli", "tail", "--from-start", "--count", "4"],
+        [sys.executable, "-m", "services.cli", "tail", "--from-start", "--count", "4", "--json"],
         env=env,
         cwd=ROOT,
         capture_output=True,

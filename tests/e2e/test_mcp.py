@@ -4,6 +4,7 @@ own client session, against a running `engram serve`."""
 from __future__ import annotations
 
 import json
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -120,7 +121,10 @@ def test_mcp_refuses_a_user_id_the_contract_refuses_at_start(env: dict[str, str]
     ), done.stderr
 
 
-async def test_streamable_http_serves_several_users_each_in_their_own_memory(env: dict[str, str]) -> None:
+async def test_streamable_http_serves_each_token_its_own_users_memory(env: dict[str, str]) -> None:
+    """`engram tokens create` issues a token per user; the SDK's own HTTP client presents it;
+    each sees only its own memory; without a token, or once revoked, the server answers 401."""
+    import httpx
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -137,9 +141,13 @@ async def test_streamable_http_serves_several_users_each_in_their_own_memory(env
     try:
         url = f"http://127.0.0.1:{port}/mcp"
         wait_until(lambda: _answers(port), timeout=30)
-        ids = {}
+        ids, tokens = {}, {}
         for user in ("carol", "dave"):
-            http = create_mcp_http_client(headers={"X-Engram-User": user})
+            code, made, err = cli(env, "tokens", "create", "--user", user, "--label", f"{user}'s agent")
+            assert code == 0, err
+            assert made["user_id"] == user and made["role"] == "user" and made["token"].startswith("engram_")
+            tokens[user] = made
+            http = create_mcp_http_client(headers={"Authorization": f"Bearer {made['token']}"})
             async with (
                 http,
                 streamable_http_client(url, http_client=http) as (read, write),
@@ -152,17 +160,76 @@ async def test_streamable_http_serves_several_users_each_in_their_own_memory(env
                 ids[user] = body["created"]["id"]
                 recent = await session.call_tool("list_recent_memories", {})
                 memories = json.loads(recent.content[0].text)["memories"]  # type: ignore[union-attr]
-                assert [m["id"] for m in memories] == [ids[user]], "each user sees only their own memory"
-        # A user id the contract refuses is refused when the session starts, in plain words.
-        import httpx
+                assert [m["id"] for m in memories] == [ids[user]], "each token sees only its user's memory"
 
-        refused = httpx.post(
-            url,
-            headers={"X-Engram-User": "bad user", "Accept": "application/json, text/event-stream"},
-            json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}},
-        )
-        assert refused.status_code == 400
-        assert "X-Engram-User may contain only ASCII letters, digits" in refused.text, refused.text
+        code, listed, _ = cli(env, "tokens", "list")
+        assert code == 0 and [t["id"] for t in listed["tokens"]] == [tokens["carol"]["id"], tokens["dave"]["id"]]
+        assert all("token" not in t for t in listed["tokens"]), "a token is shown once, when made"
+
+        initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+        accept = {"Accept": "application/json, text/event-stream"}
+        # The header that used to be enough names nobody now.
+        anyone = httpx.post(url, headers={**accept, "X-Engram-User": "carol"}, json=initialize)
+        assert anyone.status_code == 401, anyone.text
+        code, revoked, _ = cli(env, "tokens", "revoke", tokens["carol"]["id"])
+        assert code == 0 and revoked["revoked"]["id"] == tokens["carol"]["id"]
+        bearer = {**accept, "Authorization": f"Bearer {tokens['carol']['token']}"}
+        assert httpx.post(url, headers=bearer, json=initialize).status_code == 401
+        bearer = {**accept, "Authorization": f"Bearer {tokens['dave']['token']}"}
+        assert httpx.post(url, headers=bearer, json=initialize).status_code == 200
+        code, out, _ = cli(env, "tokens", "revoke", tokens["carol"]["id"])
+        assert code != 0 and "no token has the id" in out["error"]["message"], out
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+
+
+def test_tokens_create_refuses_what_names_nobody_or_everybody(env: dict[str, str]) -> None:
+    code, out, _ = cli(env, "tokens", "create")
+    assert code != 0 and "give --user USER, or --operator" in out["error"]["message"], out
+    code, out, _ = cli(env, "tokens", "create", "--user", "bad user")
+    assert code != 0 and "--user may contain only ASCII letters" in out["error"]["message"], out
+    code, made, err = cli(env, "tokens", "create", "--operator", "--expires-in-days", "1")
+    assert code == 0 and made["role"] == "operator" and made["user_id"] is None and made["expires_at"], err
+
+
+def test_over_tls_a_gateway_with_the_shared_secret_names_the_user(env: dict[str, str], tmp_path: Path) -> None:
+    """Beyond loopback: HTTPS from the CLI's --tls-cert/--tls-key; a gateway that authenticates
+    people itself presents the secret it was started with and names the user in the header."""
+    import httpx
+
+    from services.adapters.redis_server import free_port
+    from tests.integration.test_secure_redis import write_certificates
+
+    ca, certificate, key = write_certificates(tmp_path)
+    secret = tmp_path / "gateway.secret"
+    secret.write_text("s" * 48 + "\n")
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "services.cli", "mcp", "--profile", "memento", "--http", str(port)),
+            *("--tls-cert", str(certificate), "--tls-key", str(key), "--gateway-secret-file", str(secret)),
+        ],
+        env=env,
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: _answers(port), timeout=30)
+        url = f"https://127.0.0.1:{port}/mcp"
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+        initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}
+        accept = {"Accept": "application/json, text/event-stream", "X-Engram-User": "erin"}
+        with httpx.Client(verify=ssl.create_default_context(cafile=str(ca)), timeout=30) as https:
+            assert https.post(url, headers=accept, json=initialize).status_code == 401
+            wrong = https.post(url, headers={**accept, "Authorization": "Bearer " + "s" * 47}, json=initialize)
+            assert wrong.status_code == 401
+            started = https.post(url, headers={**accept, "Authorization": "Bearer " + "s" * 48}, json=initialize)
+            assert started.status_code == 200, started.text
+            assert '"serverInfo"' in started.text
+        with pytest.raises((httpx.RemoteProtocolError, httpx.ConnectError)):  # no plain HTTP on the TLS port
+            httpx.post(f"http://127.0.0.1:{port}/mcp", headers=accept, json=initialize, timeout=10)
     finally:
         server.terminate()
         server.wait(timeout=20)

@@ -1,19 +1,25 @@
-"""The MCP server over streamable HTTP, in this process (uvicorn on a free port, real HTTP), where
-what it keeps per user can be counted."""
+"""The MCP server over streamable HTTP, in this process (uvicorn on a free port, real HTTP, the
+SDK's bearer authentication against tokens in the real Redis), where what it keeps per user can
+be counted and who may call it is tried from every side."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 import uvicorn
 
+from contracts import channels
+from contracts.errors import EngramError
 from services.adapters.redis_server import free_port
-from services.agents.mcp_server import MAX_DISPATCHERS, USER_HEADER, Dispatchers, RefuseBadUsers, build_server
+from services.agents.mcp_server import MAX_DISPATCHERS, USER_HEADER, Dispatchers, build_server, http_app
+from services.agents.tokens import EngramTokenVerifier, GatewayVerifier, TokenRegistry
 from services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
 
@@ -23,28 +29,31 @@ PROTOCOL = "2025-06-18"
 
 
 class McpHttp:
-    """One MCP session over HTTP; each call may name another user in the header."""
+    """One MCP session over HTTP with one bearer token (or none); each call may name a user in
+    the header (None: no header)."""
 
-    def __init__(self, http: httpx.AsyncClient, url: str) -> None:
+    def __init__(self, http: httpx.AsyncClient, url: str, token: str | None) -> None:
         self.http, self.url = http, url
         self.headers = {"Accept": "application/json, text/event-stream"}
+        if token is not None:
+            self.headers["Authorization"] = f"Bearer {token}"
         self.ids = 0
 
-    async def post(self, user: str, method: str, params: dict[str, Any] | None = None) -> httpx.Response:
+    async def post(self, user: str | None, method: str, params: dict[str, Any] | None = None) -> httpx.Response:
         self.ids += 1
         message: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "params": params or {}}
         if not method.startswith("notifications/"):
             message["id"] = self.ids
-        return await self.http.post(self.url, headers={**self.headers, USER_HEADER: user}, json=message)
+        named = {USER_HEADER: user} if user is not None else {}
+        return await self.http.post(self.url, headers={**self.headers, **named}, json=message)
 
-    async def start(self, user: str) -> None:
-        info = {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}
-        started = await self.post(user, "initialize", info)
+    async def start(self, user: str | None) -> None:
+        started = await self.post(user, "initialize", INITIALIZE)
         assert started.status_code == 200, started.text
         self.headers |= {"mcp-session-id": started.headers["mcp-session-id"], "mcp-protocol-version": PROTOCOL}
         assert (await self.post(user, "notifications/initialized")).status_code == 202
 
-    async def call(self, user: str, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    async def call(self, user: str | None, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
         answered = await self.post(user, "tools/call", {"name": tool, "arguments": arguments})
         assert answered.status_code == 200, answered.text
         data = next(line[5:] for line in answered.text.splitlines() if line.startswith("data:"))
@@ -52,13 +61,29 @@ class McpHttp:
         return result
 
 
+INITIALIZE = {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}
+GATEWAY_SECRET = "g" * 40
+
+
+class Front:
+    """An MCP server over HTTP on a free port, checking tokens in the real Redis, and its parts."""
+
+    def __init__(self, url: str, http: httpx.AsyncClient, registry: TokenRegistry, dispatchers: Dispatchers) -> None:
+        self.url, self.http, self.registry, self.dispatchers = url, http, registry, dispatchers
+
+    def session(self, token: str | None) -> McpHttp:
+        return McpHttp(self.http, self.url, token)
+
+
 @pytest.fixture
-async def served(redis_url: str) -> AsyncIterator[tuple[McpHttp, Dispatchers]]:
+async def front(redis_url: str) -> AsyncIterator[Front]:
     running = await RunningService(service_settings(redis_url, index_enabled=False)).start()
     try:
-        async with EngramClient(redis_url) as client:
+        async with EngramClient(redis_url) as client, aioredis.Redis.from_url(redis_url) as redis:
+            registry = TokenRegistry(redis)
+            verifier = EngramTokenVerifier(registry, GatewayVerifier(GATEWAY_SECRET))
             dispatchers = Dispatchers(client, "engram")
-            app = RefuseBadUsers(build_server(client, "engram", None, dispatchers=dispatchers).streamable_http_app())
+            app = http_app(build_server(client, "engram", None, dispatchers=dispatchers), verifier)
             web = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
             serving = asyncio.create_task(web.serve())
             while not web.started:
@@ -66,14 +91,21 @@ async def served(redis_url: str) -> AsyncIterator[tuple[McpHttp, Dispatchers]]:
                 await asyncio.sleep(0.01)
             try:
                 async with httpx.AsyncClient(timeout=30) as http:
-                    session = McpHttp(http, f"http://127.0.0.1:{web.config.port}/mcp")
-                    await session.start("alice")
-                    yield session, dispatchers
+                    yield Front(f"http://127.0.0.1:{web.config.port}/mcp", http, registry, dispatchers)
             finally:
                 web.should_exit = True
                 await serving
     finally:
         await running.stop()
+
+
+@pytest.fixture
+async def served(front: Front) -> tuple[McpHttp, Dispatchers]:
+    """A session under an operator's token, which names the user per request."""
+    token, _ = await front.registry.create(user_id=None, label="test operator")
+    session = front.session(token)
+    await session.start("alice")
+    return session, front.dispatchers
 
 
 async def test_an_http_server_keeps_dispatchers_for_a_bounded_number_of_users(
@@ -92,3 +124,82 @@ async def test_an_http_server_keeps_dispatchers_for_a_bounded_number_of_users(
     listed = await session.call("alice", "list", {})
     assert [n["id"] for n in listed["notes"]] == [saved["note_id"]]
     assert dispatchers("alice").last_token == saved["token"], "the dropped token carried over"
+
+
+async def test_without_a_valid_token_every_request_is_401_and_no_tool_runs(front: Front) -> None:
+    """The header alone named the user: any process reaching the port acted as anyone. Now a
+    request without a token, with a made-up one, with a revoked or an expired one, is refused
+    by the SDK's bearer check before the session sees it, whatever header it sends."""
+    token, _ = await front.registry.create(user_id="alice")
+    revoked, revoked_record = await front.registry.create(user_id="alice")
+    assert await front.registry.revoke(revoked_record.id) == revoked_record
+    expired, _ = await front.registry.create(
+        user_id="alice", expires_in=timedelta(seconds=1), now=datetime.now(UTC) - timedelta(seconds=10)
+    )
+    save = {"name": "save", "arguments": {"content": "the door code is 4312"}}
+    for presented in (None, "engram_not-a-token", token + "x", revoked, expired, GATEWAY_SECRET[:-1], "alice"):
+        anyone = front.session(presented)
+        for method, params in (("initialize", INITIALIZE), ("tools/list", {}), ("tools/call", save)):
+            refused = await anyone.post("alice", method, params)
+            assert refused.status_code == 401, (presented, method, refused.text)
+            assert refused.headers["www-authenticate"].startswith("Bearer "), refused.headers
+    # Nothing of the refused saves reached the bus.
+    owner = front.session(token)
+    await owner.start(None)
+    assert (await owner.call(None, "list", {}))["notes"] == []
+
+
+async def test_a_users_token_acts_as_that_user_only(front: Front) -> None:
+    alice_token, _ = await front.registry.create(user_id="alice")
+    bob_token, _ = await front.registry.create(user_id="bob")
+    alice, bob = front.session(alice_token), front.session(bob_token)
+    await alice.start(None)
+    await bob.start("bob")  # a header naming the token's own user is allowed
+    saved = await alice.call(None, "save", {"content": "Alec is my boss"})
+    assert "token" in saved, saved
+    assert [n["id"] for n in (await alice.call(None, "list", {}))["notes"]] == [saved["note_id"]]
+    assert (await bob.call(None, "list", {}))["notes"] == [], "bob's token reads bob's memory"
+    # Naming another user with a user's token is refused before any tool runs.
+    stolen = await bob.post("alice", "tools/call", {"name": "list", "arguments": {}})
+    assert stolen.status_code == 403, stolen.text
+    assert "acts as user 'bob' only" in stolen.text
+    # A session belongs to the token that opened it: another token cannot ride on it.
+    riding = McpHttp(front.http, front.url, bob_token)
+    riding.headers |= {k: v for k, v in alice.headers.items() if k.startswith("mcp-")}
+    hijack = await riding.post(None, "tools/call", {"name": "list", "arguments": {}})
+    assert hijack.status_code in (403, 404), hijack.text
+    assert saved["note_id"] not in hijack.text
+
+
+async def test_tokens_are_kept_as_hashes_and_revoked_from_the_next_request(front: Front, redis_url: str) -> None:
+    token, record = await front.registry.create(user_id="carol", label="carol's laptop")
+    session = front.session(token)
+    await session.start(None)
+    assert "error" not in await session.call(None, "list", {})
+    async with aioredis.Redis.from_url(redis_url) as redis:
+        stored = await redis.hgetall(channels.TOKENS_KEY)
+    assert token.encode() not in b"".join([*stored.keys(), *stored.values()])
+    assert [r.id for r in await front.registry.records()] == [record.id]
+    await front.registry.revoke(record.id)
+    refused = await session.post(None, "tools/call", {"name": "list", "arguments": {}})
+    assert refused.status_code == 401, refused.text
+
+
+async def test_a_gateways_secret_names_the_user_in_the_header(front: Front) -> None:
+    """Only a server started with the gateway's secret takes the header's word, and only with
+    that secret; the header must name a user the contracts accept."""
+    gateway = front.session(GATEWAY_SECRET)
+    await gateway.start("dave")
+    saved = await gateway.call("dave", "save", {"content": "dave keeps bees"})
+    assert "token" in saved, saved
+    assert [n["id"] for n in (await gateway.call("dave", "list", {}))["notes"]] == [saved["note_id"]]
+    assert (await gateway.call("erin", "list", {}))["notes"] == []
+    unnamed = await gateway.call(None, "list", {})
+    assert unnamed["error"]["code"] == "INVALID_PARAMETER" and USER_HEADER in unnamed["error"]["message"]
+    bad = await gateway.post("bad user", "tools/call", {"name": "list", "arguments": {}})
+    assert bad.status_code == 400 and "X-Engram-User may contain only" in bad.text, bad.text
+
+
+def test_a_gateway_secret_too_short_to_be_safe_is_refused() -> None:
+    with pytest.raises(EngramError, match="at least 32 characters"):
+        GatewayVerifier("short")

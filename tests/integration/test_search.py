@@ -43,6 +43,11 @@ async def test_hybrid_search_finds_by_meaning_and_by_rare_keyword(client: Engram
     assert 0 < meaning.results[0].similarity <= 1 and meaning.results[0].score > 0
     assert (await top(client, "alice", "what food must I avoid"))[0] == "I am allergic to peanuts"
     assert (await top(client, "alice", "Zephyrine"))[0] == "Project Zephyrine uses PostgreSQL 16 and Kafka"
+    # Each hit says the parts the fusion weighed: the rare word's note scores on keywords, a
+    # note found by meaning alone on the cosine only.
+    rare = (await client.search("alice", "Zephyrine", after=token)).results
+    assert rare[0].keyword > 0 and all(h.keyword == 0 for h in rare[1:]), [(h.content, h.keyword) for h in rare]
+    assert meaning.results[0].keyword == 0, "no word of the question is in 'Alec is my boss at TechCorp'"
     assert await top(client, "alice", "pets", top_k=1) == ["My dog Max needs a walk at 7am every day"]
     assert len((await client.search("alice", "anything at all", top_k=20)).results) == len(FACTS)
     only = await top(client, "alice", "what do I like", category="preference")

@@ -1,7 +1,9 @@
 """The deployment files (issue 19): the image runs unprivileged, and compose.yaml exposes
-nothing, metrics included, beyond its internal network."""
+nothing, metrics included, beyond its internal network; (issue 18) Redis has a user per role."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from tests.support import ROOT
 
@@ -23,3 +25,28 @@ def test_compose_keeps_every_service_and_the_metrics_on_an_internal_network() ->
         networks = set(service.get("networks", []))
         # Metrics on 0.0.0.0 are safe only where every network the container joins is internal.
         assert networks and networks <= internal, f"{name} joins a network that is not internal: {networks}"
+
+
+def test_compose_runs_redis_with_a_user_per_role_and_gives_the_service_its_url_as_a_secret() -> None:
+    """Issue 18: no client holds the keys to everything. Redis loads the ACL file `engram acl
+    --write secrets` makes (default user off); the workers read the service role's URL from a
+    secret; no password sits in compose.yaml or in a container's environment."""
+    import yaml
+
+    from services.ops import acl
+
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    secret_files = {name: Path(secret["file"]).name for name, secret in compose["secrets"].items()}
+    redis = compose["services"]["redis"]
+    command = redis["command"]
+    aclfile = command[command.index("--aclfile") + 1]
+    assert aclfile.startswith("/run/secrets/") and aclfile.removeprefix("/run/secrets/") in redis["secrets"]
+    assert secret_files[aclfile.removeprefix("/run/secrets/")] == acl.ACL_FILE
+    assert acl.PREAMBLE[1].split()[1] in redis["healthcheck"]["test"], "the health check logs in as its PING-only user"
+    for name, service in compose["services"].items():
+        environment = service.get("environment") or {}
+        assert not any("@" in str(value) for value in environment.values()), f"{name}: credentials in the environment"
+        if name.startswith("engram"):
+            assert "ENGRAM_REDIS_URL" not in environment and "REDIS_URL" not in environment, name
+            secret = environment["ENGRAM_REDIS_URL_FILE"].removeprefix("/run/secrets/")
+            assert secret in service["secrets"] and secret_files[secret] == acl.url_file("service"), name

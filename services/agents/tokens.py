@@ -1,0 +1,157 @@
+"""Who may call the MCP server over HTTP: bearer tokens, each bound to one user or to the
+operator role, issued and revoked with ``engram tokens``.
+
+A token is 256 random bits shown once, when it is made; Redis keeps only its SHA-256 (a slow
+password hash buys nothing against a random secret of that size, and the check runs on every
+request). The records live in one hash, ``engram:tokens`` (digest -> record), so every front
+door that reaches the service's Redis sees a revocation on its next request.
+
+The MCP SDK checks the ``Authorization: Bearer`` header (``mcp.server.auth``: the server acts as
+an OAuth resource server whose tokens come from this registry rather than from an authorization
+server's flow); ``EngramTokenVerifier`` is the verifier it calls. A gateway that authenticates
+people itself may instead present one shared secret and name the user in ``X-Engram-User``,
+only when the server is started with that secret (``GatewayVerifier``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+import msgspec
+from mcp.server.auth.provider import AccessToken
+from redis.asyncio import Redis
+
+from contracts import channels
+from contracts.errors import EngramError, ErrorCode
+from services.application.decoding import check_user_id
+
+Role = Literal["user", "operator"]
+
+# What a token lets its bearer do, as the SDK's scopes: a user's token acts as its user only;
+# an operator's, and the gateway's secret, act as the user each request names.
+USER_SCOPE = "engram:user"
+OPERATOR_SCOPE = "engram:operator"
+GATEWAY_SCOPE = "engram:gateway"
+
+TOKEN_PREFIX = "engram_"
+# Enough of the digest to name a token in a listing and to revoke it, and nothing that helps
+# anyone guess the token.
+ID_CHARS = 12
+MAX_LABEL_CHARS = 200
+
+
+class TokenRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What Redis keeps of a token: never the token itself."""
+
+    id: str
+    role: Role
+    user_id: str | None
+    label: str = ""
+    created_at: datetime
+    expires_at: datetime | None = None
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class TokenRegistry:
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+
+    async def create(
+        self,
+        *,
+        user_id: str | None,
+        label: str = "",
+        expires_in: timedelta | None = None,
+        now: datetime | None = None,
+    ) -> tuple[str, TokenRecord]:
+        """A new token for ``user_id`` (None: the operator role), and its record. The token is
+        returned here only."""
+        if user_id is not None:
+            check_user_id(user_id, "--user")
+        if len(label) > MAX_LABEL_CHARS:
+            raise EngramError(ErrorCode.INVALID_PARAMETER, f"a label has at most {MAX_LABEL_CHARS} characters")
+        if expires_in is not None and expires_in <= timedelta(0):
+            raise EngramError(ErrorCode.INVALID_PARAMETER, "a token's lifetime must be positive")
+        created = now or datetime.now(UTC)
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        key = digest(token)
+        record = TokenRecord(
+            id=key[:ID_CHARS],
+            role="user" if user_id is not None else "operator",
+            user_id=user_id,
+            label=label,
+            created_at=created,
+            expires_at=created + expires_in if expires_in is not None else None,
+        )
+        await self._redis.hset(channels.TOKENS_KEY, key, msgspec.json.encode(record))
+        return token, record
+
+    async def records(self) -> list[TokenRecord]:
+        """Every token's record, oldest first."""
+        stored = await self._redis.hgetall(channels.TOKENS_KEY)
+        found = [msgspec.json.decode(raw, type=TokenRecord) for raw in stored.values()]
+        return sorted(found, key=lambda r: (r.created_at, r.id))
+
+    async def revoke(self, token_id: str) -> TokenRecord | None:
+        """Forget the token named by ``token_id`` (its listed id); None when there is none. The
+        next request that presents it is refused."""
+        for key, raw in (await self._redis.hgetall(channels.TOKENS_KEY)).items():
+            record = msgspec.json.decode(raw, type=TokenRecord)
+            if record.id == token_id:
+                await self._redis.hdel(channels.TOKENS_KEY, key)
+                return record
+        return None
+
+    async def find(self, token: str) -> TokenRecord | None:
+        raw = await self._redis.hget(channels.TOKENS_KEY, digest(token))
+        return msgspec.json.decode(raw, type=TokenRecord) if raw is not None else None
+
+
+class EngramTokenVerifier:
+    """The SDK's ``TokenVerifier`` over the registry (and, when given, the gateway's secret)."""
+
+    def __init__(self, registry: TokenRegistry, gateway: GatewayVerifier | None = None) -> None:
+        self._registry = registry
+        self._gateway = gateway
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        if self._gateway is not None and self._gateway.matches(token):
+            return AccessToken(token=token, client_id="gateway", scopes=[GATEWAY_SCOPE])
+        if not token.startswith(TOKEN_PREFIX):
+            return None
+        record = await self._registry.find(token)
+        if record is None:
+            return None
+        # The SDK refuses a token past expires_at before any route runs.
+        expires = int(record.expires_at.timestamp()) if record.expires_at is not None else None
+        if record.role == "user":
+            return AccessToken(
+                token=token, client_id=record.id, scopes=[USER_SCOPE], subject=record.user_id, expires_at=expires
+            )
+        return AccessToken(token=token, client_id=record.id, scopes=[OPERATOR_SCOPE], expires_at=expires)
+
+
+# A shared secret shorter than this is refused: the gateway's secret is the key to every user.
+MIN_GATEWAY_SECRET_CHARS = 32
+
+
+class GatewayVerifier:
+    def __init__(self, secret: str) -> None:
+        secret = secret.strip()
+        if len(secret) < MIN_GATEWAY_SECRET_CHARS:
+            raise EngramError(
+                ErrorCode.INVALID_PARAMETER,
+                f"the gateway's secret must be at least {MIN_GATEWAY_SECRET_CHARS} characters "
+                "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)",
+            )
+        self._secret = secret.encode()
+
+    def matches(self, presented: str) -> bool:
+        return hmac.compare_digest(presented.encode(), self._secret)

@@ -1,0 +1,2 @@
+"""The memory console (`engram console`): see, search, trace and forget what an agent remembers,
+in a browser."""

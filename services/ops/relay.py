@@ -1,0 +1,346 @@
+"""``engram relay``: memory events as signed webhooks.
+
+The relay is a subscriber like any other (``services/bus/subscription.py``: a consumer group of
+its own on every partition's log). It posts each event as JSON to one URL and acknowledges the
+entry only after a 2xx, so a relay that dies comes back to what it had not delivered. A delivery
+that keeps failing is retried with exponential backoff and jitter, then moved to a dead-letter
+stream (``engram:relay:<group>:dead``) and acknowledged, so one poisoned event does not hold the
+rest back forever. Events of one note are posted in log order: deliveries go to lanes by note,
+one post at a time per lane, several lanes at once.
+
+Each post is signed as Stripe and GitHub sign theirs, so a receiver can tell it comes from this
+relay and is not a replay:
+
+    Engram-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>." + body)>
+
+``verify`` checks one (the signature, and that ``t`` is within the replay window). Every post
+carries ``Engram-Event-Id``: a receiver drops a copy it has already taken (a retry after a lost
+2xx, a redelivery after a crash), which is the only way a duplicate arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import random
+import time
+import zlib
+from collections.abc import AsyncIterable, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+import msgspec
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from redis.asyncio import Redis
+
+from contracts import channels
+from contracts.events import AnyEvent
+
+log = logging.getLogger("engram.relay")
+
+SIGNATURE_HEADER = "Engram-Signature"
+EVENT_ID_HEADER = "Engram-Event-Id"
+EVENT_TYPE_HEADER = "Engram-Event-Type"
+ATTEMPT_HEADER = "Engram-Delivery-Attempt"
+# "true" when the relay's group had handed this entry out before (a relay restarted after a crash
+# posts again what it had not acknowledged): a receiver may have it already.
+REDELIVERED_HEADER = "Engram-Redelivered"
+# How old a signed timestamp a receiver should accept (seconds), against replays.
+REPLAY_WINDOW_SECONDS = 300
+# Dead letters kept per relay group; the oldest go first.
+DEAD_LETTERS_KEPT = 10_000
+
+
+class Delivery(Protocol):
+    """What the relay needs of a subscription's delivery."""
+
+    partition: int
+    position: str
+    event: AnyEvent
+    redelivered: bool
+
+    async def ack(self) -> None: ...
+
+
+class Payload(msgspec.Struct, frozen=True, kw_only=True):
+    """The JSON body of a webhook post."""
+
+    id: str  # the event id: the same on every retry and redelivery
+    type: str
+    partition: int
+    position: str
+    event: AnyEvent
+
+
+def payload_of(delivery: Delivery) -> bytes:
+    event = delivery.event
+    return msgspec.json.encode(
+        Payload(
+            id=event.event_id,
+            type=str(event.__struct_config__.tag),
+            partition=delivery.partition,
+            position=delivery.position,
+            event=event,
+        )
+    )
+
+
+def sign(secret: bytes, body: bytes, timestamp: int) -> str:
+    digest = hmac.new(secret, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={digest}"
+
+
+def verify(
+    secret: bytes, body: bytes, header: str, *, now: float | None = None, window: int = REPLAY_WINDOW_SECONDS
+) -> bool:
+    """A receiver's check: the header signs this body with this secret, and its time is within
+    ``window`` seconds of now."""
+    parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
+    try:
+        timestamp = int(parts["t"])
+    except (KeyError, ValueError):
+        return False
+    if abs((now if now is not None else time.time()) - timestamp) > window:
+        return False
+    return hmac.compare_digest(sign(secret, body, timestamp), f"t={timestamp},v1={parts.get('v1', '')}")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 8
+    first_delay: float = 0.2
+    max_delay: float = 30.0
+
+    def delay(self, attempt: int) -> float:
+        """Before attempt ``attempt + 1``: exponential, with full jitter so that many failed
+        posts do not come back at the same instant."""
+        return random.uniform(0, min(self.max_delay, self.first_delay * 2 ** (attempt - 1)))
+
+
+class RelayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.delivered = Counter("engram_relay_delivered", "events posted and answered 2xx", registry=registry)
+        self.failures = Counter(
+            "engram_relay_failed_attempts", "posts that failed (non-2xx, or no answer)", ["reason"], registry=registry
+        )
+        self.dead_lettered = Counter(
+            "engram_relay_dead_lettered",
+            "events moved to the dead letters after every attempt failed",
+            registry=registry,
+        )
+        self.lag = Gauge(
+            "engram_relay_lag_entries",
+            "log entries the relay's group has not yet delivered",
+            ["partition"],
+            registry=registry,
+        )
+        self.pending = Gauge(
+            "engram_relay_pending_entries", "entries read but not yet acknowledged", ["partition"], registry=registry
+        )
+
+
+class WebhookRelay:
+    def __init__(
+        self,
+        url: str,
+        secret: bytes,
+        group: str,
+        redis: Redis,
+        http: httpx.AsyncClient,
+        *,
+        retry: RetryPolicy = RetryPolicy(),
+        lanes: int = 8,
+        metrics: RelayMetrics | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._url = url
+        self._secret = secret
+        self._group = group
+        self._redis = redis
+        self._http = http
+        self._retry = retry
+        self._lanes = lanes
+        self._metrics = metrics
+        self._sleep = sleep
+
+    async def run(self, deliveries: AsyncIterable[Delivery]) -> None:
+        """Relay until ``deliveries`` ends (or the task is cancelled)."""
+        queues: list[asyncio.Queue[Delivery | None]] = [asyncio.Queue(maxsize=256) for _ in range(self._lanes)]
+        workers = [asyncio.create_task(self._lane(q), name=f"relay-lane-{i}") for i, q in enumerate(queues)]
+        try:
+            async for delivery in deliveries:
+                lane = zlib.crc32(f"{delivery.event.user_id}/{delivery.event.note_id}".encode()) % self._lanes
+                await queues[lane].put(delivery)
+                for worker in workers:
+                    if worker.done():
+                        worker.result()  # a lane's own bug surfaces rather than stalling
+            for q in queues:
+                await q.put(None)
+            await asyncio.gather(*workers)
+        finally:
+            for worker in workers:
+                worker.cancel()
+            for worker in workers:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await worker
+
+    async def _lane(self, queue: asyncio.Queue[Delivery | None]) -> None:
+        while (delivery := await queue.get()) is not None:
+            await self.deliver(delivery)
+
+    async def deliver(self, delivery: Delivery) -> None:
+        """Post until a 2xx or the last attempt, dead-letter if every attempt failed, then ack."""
+        body = payload_of(delivery)
+        error = ""
+        for attempt in range(1, self._retry.attempts + 1):
+            error = await self._post(delivery, body, attempt)
+            if not error:
+                if self._metrics is not None:
+                    self._metrics.delivered.inc()
+                await delivery.ack()
+                return
+            if attempt < self._retry.attempts:
+                await self._sleep(self._retry.delay(attempt))
+        log.warning(
+            "event %s failed %d times (last: %s): moved to %s",
+            delivery.event.event_id,
+            self._retry.attempts,
+            error,
+            channels.relay_dead_letters(self._group),
+        )
+        await self._redis.xadd(
+            channels.relay_dead_letters(self._group),
+            {"body": body, "error": error, "attempts": self._retry.attempts, "url": self._url},
+            maxlen=DEAD_LETTERS_KEPT,
+            approximate=True,
+        )
+        if self._metrics is not None:
+            self._metrics.dead_lettered.inc()
+        await delivery.ack()
+
+    async def _post(self, delivery: Delivery, body: bytes, attempt: int) -> str:
+        """The failure ("" for a 2xx)."""
+        headers = {
+            "Content-Type": "application/json",
+            SIGNATURE_HEADER: sign(self._secret, body, int(time.time())),
+            EVENT_ID_HEADER: delivery.event.event_id,
+            EVENT_TYPE_HEADER: str(delivery.event.__struct_config__.tag),
+            ATTEMPT_HEADER: str(attempt),
+            REDELIVERED_HEADER: "true" if delivery.redelivered else "false",
+        }
+        try:
+            answer = await self._http.post(self._url, content=body, headers=headers)
+        except httpx.HTTPError as e:
+            self._count_failure("no answer")
+            return f"{type(e).__name__}: {e}"
+        if 200 <= answer.status_code < 300:
+            return ""
+        self._count_failure(str(answer.status_code))
+        return f"HTTP {answer.status_code}"
+
+    def _count_failure(self, reason: str) -> None:
+        if self._metrics is not None:
+            self._metrics.failures.labels(reason=reason).inc()
+
+
+async def watch_lag(
+    redis: Redis, group: str, partitions: list[int], metrics: RelayMetrics, stop: asyncio.Event
+) -> None:
+    """The lag and pending gauges, from XINFO GROUPS every few seconds."""
+    while not stop.is_set():
+        for p in partitions:
+            with contextlib.suppress(Exception):  # a gauge is not worth stopping the relay for
+                groups: list[dict[Any, Any]] = await redis.xinfo_groups(channels.event_log(p))
+                mine = next((g for g in groups if _text(g.get("name")) == group), None)
+                if mine is not None:
+                    metrics.lag.labels(partition=str(p)).set(mine.get("lag") or 0)
+                    metrics.pending.labels(partition=str(p)).set(mine.get("pending") or 0)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 5)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# A relay's own deliveries are claimed back only after this long: a post retried with backoff
+# (or queued behind one in its lane) must not be handed out a second time meanwhile. A relay that
+# restarts takes its own pending entries back at once, whatever this is.
+RELAY_CLAIM_IDLE_MS = 600_000
+
+
+@dataclass(frozen=True)
+class RelayOptions:
+    url: str
+    group: str
+    secret: bytes
+    kinds: list[str] | None = None
+    users: list[str] | None = None
+    from_start: bool = False
+    key: Any = None  # the master key, to post the content of notes not forgotten
+    metrics_port: int | None = None
+    lanes: int = 8
+    retry: RetryPolicy = RetryPolicy()
+    timeout: float = 10.0
+
+
+async def run_relay(redis_url: str, cluster: bool, options: RelayOptions, stop: asyncio.Event) -> None:
+    """Relay until ``stop`` is set. What was read and not yet delivered is left unacknowledged
+    and comes back to the next run."""
+    from prometheus_client import start_http_server
+
+    from services.adapters.redis_conn import close_redis, open_redis
+    from services.bus.subscription import Subscription
+
+    redis = open_redis(redis_url, cluster)
+    registry = CollectorRegistry()
+    metrics = RelayMetrics(registry)
+    metrics_server = None
+    if options.metrics_port is not None:
+        metrics_server, _ = start_http_server(options.metrics_port, "127.0.0.1", registry=registry)
+    subscription = Subscription.connect(
+        redis_url,
+        options.group,
+        cluster=cluster,
+        from_start=options.from_start,
+        users=options.users,
+        kinds=options.kinds,
+        key=options.key,
+        claim_idle_ms=RELAY_CLAIM_IDLE_MS,
+    )
+    watcher: asyncio.Task[None] | None = None
+    try:
+        async with httpx.AsyncClient(timeout=options.timeout) as http, subscription:
+            watcher = asyncio.create_task(watch_lag(redis, options.group, subscription.partitions, metrics, stop))
+            relay = WebhookRelay(
+                options.url,
+                options.secret,
+                options.group,
+                redis,
+                http,
+                retry=options.retry,
+                lanes=options.lanes,
+                metrics=metrics,
+            )
+            log.info("relaying the log to %s as group %s", options.url, options.group)
+            relaying = asyncio.create_task(relay.run(subscription))
+            stopped = asyncio.create_task(stop.wait())
+            await asyncio.wait({relaying, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if relaying.done():
+                relaying.result()
+            relaying.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await relaying
+    finally:
+        stop.set()
+        if watcher is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        if metrics_server is not None:
+            metrics_server.shutdown()
+        await close_redis(redis)

@@ -1,0 +1,220 @@
+"""`engram relay`'s webhooks (issue 17, item 5), in this process: the real subscription on the real
+log, posts over real HTTP to a receiver on loopback that refuses some and is restarted midway."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import msgspec
+import pytest
+import redis.asyncio as aioredis
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from contracts import channels
+from services.adapters.redis_server import free_port
+from services.bus.client import EngramClient
+from services.ops.relay import (
+    ATTEMPT_HEADER,
+    EVENT_ID_HEADER,
+    REDELIVERED_HEADER,
+    SIGNATURE_HEADER,
+    RelayOptions,
+    RetryPolicy,
+    run_relay,
+    verify,
+)
+from tests.conftest import RunningService
+
+pytestmark = pytest.mark.integration
+
+SECRET = b"relay-test-secret-of-some-length"
+
+
+@dataclass
+class Receiver:
+    """A webhook receiver that answers 500 to every ``fail_every``-th post (and always to the
+    events named in ``always_fail``), checking every signature."""
+
+    port: int
+    fail_every: int = 10
+    always_fail: set[str] = field(default_factory=set)
+    delay: float = 0.0  # seconds each post takes to answer
+    accepted: list[tuple[str, int]] = field(default_factory=list)  # (event id, attempt)
+    seen: list[tuple[str, int, bool]] = field(default_factory=list)  # (event id, attempt, redelivered)
+    refused: list[str] = field(default_factory=list)
+    bad_signatures: int = 0
+    bodies: dict[str, dict[str, object]] = field(default_factory=dict)
+    _count: itertools.count[int] = field(default_factory=itertools.count)
+    _server: uvicorn.Server | None = None
+    _task: asyncio.Task[None] | None = None
+
+    async def post(self, request: Request) -> Response:
+        body = await request.body()
+        await asyncio.sleep(self.delay)
+        if not verify(SECRET, body, request.headers.get(SIGNATURE_HEADER, "")):
+            self.bad_signatures += 1
+            return Response(status_code=401)
+        event_id = request.headers[EVENT_ID_HEADER]
+        if self.refuse(event_id):
+            self.refused.append(event_id)
+            return Response(status_code=500)
+        attempt = int(request.headers[ATTEMPT_HEADER])
+        self.accepted.append((event_id, attempt))
+        self.seen.append((event_id, attempt, request.headers[REDELIVERED_HEADER] == "true"))
+        self.bodies[event_id] = msgspec.json.decode(body)
+        return Response(status_code=204)
+
+    async def start(self) -> None:
+        app = Starlette(routes=[Route("/hook", self.post, methods=["POST"])])
+        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self._task = asyncio.create_task(self._server.serve())
+        while not self._server.started:
+            assert not self._task.done(), "the receiver did not start"
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        assert self._server is not None and self._task is not None
+        self._server.should_exit = True
+        await self._task
+
+    def refuse(self, event_id: str) -> bool:
+        return event_id in self.always_fail or next(self._count) % self.fail_every == self.fail_every - 1
+
+    def first_seen(self, event_id: str) -> tuple[str, int, bool]:
+        return next(s for s in self.seen if s[0] == event_id)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+
+async def log_event_ids(redis_url: str, partitions: int) -> list[str]:
+    async with aioredis.Redis.from_url(redis_url) as redis:
+        ids = []
+        for p in range(partitions):
+            for _, fields in await redis.xrange(channels.event_log(p)):
+                ids.append(msgspec.json.decode(fields[b"e"])["event_id"])
+        return ids
+
+
+@pytest.fixture
+async def service(redis_url: str) -> AsyncIterator[RunningService]:
+    from tests.conftest import service_settings
+
+    running = await RunningService(service_settings(redis_url, index_enabled=False, partitions=2)).start()
+    yield running
+    await running.stop()
+
+
+async def write_load(redis_url: str, users: int, notes: int, first: int) -> None:
+    async with EngramClient(redis_url, timeout=30, operator=True) as client:
+        for n in range(first, first + notes):
+            for u in range(users):
+                user = f"user-{u}"
+                written = await client.save(user, f"note {n} of {user}")
+                if n % 3 == 0:
+                    await client.update(user, written.note_id, content=f"note {n} of {user}, changed")
+                if n % 5 == 0:
+                    await client.forget(user, note_ids=[written.note_id], confirmed=True)
+
+
+async def test_every_event_reaches_a_flaky_receiver_that_restarts_with_duplicates_only_on_retries(
+    service: RunningService, redis_url: str
+) -> None:
+    receiver = Receiver(free_port())
+    await receiver.start()
+    stop = asyncio.Event()
+    options = RelayOptions(
+        url=receiver.url,
+        group="audit",
+        secret=SECRET,
+        from_start=True,
+        retry=RetryPolicy(attempts=20, first_delay=0.05, max_delay=0.5),
+    )
+    relaying = asyncio.create_task(run_relay(redis_url, False, options, stop))
+    try:
+        await write_load(redis_url, users=4, notes=15, first=0)
+        # The receiver goes away while events keep coming, and comes back on the same port.
+        await receiver.stop()
+        await write_load(redis_url, users=4, notes=15, first=15)
+        await asyncio.sleep(0.5)
+        await receiver.start()
+        expected = await log_event_ids(redis_url, 2)
+
+        async def all_in() -> None:
+            while not set(expected) <= {i for i, _ in receiver.accepted}:
+                assert not relaying.done(), relaying
+                await asyncio.sleep(0.1)
+
+        await asyncio.wait_for(all_in(), 60)
+    finally:
+        stop.set()
+        await asyncio.wait_for(relaying, 30)
+        await receiver.stop()
+
+    assert receiver.bad_signatures == 0
+    assert receiver.refused, "the receiver refused some posts, which were retried"
+    # Posts tried while the receiver was away failed to connect, and were retried until it was back.
+    assert [i for i, a in receiver.accepted if a > 1 and i not in receiver.refused], receiver.accepted
+    copies = Counter(i for i, _ in receiver.accepted)
+    assert set(copies) == set(expected), "every event of the log, and nothing else"
+    # A second copy of an event is only ever a retry of a post whose answer was lost.
+    for event_id, attempt in receiver.accepted:
+        if copies[event_id] > 1:
+            assert attempt > 1 or any(i == event_id and a > 1 for i, a in receiver.accepted), event_id
+    assert sum(copies.values()) - len(copies) <= len(receiver.refused) + 1
+    # A post carries the typed event and where it is in the log.
+    sample = receiver.bodies[expected[0]]
+    assert sample["id"] == expected[0] and sample["type"] == "note_saved"
+    assert isinstance(sample["event"], dict) and sample["event"]["event_id"] == expected[0]
+    assert str(sample["event"]["content"]).startswith("enc1:") or sample["event"]["content"] in ("", None)
+
+
+async def test_an_event_that_keeps_failing_is_dead_lettered_and_the_rest_flow(
+    service: RunningService, redis_url: str
+) -> None:
+    async with EngramClient(redis_url, timeout=30, operator=True) as client:
+        first = await client.save("alice", "poisoned")
+        second = await client.save("alice", "fine")
+    ids = await log_event_ids(redis_url, 2)
+    receiver = Receiver(free_port(), fail_every=10**9, always_fail={ids[0]})
+    await receiver.start()
+    stop = asyncio.Event()
+    options = RelayOptions(
+        url=receiver.url, group="crm", secret=SECRET, from_start=True, retry=RetryPolicy(3, 0.01, 0.02)
+    )
+    relaying = asyncio.create_task(run_relay(redis_url, False, options, stop))
+    try:
+
+        async def delivered() -> None:
+            while ids[1] not in {i for i, _ in receiver.accepted}:
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(delivered(), 30)
+        async with aioredis.Redis.from_url(redis_url) as redis:
+
+            async def dead() -> list[tuple[bytes, dict[bytes, bytes]]]:
+                while not (found := await redis.xrange(channels.relay_dead_letters("crm"))):
+                    await asyncio.sleep(0.05)
+                return found  # type: ignore[no-any-return]
+
+            ((_, letter),) = await asyncio.wait_for(dead(), 30)
+            assert msgspec.json.decode(letter[b"body"])["id"] == ids[0]
+            assert letter[b"error"] == b"HTTP 500" and letter[b"attempts"] == b"3"
+            # Dead-lettered and delivered are both acknowledged: nothing stays pending.
+            pending = sum([(await redis.xpending(channels.event_log(p), "crm"))["pending"] for p in range(2)])
+            assert pending == 0
+    finally:
+        stop.set()
+        await asyncio.wait_for(relaying, 30)
+        await receiver.stop()
+    assert receiver.refused == [ids[0]] * 3
+    assert first.note_id != second.note_id
