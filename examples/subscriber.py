@@ -65,21 +65,30 @@ class Copy(msgspec.Struct):
 
 
 copies: dict[tuple[str, str], Copy] = {}
+# Notes and messages erased: (user, id). Kept (ids only) so that nothing erased comes back.
+erased: set[tuple[str, str]] = set()
 decode_event = msgspec.json.Decoder(AnyEvent).decode
 
 
 def apply(event: AnyEvent) -> None:
     """One event on the copy. Erasures first: a copy must forget what Engram forgets."""
     note = (event.user_id, event.note_id)
+    if note in erased:
+        # A save claimed late from a crashed consumer can come after its note's erasure: an
+        # erased note is never copied again.
+        return
     if isinstance(event, NoteForgotten):
+        erased.add(note)
         copies.pop(note, None)
         print(f"erased {event.user_id}/{event.note_id}", flush=True)
     elif isinstance(event, UserForgotten):
+        erased.update((event.user_id, erased_id) for erased_id in event.erased)
         for held in [n for n in copies if n[0] == event.user_id]:
             del copies[held]
         print(f"erased user {event.user_id} ({len(event.erased)} notes and messages)", flush=True)
     elif isinstance(event, SessionForgotten):
         for message_id in event.erased:
+            erased.add((event.user_id, message_id))
             copies.pop((event.user_id, message_id), None)
         print(f"erased conversation {event.session_id} of {event.user_id}", flush=True)
     elif isinstance(event, NoteSaved | MessageRecorded):

@@ -281,7 +281,7 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
         firsts = {key: chunked[texts[key][2]][0] for key in contexts if key in texts and texts[key][2]}
         earlier = {chunked[t][0] for key in firsts for t in contexts[key]}
         unique = list(dict.fromkeys([p[2] for p in pieces] + sorted(earlier)))
-        vectors = dict(zip(unique, await self._embedder.embed(unique), strict=True)) if unique else {}
+        vectors = dict(zip(unique, await self._embedder.embed(unique, background=True), strict=True)) if unique else {}
         points = []
         for key, chunk, piece in pieces:
             meta = metas[key]

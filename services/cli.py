@@ -409,8 +409,8 @@ def cmd_relay(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     if not args.url.startswith(("http://", "https://")):
         raise EngramError(ErrorCode.INVALID_PARAMETER, f"--url must be an http:// or https:// URL; got {args.url!r}")
-    if args.attempts < 1:
-        raise EngramError(ErrorCode.INVALID_PARAMETER, "--attempts must be at least 1")
+    if args.give_up_after <= 0:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, "--give-up-after must be a positive number of seconds")
     secret_file = Path(args.secret_file) if args.secret_file else settings.data_dir / "relay.secret"
     if not args.secret_file:
         # Generated once, beside the master key, for the receiver to be given.
@@ -432,7 +432,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
         from_start=args.from_start,
         key=_subscriber_key(args, settings),
         metrics_port=args.metrics_port,
-        retry=RetryPolicy(attempts=args.attempts),
+        retry=RetryPolicy(give_up_after=args.give_up_after),
     )
 
     async def go() -> None:
@@ -906,7 +906,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--from-start", action="store_true", help="a new group starts at the log's beginning")
     p.add_argument("--content", action="store_true", help="post the content of notes not forgotten (the master key)")
     p.add_argument("--key-file", help="the master key file to open content with (implies --content)")
-    p.add_argument("--attempts", type=int, default=8, help="posts of one event before it is dead-lettered")
+    p.add_argument(
+        "--give-up-after",
+        type=float,
+        default=3600.0,
+        help="seconds an event is retried before it is dead-lettered (erasures never are; default 3600)",
+    )
     p.add_argument("--metrics-port", type=int, help="Prometheus metrics on 127.0.0.1:PORT (lag, failures)")
 
     p = add("rebuild", cmd_rebuild, "rebuild a projection from the event log, then switch to it")

@@ -384,7 +384,7 @@ class HashEmbedder:
     async def start(self) -> None:
         pass
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    async def embed(self, texts: Sequence[str], *, background: bool = False) -> list[list[float]]:
         return [self._vector(t) for t in texts]
 
     def chunks(self, text: str) -> list[str]:

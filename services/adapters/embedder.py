@@ -3,7 +3,10 @@
 One model per process, loaded on first use (never at import) in a worker thread; every encode
 runs on that one thread, off the event loop. Concurrent callers are micro-batched: requests that
 arrive while an encode is running go into the next single ``encode`` call, which is how the
-model is fast on a CPU. Long texts are chunked by the model's own tokenizer to fit its window.
+model is fast on a CPU. Queries come first: bulk work (``background=True``, the index
+projection's batches) is encoded a slice at a time, and every query waiting is encoded before
+the next slice, so a search waits for at most one slice instead of a whole batch. Long texts
+are chunked by the model's own tokenizer to fit its window.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ class Embedder(Protocol):
     async def start(self) -> None:
         """Load the model, once (later calls wait for that load or return at once)."""
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        """Unit-length vectors, one per text."""
+    async def embed(self, texts: Sequence[str], *, background: bool = False) -> list[list[float]]:
+        """Unit-length vectors, one per text. ``background``: bulk work (the index projection's
+        batches), encoded after every waiting query and in slices, so that a query's embedding
+        never waits behind a batch."""
 
     def chunks(self, text: str) -> list[str]:
         """The text cut into pieces that fit the model's window (one piece for short text)."""
@@ -67,8 +72,16 @@ class MiniLMEmbedder:
     model_name = MODEL_NAME
     dimension = 384
 
-    def __init__(self, batch_size: int = 64, chunking: ChunkPolicy = ChunkPolicy(), cache_size: int = 4096) -> None:
+    def __init__(
+        self,
+        batch_size: int = 64,
+        chunking: ChunkPolicy = ChunkPolicy(),
+        cache_size: int = 4096,
+        background_slice: int = 16,
+    ) -> None:
         self._batch_size = batch_size
+        # Background texts per encode call: what a query arriving meanwhile waits for, at most.
+        self._background_slice = background_slice
         # A saved note is embedded by the index projection and, for the save's advice, by the
         # advisor (and often again by the caller's next search): recent texts are kept, and a
         # text being encoded for one caller is awaited by the others, so each is encoded once.
@@ -78,7 +91,8 @@ class MiniLMEmbedder:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedder")
         self._model: Any = None
         self._loading: asyncio.Future[None] | None = None
-        self._queue: list[str] = []
+        self._queue: list[str] = []  # queries (and save advice): encoded first, all at once
+        self._background: list[str] = []  # bulk: encoded a slice at a time, when no query waits
         self._inflight: dict[str, asyncio.Future[list[float]]] = {}
         self._draining: asyncio.Task[None] | None = None
 
@@ -102,7 +116,7 @@ class MiniLMEmbedder:
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    async def embed(self, texts: Sequence[str], *, background: bool = False) -> list[list[float]]:
         if not texts:
             return []
         known = {t: self._cache[t] for t in texts if t in self._cache}
@@ -114,22 +128,35 @@ class MiniLMEmbedder:
             loop = asyncio.get_running_loop()
             waiting: dict[str, asyncio.Future[list[float]]] = {}
             for text in missing:
-                # A text already being encoded for another caller is not encoded twice.
+                # A text already being encoded for another caller is not encoded twice; a query
+                # waiting on a text queued as bulk takes it to the front.
                 if text not in self._inflight:
                     self._inflight[text] = loop.create_future()
+                    (self._background if background else self._queue).append(text)
+                elif not background and text in self._background:
+                    self._background.remove(text)
                     self._queue.append(text)
                 waiting[text] = self._inflight[text]
-            if self._queue and (self._draining is None or self._draining.done()):
+            if (self._queue or self._background) and (self._draining is None or self._draining.done()):
                 self._draining = asyncio.create_task(self._drain())
             for text, future in waiting.items():
                 # shield: one caller giving up (a timeout) must not cancel the others.
                 known[text] = await asyncio.shield(future)
         return [known[t] for t in texts]
 
+    def _next_batch(self) -> list[str]:
+        """Every waiting query at once; else the next slice of bulk work."""
+        if self._queue:
+            texts, self._queue = self._queue, []
+            return texts
+        texts = self._background[: self._background_slice]
+        del self._background[: self._background_slice]
+        return texts
+
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
-        while self._queue:
-            texts, self._queue = self._queue, []
+        while self._queue or self._background:
+            texts = self._next_batch()
             try:
                 vectors = await loop.run_in_executor(self._executor, self._encode, texts)
             except Exception as e:  # every waiter of this batch learns why

@@ -189,6 +189,10 @@ class BindUser:
                     check_user_id(value, USER_HEADER)
             except EngramError as e:
                 status, message = 400, e.message
+            if not status and len(named) > 1:
+                # A gateway that adds its header beside the caller's would otherwise act as
+                # whichever came first: the caller's own choice.
+                status, message = 400, f"name one user: the request has {len(named)} {USER_HEADER} headers"
             if not status and USER_SCOPE in who.scopes and any(v != who.access_token.subject for v in named):
                 status = 403
                 message = f"this token acts as user {who.access_token.subject!r} only; {USER_HEADER} names another"

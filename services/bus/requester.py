@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 
 from faststream.redis.message import DATA_KEY
@@ -25,6 +26,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from contracts import channels
 from contracts.limits import REQUEST_STREAM_BYTES
+
+log = logging.getLogger("engram.client")
 
 RESUBSCRIBE_PAUSE_SECONDS = 0.2
 SUBSCRIBE_TIMEOUT_SECONDS = 10.0
@@ -128,6 +131,11 @@ class BusRequester:
                         future.set_result(bytes(body))
             except (RedisError, OSError):
                 pass
+            except (AttributeError, TypeError) as e:
+                # redis-py 8.1 (redis/redis-py#4287): reading or subscribing on a connection the
+                # server has just closed can leak the transport's AttributeError/TypeError instead
+                # of a ConnectionError (seen when Redis was killed under load). A lost connection.
+                log.warning("the reply channel's connection was lost (%r); subscribing again", e)
             # Redis restarted or failed over: subscribe again. A reply published meanwhile is lost;
             # its request times out and the caller retries with the same command_id.
             resubscribe = True

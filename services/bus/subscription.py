@@ -518,8 +518,9 @@ class Subscription:
             # Filtered out: done with at once, or they would wait in the pending list forever.
             await self._redis.xack(channels.event_log(partition), self.group, *passed_over)
         if deliveries:
-            for d in deliveries:
-                self._held[(partition, d.position)] = None
+            if self.group is not None:  # without a group nothing is acked: nothing to hold
+                for d in deliveries:
+                    self._held[(partition, d.position)] = None
             assert self._queue is not None
             await self._queue.put(deliveries)
 
@@ -589,7 +590,8 @@ class Subscription:
                 # Taken off the subscription's own list, not the loop's: a loop that stops early
                 # leaves the rest of the batch for the next one.
                 delivery = self._ready.popleft()
-                self._held[(delivery.partition, delivery.position)] = time.monotonic()
+                if self.group is not None:
+                    self._held[(delivery.partition, delivery.position)] = time.monotonic()
                 yield delivery
         finally:
             if started_here:

@@ -525,17 +525,23 @@ def create_app(
             raise EngramError(
                 ErrorCode.UNAVAILABLE, f"{console.max_streams} event streams are open already: close a console tab"
             )
-        await console.streams.acquire()
 
         async def stream() -> AsyncIterator[dict[str, str]]:
-            subscription = Subscription.connect(
-                console.url,
-                None,
-                cluster=console.cluster,
-                partition_count=console.bus.partitions,
-                users=[user] if user else None,
-            )
+            # The slot is taken here, beside where it is given back: a response that never starts
+            # its body (a HEAD, a client gone at once) must not keep one.
+            if console.streams.locked():
+                yield {"event": "busy", "data": "{}"}
+                return
+            await console.streams.acquire()
+            subscription: Subscription | None = None
             try:
+                subscription = Subscription.connect(
+                    console.url,
+                    None,
+                    cluster=console.cluster,
+                    partition_count=console.bus.partitions,
+                    users=[user] if user else None,
+                )
                 await subscription.start()
                 yield {"event": "ready", "data": "{}"}
                 async for delivery in subscription:
@@ -545,8 +551,9 @@ def create_app(
                 console.streams.release()
                 # The response's task group is being cancelled (the browser went away): anyio
                 # cancels every await in it again unless shielded, and the connection would leak.
-                with anyio.CancelScope(shield=True):
-                    await subscription.close()
+                if subscription is not None:
+                    with anyio.CancelScope(shield=True):
+                        await subscription.close()
 
         return EventSourceResponse(stream(), ping=15, headers={"Cache-Control": "no-store"})
 

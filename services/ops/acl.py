@@ -171,7 +171,8 @@ def rules(role: str, user: str, *, cluster: bool = False) -> list[str]:
             "+xreadgroup",
             "+xack",
             "+xpending",
-            "+xclaim",
+            # Not XCLAIM: its LASTID moves a group's position, another subscriber's too (a group
+            # is not a key, and ACLs grant keys); XAUTOCLAIM, which Subscription uses, cannot.
             "+xautoclaim",
             # `engram relay` moves an event it could not post to its group's dead letters. A
             # selector: XADD there alone, so the log stays closed to XADD.

@@ -3,19 +3,22 @@
 The relay is a subscriber like any other (``services/bus/subscription.py``: a consumer group of
 its own on every partition's log). It posts each event as JSON to one URL and acknowledges the
 entry only after a 2xx, so a relay that dies comes back to what it had not delivered. A delivery
-that keeps failing is retried with exponential backoff and jitter, then moved to a dead-letter
-stream (``engram:relay:<group>:dead``) and acknowledged, so one poisoned event does not hold the
-rest back forever. Events of one note are posted in log order: deliveries go to lanes by note,
-one post at a time per lane, several lanes at once.
+that keeps failing is retried with exponential backoff and jitter for up to ``give_up_after``
+(an hour), then recorded in a dead-letter stream (``engram:relay:<group>:dead``: where it is in
+the log and why it failed, never its content) and acknowledged, so one poisoned event does not
+hold its lane forever; an erasure is retried until it is delivered. Events of one note are
+posted in log order: deliveries go to lanes by note, one post at a time per lane, several lanes
+at once.
 
 Each post is signed as Stripe and GitHub sign theirs, so a receiver can tell it comes from this
 relay and is not a replay:
 
     Engram-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>." + body)>
 
-``verify`` checks one (the signature, and that ``t`` is within the replay window). Every post
-carries ``Engram-Event-Id``: a receiver drops a copy it has already taken (a retry after a lost
-2xx, a redelivery after a crash), which is the only way a duplicate arrives.
+``verify`` checks one (the signature, and that ``t`` is within the replay window). A receiver
+drops a copy it has already taken by the body's ``id`` (signed; ``Engram-Event-Id`` says the same
+but is not): a retry after a lost 2xx or a redelivery after a crash is the only way a duplicate
+arrives, and a replayed capture is one too.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import zlib
 from collections.abc import AsyncIterable, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import msgspec
@@ -39,6 +43,7 @@ from redis.asyncio import Redis
 
 from contracts import channels
 from contracts.events import AnyEvent
+from services.bus.subscription import ERASURES
 
 log = logging.getLogger("engram.relay")
 
@@ -106,19 +111,23 @@ def verify(
         return False
     if abs((now if now is not None else time.time()) - timestamp) > window:
         return False
-    return hmac.compare_digest(sign(secret, body, timestamp), f"t={timestamp},v1={parts.get('v1', '')}")
+    presented = f"t={timestamp},v1={parts.get('v1', '')}".encode("utf-8", "replace")
+    return hmac.compare_digest(sign(secret, body, timestamp).encode(), presented)
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    attempts: int = 8
+    """How long one event is retried. Bounded by time, not by a count of attempts: a receiver
+    being redeployed refuses connections at once, and a count would be spent in seconds."""
+
+    give_up_after: float = 3600.0  # seconds from the first attempt; erasures are never given up
     first_delay: float = 0.2
-    max_delay: float = 30.0
+    max_delay: float = 60.0
 
     def delay(self, attempt: int) -> float:
         """Before attempt ``attempt + 1``: exponential, with full jitter so that many failed
         posts do not come back at the same instant."""
-        return random.uniform(0, min(self.max_delay, self.first_delay * 2 ** (attempt - 1)))
+        return random.uniform(0, min(self.max_delay, self.first_delay * 2 ** min(attempt - 1, 30)))
 
 
 class RelayMetrics:
@@ -174,12 +183,9 @@ class WebhookRelay:
         try:
             async for delivery in deliveries:
                 lane = zlib.crc32(f"{delivery.event.user_id}/{delivery.event.note_id}".encode()) % self._lanes
-                await queues[lane].put(delivery)
-                for worker in workers:
-                    if worker.done():
-                        worker.result()  # a lane's own bug surfaces rather than stalling
+                await self._put(queues[lane], delivery, workers)
             for q in queues:
-                await q.put(None)
+                await self._put(q, None, workers)
             await asyncio.gather(*workers)
         finally:
             for worker in workers:
@@ -188,33 +194,65 @@ class WebhookRelay:
                 with contextlib.suppress(asyncio.CancelledError):
                     await worker
 
+    @staticmethod
+    async def _put(
+        queue: asyncio.Queue[Delivery | None], item: Delivery | None, workers: list[asyncio.Task[None]]
+    ) -> None:
+        """Queue ``item`` for its lane, or raise what ended a lane: a lane that died (its ack or
+        dead letter failed on Redis) would otherwise leave a full queue and the relay waiting
+        on it forever. What it held was not acked, and comes back to the next run."""
+        putting = asyncio.ensure_future(queue.put(item))
+        await asyncio.wait({putting, *workers}, return_when=asyncio.FIRST_COMPLETED)
+        for worker in workers:
+            if worker.done():
+                putting.cancel()
+                worker.result()
+                raise RuntimeError("a relay lane ended before the subscription did")
+        await putting
+
     async def _lane(self, queue: asyncio.Queue[Delivery | None]) -> None:
         while (delivery := await queue.get()) is not None:
             await self.deliver(delivery)
 
     async def deliver(self, delivery: Delivery) -> None:
-        """Post until a 2xx or the last attempt, dead-letter if every attempt failed, then ack."""
+        """Post until a 2xx, then ack. An event still refused ``give_up_after`` seconds after its
+        first post goes to the dead letters and is acked, so that it stops holding its lane;
+        an erasure never does (a copy that missed it would keep what the user had erased)."""
         body = payload_of(delivery)
-        error = ""
-        for attempt in range(1, self._retry.attempts + 1):
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
             error = await self._post(delivery, body, attempt)
             if not error:
                 if self._metrics is not None:
                     self._metrics.delivered.inc()
                 await delivery.ack()
                 return
-            if attempt < self._retry.attempts:
-                await self._sleep(self._retry.delay(attempt))
+            erasure = delivery.event.__struct_config__.tag in ERASURES
+            if not erasure and time.monotonic() - started >= self._retry.give_up_after:
+                break
+            await self._sleep(self._retry.delay(attempt))
         log.warning(
-            "event %s failed %d times (last: %s): moved to %s",
+            "event %s refused for %.0f s (%d attempts; last: %s): moved to %s",
             delivery.event.event_id,
-            self._retry.attempts,
+            time.monotonic() - started,
+            attempt,
             error,
             channels.relay_dead_letters(self._group),
         )
+        # Where the event is and why it failed, never its body: with --content the body holds
+        # a note's text, which a later forget could not reach here. The log has the event.
         await self._redis.xadd(
             channels.relay_dead_letters(self._group),
-            {"body": body, "error": error, "attempts": self._retry.attempts, "url": self._url},
+            {
+                "id": delivery.event.event_id,
+                "type": str(delivery.event.__struct_config__.tag),
+                "partition": delivery.partition,
+                "position": delivery.position,
+                "error": error,
+                "attempts": attempt,
+            },
             maxlen=DEAD_LETTERS_KEPT,
             approximate=True,
         )
@@ -263,6 +301,15 @@ async def watch_lag(
             await asyncio.wait_for(stop.wait(), 5)
 
 
+def redact_webhook(url: str) -> str:
+    """A webhook URL as a log line may show it: its query and credentials often hold a secret."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -270,7 +317,7 @@ def _text(value: Any) -> str:
 # A relay's own deliveries are claimed back only after this long: a post retried with backoff
 # (or queued behind one in its lane) must not be handed out a second time meanwhile. A relay that
 # restarts takes its own pending entries back at once, whatever this is.
-RELAY_CLAIM_IDLE_MS = 600_000
+RELAY_CLAIM_IDLE_MS = 2 * 3600 * 1000  # beyond a retry's give_up_after (an hour by default)
 
 
 @dataclass(frozen=True)
@@ -326,7 +373,7 @@ async def run_relay(redis_url: str, cluster: bool, options: RelayOptions, stop: 
                 lanes=options.lanes,
                 metrics=metrics,
             )
-            log.info("relaying the log to %s as group %s", options.url, options.group)
+            log.info("relaying the log to %s as group %s", redact_webhook(options.url), options.group)
             relaying = asyncio.create_task(relay.run(subscription))
             stopped = asyncio.create_task(stop.wait())
             await asyncio.wait({relaying, stopped}, return_when=asyncio.FIRST_COMPLETED)

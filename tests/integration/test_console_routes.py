@@ -250,6 +250,9 @@ async def test_the_event_stream_sends_new_events_without_their_content(served: S
 
 async def test_event_streams_are_bounded(served: Served) -> None:
     async with served.http(headers=BEARER) as http:
+        # A HEAD never starts the stream's body: it must not keep a place (it kept one for good).
+        for _ in range(MAX_STREAMS + 2):
+            assert (await http.head("/events")).status_code == 200
         opened = [http.stream("GET", "/events") for _ in range(MAX_STREAMS)]
         streams = [await s.__aenter__() for s in opened]
         try:

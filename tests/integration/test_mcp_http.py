@@ -198,6 +198,13 @@ async def test_a_gateways_secret_names_the_user_in_the_header(front: Front) -> N
     assert unnamed["error"]["code"] == "INVALID_PARAMETER" and USER_HEADER in unnamed["error"]["message"]
     bad = await gateway.post("bad user", "tools/call", {"name": "list", "arguments": {}})
     assert bad.status_code == 400 and "X-Engram-User may contain only" in bad.text, bad.text
+    # A gateway that adds its header beside one the caller sent must not act as the caller's.
+    message = {"jsonrpc": "2.0", "id": 99, "method": "tools/call", "params": {"name": "list", "arguments": {}}}
+    two = httpx.Headers({**gateway.headers})
+    two.update({USER_HEADER: "dave"})
+    headers = [*two.multi_items(), (USER_HEADER, "erin")]
+    doubled = await front.http.post(front.url, headers=headers, json=message)
+    assert doubled.status_code == 400 and "name one user" in doubled.text, doubled.text
 
 
 def test_a_gateway_secret_too_short_to_be_safe_is_refused() -> None:

@@ -107,3 +107,36 @@ async def test_callers_arriving_while_the_model_loads_share_that_one_load(monkey
         assert loads == ["the-model"]
     finally:
         embedder.close()
+
+
+class SlowEmbedder(CountingEmbedder):
+    """Each encode takes a little while, as the model's does, on the embedder's own thread."""
+
+    def _encode(self, texts: list[str]) -> list[list[float]]:
+        import time
+
+        time.sleep(0.02)
+        return super()._encode(texts)
+
+
+async def test_a_query_never_waits_behind_the_index_projections_batch() -> None:
+    """The index projection's batch (hundreds of texts) used to go into one encode call, and a
+    search's query waited for all of it. Bulk is now encoded a slice at a time, and a query
+    waiting is encoded before the next slice, alone; a bulk text a query asks for jumps too."""
+    embedder = SlowEmbedder(cache_size=1_000)
+    try:
+        bulk = [f"note {n}" for n in range(100)]
+        batch = asyncio.create_task(embedder.embed(bulk, background=True))
+        while not embedder.encoded:
+            await asyncio.sleep(0.001)
+        await embedder.embed(["who is my manager?", "note 99"])
+        assert not batch.done(), "the query was answered while the bulk was still being encoded"
+        await batch
+        slices = embedder.encoded
+        query_at = next(i for i, b in enumerate(slices) if "who is my manager?" in b)
+        assert query_at <= 2, "the query went in at most one slice after it arrived"
+        assert sorted(slices[query_at]) == ["note 99", "who is my manager?"]
+        assert all(len(b) <= 16 for b in slices), "bulk is encoded a slice at a time"
+        assert sorted(t for b in slices for t in b) == sorted([*bulk, "who is my manager?"]), "each text once"
+    finally:
+        embedder.close()
