@@ -43,7 +43,9 @@ from redis.asyncio import Redis
 
 from contracts import channels
 from contracts.events import AnyEvent
+from services.bus.reclaimer import group_info
 from services.bus.subscription import ERASURES
+from services.ops.periodic import every
 
 log = logging.getLogger("engram.relay")
 
@@ -289,16 +291,15 @@ async def watch_lag(
     redis: Redis, group: str, partitions: list[int], metrics: RelayMetrics, stop: asyncio.Event
 ) -> None:
     """The lag and pending gauges, from XINFO GROUPS every few seconds."""
-    while not stop.is_set():
+
+    async def measure() -> None:
         for p in partitions:
-            with contextlib.suppress(Exception):  # a gauge is not worth stopping the relay for
-                groups: list[dict[Any, Any]] = await redis.xinfo_groups(channels.event_log(p))
-                mine = next((g for g in groups if _text(g.get("name")) == group), None)
-                if mine is not None:
-                    metrics.lag.labels(partition=str(p)).set(mine.get("lag") or 0)
-                    metrics.pending.labels(partition=str(p)).set(mine.get("pending") or 0)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 5)
+            info = await group_info(redis, channels.event_log(p), group)
+            if info is not None:
+                metrics.lag.labels(partition=str(p)).set(info.get("lag") or 0)
+                metrics.pending.labels(partition=str(p)).set(info.get("pending") or 0)
+
+    await every(5, stop, measure, "measuring the relay's lag", log)
 
 
 def redact_webhook(url: str) -> str:
@@ -308,10 +309,6 @@ def redact_webhook(url: str) -> str:
     if parts.port is not None:
         host = f"{host}:{parts.port}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 # A relay's own deliveries are claimed back only after this long: a post retried with backoff
