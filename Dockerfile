@@ -9,6 +9,8 @@ RUN pip install --no-cache-dir .
 # named volume mounted on /data takes this owner and mode from the image.
 RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/engram engram \
     && mkdir -p /data && chown engram:engram /data && chmod 0700 /data
-ENV HF_HUB_OFFLINE=1 ENGRAM_DATA_DIR=/data
+ENV HF_HUB_OFFLINE=1 ENGRAM_DATA_DIR=/data ENGRAM_MODEL_CACHE=/opt/engram/models
+# The model's ONNX export is made here, at install, so that no container start waits for it.
+RUN engram model
 USER 10001:10001
 CMD ["engram", "serve"]

@@ -3,7 +3,8 @@
     .venv/bin/python -m bench.bench_load [--seconds 60] [--clients 16] [--cluster]
 
 A private redis-server (AOF everysec) and `engram serve` (index on) as separate processes. Each
-client loops over: save (no advice), update, get, list, search, recent. Reports throughput, p50/p99
+client loops over: save (no advice), update, get, list, search, recent; its reads wait for its
+last write's token (read-your-writes, as an agent's session reads). Reports throughput, p50/p99
 per operation, errors, lost commands (every replied write must be in the log exactly once) and
 the service's memory growth, beside the floor of a bare Redis round trip. ``--cluster`` runs the
 same on a local three-master Redis Cluster with six partitions.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import tempfile
 import time
@@ -44,6 +46,7 @@ async def run_load(
         rng = random.Random(k)
         user = f"load-{k}"
         mine: list[str] = []
+        token: str | None = None  # of this caller's last write: its reads wait for it, as a session's do
         i = 0
         while time.monotonic() < deadline:
             op = ("save", "update", "get", "list", "search", "recent")[i % 6] if mine else "save"
@@ -53,18 +56,22 @@ async def run_load(
                 if op == "save":
                     reply = await client.save(user, notes(k * 100_000 + i, 1)[0], advise=False, command_id=command_id)
                     mine.append(reply.note_id)
+                    token = reply.token
                     written.append(command_id)
                 elif op == "update":
-                    await client.update(user, rng.choice(mine), content=notes(k * 7 + i, 1)[0], command_id=command_id)
+                    updated = await client.update(
+                        user, rng.choice(mine), content=notes(k * 7 + i, 1)[0], command_id=command_id
+                    )
+                    token = updated.token
                     written.append(command_id)
                 elif op == "get":
-                    await client.get_note(user, rng.choice(mine))
+                    await client.get_note(user, rng.choice(mine), after=token)
                 elif op == "list":
-                    await client.list_notes(user)
+                    await client.list_notes(user, after=token)
                 elif op == "search":
-                    await client.search(user, question_text(rng))
+                    await client.search(user, question_text(rng), after=token)
                 else:
-                    await client.list_recent(user)
+                    await client.list_recent(user, after=token)
                 times[op].append((time.perf_counter() - t) * 1000)
             except Exception as e:
                 errors[f"{op}: {getattr(e, 'code', type(e).__name__)}"] += 1
@@ -98,7 +105,9 @@ async def main() -> None:
             extra = {"ENGRAM_REDIS_CLUSTER": "on", "ENGRAM_PARTITIONS": "6"}
         else:
             server = RedisServer(Path(tmp) / "redis").start()
-            extra = {}
+            extra: dict[str, str] = {}
+        # The encoder settings reach the service (engram_env passes no other ENGRAM_ variable).
+        extra |= {k: v for k, v in os.environ.items() if k in ("ENGRAM_ENCODER", "ENGRAM_ENCODER_THREADS")}
         partitions = int(extra.get("ENGRAM_PARTITIONS", "1"))
         serve = ServeProcess(engram_env(ENGRAM_REDIS_URL=server.url, ENGRAM_DATA_DIR=tmp, **extra)).start(timeout=60)
         assert serve.process is not None

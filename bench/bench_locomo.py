@@ -321,8 +321,10 @@ async def main() -> None:
         parser.error(f"no conversations in {args.data}")
     modes = list(MODES) if args.mode == "all" else [args.mode]
     model = load_model(model_path())
-    policy = Settings.from_env().search_policy
+    env = Settings.from_env()  # ENGRAM_ENCODER, ENGRAM_MODEL_CACHE and the search policy
+    policy = env.search_policy
     results: dict[str, Any] = {
+        "encoder": env.encoder,
         "conversations": [c.name for c in convs],
         "questions": sum(len(c.questions) for c in convs),
         "policy": str(policy),
@@ -333,7 +335,14 @@ async def main() -> None:
     timings: dict[str, Timed] = {}
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp) / "redis").start()
-        settings = Settings(redis_url=server.url, redis_url_configured=True, data_dir=Path(tmp), search_policy=policy)
+        settings = Settings(
+            redis_url=server.url,
+            redis_url_configured=True,
+            data_dir=Path(tmp),
+            search_policy=policy,
+            encoder=env.encoder,
+            model_cache=env.model_cache,
+        )
         app = build(settings)
         ready = asyncio.Event()
         serving = asyncio.create_task(app.run(ready))

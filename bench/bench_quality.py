@@ -108,7 +108,15 @@ async def devset_service(
     yields it, its settings and the dev set's note ids."""
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp) / "redis").start()
-        settings = Settings(redis_url=server.url, redis_url_configured=True, data_dir=Path(tmp))
+        # ENGRAM_ENCODER (onnx, onnx-int8, torch) and ENGRAM_MODEL_CACHE are taken from the environment.
+        env = Settings.from_env()
+        settings = Settings(
+            redis_url=server.url,
+            redis_url_configured=True,
+            data_dir=Path(tmp),
+            encoder=env.encoder,
+            model_cache=env.model_cache,
+        )
         app = build(settings)
         ready = asyncio.Event()
         serving = asyncio.create_task(app.run(ready))
@@ -158,7 +166,16 @@ async def main() -> None:
     print(f"dev set: {results['fused']['queries']} questions, {args.filler} filler notes per user")
     for name, figures in results.items():
         print(f"{name:>14}: recall@5 {figures['recall@5']:.3f}  MRR@10 {figures['mrr@10']:.3f}")
-    print(json.dumps({"filler_per_user": args.filler, "fused_policy": str(settings.search_policy), **results}))
+    print(
+        json.dumps(
+            {
+                "filler_per_user": args.filler,
+                "encoder": settings.encoder,
+                "fused_policy": str(settings.search_policy),
+                **results,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

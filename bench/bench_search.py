@@ -5,13 +5,16 @@
 Starts a private redis-server (AOF everysec) and `engram serve` (Qdrant Edge, MiniLM) as
 separate processes, then from this process:
 
-1. floor: MiniLM's own batched encode rate (batch 64, as the service) on the first 4,096 of
-   the texts to ingest, in this process while the service is idle (its model loaded);
+1. floor: MiniLM's own batched encode rate (batches of 64) on the first 4,096 of the texts to
+   ingest, in this process while the service is idle (its model loaded), with the service's
+   encoder (ENGRAM_ENCODER, ONNX Runtime by default) and with PyTorch;
 2. ingest: every user's notes as SaveNotes batches of 100, four callers at once; notes/s is
    counted until the index projection's checkpoint passes the last append;
 3. memory: the serve process's RSS (and peak) with everything indexed;
-4. search: sequential SearchNotes (top_k 5, query embedding included) for random users, each
-   followed by the bare MiniLM encode of the same query in this process (the floor);
+4. search: sequential SearchNotes (top_k 5, query embedding included) for random users; then,
+   with the service idle, the bare encode of the same queries one at a time in this process
+   (the floors: PyTorch's, and the service's encoder). Not interleaved with the searches: torch's
+   OpenMP threads spin on after an encode and would take the cores from the search after it;
 5. save-to-searchable: while background callers save at a steady rate, a probe saves a note and
    at once searches with the save's token; the time from sending the save to the search reply
    that contains the note.
@@ -38,9 +41,10 @@ from contracts.commands import NoteDraft
 from contracts.errors import EngramError
 from projections.index import live_index_generation
 from projections.tracking import position_key
-from services.adapters.embedder import load_model, model_path
+from services.adapters.minilm import Encoder, load_encoder
 from services.adapters.redis_server import RedisServer
 from services.bus.client import EngramClient
+from services.config import Settings
 from tests.support import ServeProcess, engram_env
 
 
@@ -67,11 +71,22 @@ async def warm_up(client: EngramClient) -> None:
             await asyncio.sleep(0.5)
 
 
-def encode_floor(model, texts: list[str]) -> float:  # type: ignore[no-untyped-def]
-    model.encode(texts[:64], batch_size=64)  # warm
+def encode_floor(encoder: Encoder, texts: list[str]) -> float:
+    encoder.encode(texts[:64])  # warm
     started = time.perf_counter()
-    model.encode(texts, batch_size=64, normalize_embeddings=True)
+    for i in range(0, len(texts), 64):
+        encoder.encode(texts[i : i + 64])
     return len(texts) / (time.perf_counter() - started)
+
+
+def query_floor(encoder: Encoder, queries: list[str]) -> list[float]:
+    encoder.encode(queries[:20])  # warm
+    times = []
+    for query in queries:
+        t = time.perf_counter()
+        encoder.encode([query])
+        times.append((time.perf_counter() - t) * 1000)
+    return times
 
 
 async def ingest(client: EngramClient, redis: aioredis.Redis, users: int, per_user: int) -> dict[str, float]:
@@ -106,9 +121,9 @@ async def ingest(client: EngramClient, redis: aioredis.Redis, users: int, per_us
     return {"notes": saved, "seconds": round(elapsed, 1), "notes_per_s": round(saved / elapsed, 1)}
 
 
-async def search_latency(client: EngramClient, model, users: int, n: int) -> tuple[list[float], list[float]]:  # type: ignore[no-untyped-def]
+async def search_latency(client: EngramClient, users: int, n: int) -> tuple[list[float], list[str]]:
     rng = random.Random(7)
-    searches, floors = [], []
+    searches, queries = [], []
     asked: set[str] = set()
     for i in range(n + 50):
         # Every query is new: the service keeps recent embeddings, and a repeated query would
@@ -122,13 +137,10 @@ async def search_latency(client: EngramClient, model, users: int, n: int) -> tup
         reply = await client.search(user, query, top_k=5)
         took = (time.perf_counter() - t) * 1000
         assert reply.results, f"no results for {user}"
-        t = time.perf_counter()
-        model.encode([query], normalize_embeddings=True)
-        bare = (time.perf_counter() - t) * 1000
         if i >= 50:
             searches.append(took)
-            floors.append(bare)
-    return searches, floors
+            queries.append(query)
+    return searches, queries
 
 
 async def save_to_searchable(client: EngramClient, seconds: float, rate: float, users: int) -> dict[str, object]:
@@ -181,12 +193,21 @@ async def main() -> None:
     parser.add_argument("--steady-seconds", type=float, default=30)
     parser.add_argument("--steady-rate", type=float, default=20, help="background saves/s during the probe")
     args = parser.parse_args()
-    model = load_model(model_path())
+    env = Settings.from_env()
+    cache = env.model_cache or Path(tempfile.gettempdir()) / "engram-bench-models"
+    reference, encoder = load_encoder("torch", cache), load_encoder(env.encoder, cache)
     sample = [t for u in range(40) for t in notes(u, args.notes_per_user)][:4096]
     results: dict[str, object] = {"users": args.users, "notes_per_user": args.notes_per_user}
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp) / "redis").start()
-        serve = ServeProcess(engram_env(ENGRAM_REDIS_URL=server.url, ENGRAM_DATA_DIR=tmp)).start()
+        serve = ServeProcess(
+            engram_env(
+                ENGRAM_REDIS_URL=server.url,
+                ENGRAM_DATA_DIR=tmp,
+                ENGRAM_ENCODER=env.encoder,
+                ENGRAM_MODEL_CACHE=str(cache),
+            )
+        ).start()
         assert serve.process is not None
         redis = aioredis.Redis.from_url(server.url)
         try:
@@ -194,17 +215,22 @@ async def main() -> None:
                 await warm_up(client)
                 results["rss_idle_mb"] = round(rss_mb(serve.process.pid)[0], 1)
                 # Measured while the service is idle, so neither slows the other.
-                floor_rate = encode_floor(model, sample)
+                floor_rate = encode_floor(encoder, sample)
+                results["encoder"] = env.encoder
                 results["encode_floor_notes_per_s"] = round(floor_rate, 1)
+                results["torch_encode_floor_notes_per_s"] = round(encode_floor(reference, sample), 1)
                 ingested = await ingest(client, redis, args.users, args.notes_per_user)
                 ingested["ratio_to_floor"] = round(ingested["notes_per_s"] / floor_rate, 2)
                 results["ingest"] = ingested
                 rss, peak = rss_mb(serve.process.pid)
                 results["rss_mb"], results["rss_peak_mb"] = round(rss, 1), round(peak, 1)
-                searches, floors = await search_latency(client, model, args.users, args.searches)
+                searches, queries = await search_latency(client, args.users, args.searches)
+                torch_floors, floors = query_floor(reference, queries), query_floor(encoder, queries)
                 results["search"] = summary(searches)
                 results["encode_floor"] = summary(floors)
+                results["torch_encode_floor"] = summary(torch_floors)
                 results["search_p50_over_floor"] = round(pct(searches, 0.5) / pct(floors, 0.5), 2)
+                results["search_p50_over_torch_floor"] = round(pct(searches, 0.5) / pct(torch_floors, 0.5), 2)
                 results["steady"] = await save_to_searchable(client, args.steady_seconds, args.steady_rate, args.users)
                 results["rss_after_mb"] = round(rss_mb(serve.process.pid)[0], 1)
         finally:
@@ -212,7 +238,10 @@ async def main() -> None:
             serve.stop()
             server.stop()
     ing = results["ingest"]
-    print(f"encode floor (MiniLM batched, this process): {results['encode_floor_notes_per_s']} notes/s")
+    print(
+        f"encode floor (MiniLM batched, this process): {results['encode_floor_notes_per_s']} notes/s with "
+        f"{results['encoder']}, {results['torch_encode_floor_notes_per_s']} notes/s with PyTorch"
+    )
     print(
         f"ingest: {ing['notes']} notes in {ing['seconds']} s = {ing['notes_per_s']} notes/s indexed "  # type: ignore[index]
         f"({ing['ratio_to_floor']:.0%} of the floor)"  # type: ignore[index]
@@ -222,8 +251,9 @@ async def main() -> None:
         f"(peak {results['rss_peak_mb']} MB), after the steady run {results['rss_after_mb']} MB"
     )
     print(
-        f"search: {results['search']}; bare encode of the same query: {results['encode_floor']} "
-        f"(p50 {results['search_p50_over_floor']}x the floor)"
+        f"search: {results['search']}; bare encode of the same queries: {results['encoder']} "
+        f"{results['encode_floor']} (search p50 {results['search_p50_over_floor']}x), PyTorch "
+        f"{results['torch_encode_floor']} (search p50 {results['search_p50_over_torch_floor']}x)"
     )
     print(f"steady: {results['steady']}")
     print(json.dumps(results))

@@ -8,7 +8,6 @@ import sys
 
 from faststream import AckPolicy
 from faststream.redis import StreamSub
-from faststream.redis.annotations import RedisStreamMessage
 
 from services.bootstrap import make_broker
 
@@ -20,8 +19,8 @@ async def main(url: str) -> None:
         stream=StreamSub("bench:echo", group="echo", consumer="echo-1", polling_interval=1000),
         ack_policy=AckPolicy.REJECT_ON_ERROR,
     )
-    async def echo(msg: RedisStreamMessage) -> bytes:
-        return bytes(msg.body)
+    async def echo(body: bytes) -> bytes:  # the body as sent, as engram serve's handlers take it
+        return body
 
     await broker.start()
     print("echo ready", flush=True)

@@ -33,8 +33,8 @@ from typing import Any
 
 from fast_depends.msgspec import MsgSpecSerializer
 from faststream import AckPolicy
+from faststream.message import StreamMessage
 from faststream.redis import RedisBroker, RedisClusterBroker, StreamSub
-from faststream.redis.annotations import RedisStreamMessage
 from faststream.redis.opentelemetry import RedisTelemetryMiddleware
 from faststream.redis.prometheus import RedisPrometheusMiddleware
 from prometheus_client import CollectorRegistry, start_http_server
@@ -97,7 +97,24 @@ def make_broker(
     # request's own format (services/bus/envelope.py).
     middlewares.append(ReplyInKind)
     kind = RedisClusterBroker if cluster else RedisBroker
-    return kind(url, serializer=MsgSpecSerializer(), logger=None, middlewares=middlewares)  # type: ignore[arg-type]
+    # apply_types=False and raw_body: every handler takes the body as sent and decodes it itself,
+    # once, with msgspec. FastStream's default would json-decode it first (for nothing), and
+    # dependency injection resolves a `msg: RedisStreamMessage` parameter through a worker
+    # thread, one hop per request.
+    return kind(
+        url,
+        serializer=MsgSpecSerializer(),
+        logger=None,  # type: ignore[arg-type]
+        middlewares=middlewares,
+        apply_types=False,
+        decoder=raw_body,
+    )
+
+
+async def raw_body(msg: StreamMessage[Any]) -> bytes:
+    """The decoder of every subscriber: the body as it came (async: FastStream would run a plain
+    function in a worker thread)."""
+    return bytes(msg.body)
 
 
 @dataclass
@@ -320,7 +337,9 @@ def build_index_runtime(redis: Redis, settings: Settings, subjects: SubjectMatch
     from projections.index_runtime import drop_edge_directory, edge_directory
     from services.adapters.embedder import MiniLMEmbedder
 
-    embedder = MiniLMEmbedder()
+    embedder = MiniLMEmbedder(
+        encoder=settings.encoder, model_cache=settings.model_cache_dir, threads=settings.encoder_threads
+    )
     if settings.qdrant_url:
         from projections.qdrant_server import QdrantServerIndex
 
@@ -341,19 +360,20 @@ def build_index_runtime(redis: Redis, settings: Settings, subjects: SubjectMatch
 
 
 def _subscribe(broker: RedisBroker, settings: Settings, commands: CommandService, queries: QueryService) -> None:
-    async def handle_command(msg: RedisStreamMessage) -> bytes:
+    # Each takes the request's body as sent (make_broker: no injection, no decoding).
+    async def handle_command(body: bytes) -> bytes:
         """Executes a command (SaveNote, SaveNotes, UpdateNote, SupersedeNote) and replies with
         NoteWritten, NotesWritten or ErrorReply."""
-        return await commands.handle(msg.body)
+        return await commands.handle(body)
 
-    async def handle_operator_command(msg: RedisStreamMessage) -> bytes:
+    async def handle_operator_command(body: bytes) -> bytes:
         """Executes a command sent by an operator: a confirmed forget is taken from here only."""
-        return await commands.handle(msg.body, operator=True)
+        return await commands.handle(body, operator=True)
 
-    async def handle_query(msg: RedisStreamMessage) -> bytes:
+    async def handle_query(body: bytes) -> bytes:
         """Answers a query (GetNote, GetHistory, ListNotes, ListRecent) from the history read
         model, after waiting for the caller's consistency token."""
-        return await queries.handle(msg.body)
+        return await queries.handle(body)
 
     handlers = {
         channels.command_stream: handle_command,

@@ -26,6 +26,7 @@ from contracts.errors import EngramError, ErrorCode
 from contracts.limits import LIST_NOTES_MAX, LIST_NOTES_PAGE, parse_time
 from contracts.model import NoteKind, NoteSource, NoteStatus
 from services import cli_render as render
+from services.adapters.minilm import ENCODER_KINDS
 from services.adapters.redis_conn import close_redis
 from services.config import ROLES, SettingError, Settings, parse_roles
 from services.ops.operator import connect, operator_redis, resolve_url
@@ -486,6 +487,26 @@ def _write_document(args: argparse.Namespace, document: dict[str, Any]) -> int:
         _print(args, {"written": args.out}, lambda o: f"wrote {o['written']}")
     else:
         print(text)
+    return 0
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    """Export (once) and load the configured encoder: at install time, so that no start waits."""
+    import time
+
+    from services.adapters.minilm import indexed_model_name, load_encoder
+
+    settings = Settings.from_env()
+    encoder = args.encoder or settings.encoder
+    started = time.perf_counter()
+    load_encoder(encoder, settings.model_cache_dir).encode(["ready"])
+    report = {
+        "encoder": encoder,
+        "model": indexed_model_name(encoder),
+        "model_cache": str(settings.model_cache_dir),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    _print(args, report, lambda r: f"{r['model']} ({r['encoder']}) ready in {r['model_cache']} in {r['seconds']} s")
     return 0
 
 
@@ -977,6 +998,9 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("note_id")
 
     add("health", cmd_health, "bus reachable? projection and request-group lag, pending deletions")
+
+    p = add("model", cmd_model, "prepare the embedding model: export it to ONNX under the model cache (once)")
+    p.add_argument("--encoder", choices=ENCODER_KINDS, help="default: ENGRAM_ENCODER (onnx)")
 
     keys = sub.add_parser("keys", help="the master key's generations: rotate, status, retire")
     key_actions = keys.add_subparsers(dest="action", required=True)

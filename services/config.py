@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.adapters.minilm import ENCODER_KINDS
 from services.application.ranking import DEFAULT_POLICY, FUSION_METHODS, RankingPolicy
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -29,6 +30,13 @@ def _float(name: str, default: float) -> float:
         return default if raw is None else float(raw)
     except ValueError:
         raise SettingError(f"{name}={raw!r} is not a number") from None
+
+
+def _choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = os.environ.get(name, default).strip().lower()
+    if raw not in choices:
+        raise SettingError(f"{name}={raw!r} is not one of {', '.join(choices)}")
+    return raw
 
 
 def _policy(method: str, weights: str) -> RankingPolicy:
@@ -104,6 +112,13 @@ class Settings:
     index_enabled: bool = True
     qdrant_url: str | None = None
     qdrant_api_key: str | None = None
+    # How MiniLM runs: onnx (ONNX Runtime, the default), onnx-int8 (8-bit weights: faster, other
+    # vectors, so `engram rebuild index` on a change) or torch (sentence-transformers).
+    encoder: str = "onnx"
+    # Where the ONNX export of the model is kept (None: <data_dir>/models).
+    model_cache: Path | None = None
+    # ONNX Runtime threads per encode; 0: one per core.
+    encoder_threads: int = 0
     # How dense and BM25 candidates are fused, and their weights; see services/application/ranking.py.
     search_policy: RankingPolicy = DEFAULT_POLICY
     # Cosine from which an active note is reported as similar to one just saved.
@@ -123,6 +138,10 @@ class Settings:
     # Which workers this process runs (`engram serve --role`); several processes share the groups.
     roles: frozenset[str] = frozenset(ROLES)
     consumer_name: str = field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
+
+    @property
+    def model_cache_dir(self) -> Path:
+        return self.model_cache if self.model_cache is not None else self.data_dir / "models"
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -155,6 +174,9 @@ class Settings:
             index_enabled=os.environ.get("ENGRAM_INDEX", "on").lower() not in ("off", "0", "false", "no"),
             qdrant_url=os.environ.get("ENGRAM_QDRANT_URL") or None,
             qdrant_api_key=os.environ.get("ENGRAM_QDRANT_API_KEY") or None,
+            encoder=_choice("ENGRAM_ENCODER", "onnx", ENCODER_KINDS),
+            model_cache=Path(os.environ["ENGRAM_MODEL_CACHE"]) if os.environ.get("ENGRAM_MODEL_CACHE") else None,
+            encoder_threads=_int("ENGRAM_ENCODER_THREADS", 0),
             search_policy=_policy(
                 os.environ.get("ENGRAM_SEARCH_FUSION", ""), os.environ.get("ENGRAM_SEARCH_WEIGHTS", "")
             ),

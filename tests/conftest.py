@@ -17,12 +17,13 @@ import redis
 from services.bootstrap import Engram, build
 from services.bus.client import EngramClient
 from services.config import Settings
-from tests.support import TEST_MASTER_KEY_B64
+from tests.support import TEST_MASTER_KEY_B64, TEST_MODEL_CACHE
 
 TEST_REDIS_URL = os.environ.get("ENGRAM_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
 # In-process services and stores share one master key (subprocesses get their own, generated
 # under their data dir: tests/support.engram_env leaves ENGRAM_* variables out).
 os.environ["ENGRAM_MASTER_KEY"] = TEST_MASTER_KEY_B64
+os.environ["ENGRAM_MODEL_CACHE"] = str(TEST_MODEL_CACHE)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -50,6 +51,7 @@ def service_settings(url: str, **overrides: object) -> Settings:
         "claim_idle_ms": 1_000,
         "max_deliveries": 3,
         "read_wait_seconds": 5.0,
+        "model_cache": TEST_MODEL_CACHE,
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ import queue
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -34,8 +35,13 @@ def master_key_for_tests() -> MasterKey:
     return MasterKey(base64.b64decode(TEST_MASTER_KEY_B64))
 
 
+# The ONNX export of the model, made once for every test (a service's default is its data dir).
+TEST_MODEL_CACHE = Path(tempfile.gettempdir()) / f"engram-test-models-{os.getuid()}"
+
+
 def engram_env(**values: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_") and k != "REDIS_URL"}
+    env["ENGRAM_MODEL_CACHE"] = str(TEST_MODEL_CACHE)
     env.update(values)
     env["PYTHONPATH"] = str(ROOT)
     return env

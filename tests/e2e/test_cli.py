@@ -469,3 +469,14 @@ def test_the_readme_puts_engram_on_path() -> None:
     script = "\n".join([*filter(None, setup), "engram --help"])
     done = subprocess.run(["bash", "-ec", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("usage: engram"), done.stderr
+
+
+def test_engram_model_prepares_the_encoder_in_the_model_cache() -> None:
+    """What the Dockerfile runs at install: the export exists afterwards and a second run only loads it."""
+    from tests.support import TEST_MODEL_CACHE
+
+    code, ready, _ = cli(engram_env(), "model")  # engram_env names the tests' shared model cache
+    assert code == 0 and ready["encoder"] == "onnx" and ready["model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert ready["model_cache"] == str(TEST_MODEL_CACHE) and list(TEST_MODEL_CACHE.glob("all-MiniLM-L6-v2-*.onnx"))
+    code, refused, _ = cli(engram_env(ENGRAM_ENCODER="tf"), "model")
+    assert code == 1 and "ENGRAM_ENCODER='tf' is not one of onnx, onnx-int8, torch" in refused["error"]["message"]

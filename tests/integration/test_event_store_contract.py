@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 import redis.asyncio as aioredis
 
+from contracts import channels
 from contracts.commands import SaveNote, SupersedeNote, UpdateNote
 from services.adapters.event_store import RedisEventStore
 from services.application.ports import Appended, Conflict, EventStore
@@ -113,3 +114,28 @@ async def test_content_claims_are_exclusive_per_user_and_released(store: EventSt
     assert isinstance(await store.append("alice", "c4", await decided(store, update)), Appended)
     assert await store.content_holder("alice", content_digest("Likes black coffee")) is None
     assert await store.content_holder("alice", content_digest("likes green tea")) == holder
+
+
+async def test_an_append_seals_with_the_loaded_key_only_while_it_is_the_stored_one(redis_url: str) -> None:
+    """The Redis store seals an update with the data key its load read (no second read): the
+    append script refuses it if the wrapped key changed or went since (a conflict, decided
+    again), so a key kept from a load never seals anything for a forgotten note."""
+    redis = aioredis.Redis.from_url(redis_url)
+    store = RedisEventStore(redis, partitions=3, idempotency_ttl_seconds=3600, master=master_key_for_tests())
+    try:
+        note_id = await save(store, "carol", "c1", "first")
+        key = channels.data_key(store.partition_of("carol"), "carol", note_id)
+        update = UpdateNote(command_id="c2", user_id="carol", note_id=note_id, content="second")
+        appends = await decided(store, update)
+        wrapped = await redis.get(key)
+        await redis.set(key, b"rewrapped since the load")
+        assert await store.append("carol", "c2", appends) == Conflict(note_id=note_id, actual_version=-1)
+        await redis.delete(key)  # forgotten since the load
+        assert await store.append("carol", "c2", appends) == Conflict(note_id=note_id, actual_version=-1)
+        assert (await store.log_head(store.partition_of("carol")))[1] == 1, "nothing was written"
+        await redis.set(key, wrapped)
+        result = await store.append("carol", "c2", await decided(store, update))
+        assert isinstance(result, Appended) and result.outcome.notes == [(note_id, 2)]
+        assert (await store.load("carol", [note_id]))[note_id].state.content == "second"
+    finally:
+        await redis.aclose()

@@ -208,3 +208,34 @@ async def test_a_put_that_finds_its_key_just_given_back_makes_a_new_note(
     store.content_holder = holder_read_just_before_the_supersede  # type: ignore[method-assign]
     again = await service.execute(PutNote(command_id="p2", user_id="u", category="c", key="k", value={"v": 2}))
     assert again.note_id != held.note_id and again.version == 1  # type: ignore[union-attr]
+
+
+async def test_a_first_attempt_looks_up_no_outcome_and_a_retry_still_gets_its_first_reply(
+    service: CommandService, store: InMemoryEventStore
+) -> None:
+    # The append refuses a used command id by itself: no lookup before deciding.
+    lookups = 0
+    real_outcome = store.outcome
+
+    async def counting(user_id: str, command_id: str):  # type: ignore[no-untyped-def]
+        nonlocal lookups
+        lookups += 1
+        return await real_outcome(user_id, command_id)
+
+    store.outcome = counting  # type: ignore[method-assign]
+    saved = await service.execute(SaveNote(command_id="c1", user_id="u", content="v1"))
+    update = UpdateNote(command_id="c2", user_id="u", note_id=saved.note_id, content="v2")  # type: ignore[union-attr]
+    first = await service.execute(update)
+    assert lookups == 0 and first.version == 2
+    # A retry finds its own values there (nothing to write): the first reply, not the note as it is.
+    again = await service.execute(update)
+    assert (again.version, again.token, again.replayed) == (2, first.token, True)  # type: ignore[union-attr]
+    # A retry after the note moved on decides to write, and the append answers with the first outcome.
+    await service.execute(UpdateNote(command_id="c3", user_id="u", note_id=saved.note_id, content="v3"))  # type: ignore[union-attr]
+    length = (await store.log_head(0))[1]
+    late = await service.execute(update)
+    assert (late.version, late.token, late.replayed) == (2, first.token, True)  # type: ignore[union-attr]
+    assert (await store.log_head(0))[1] == length, "a retry writes nothing"
+    with pytest.raises(EngramError) as info:
+        await service.execute(msgspec.structs.replace(update, content="v4"))
+    assert info.value.code is ErrorCode.IDEMPOTENCY_CONFLICT

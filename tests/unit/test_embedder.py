@@ -89,22 +89,17 @@ async def test_callers_arriving_while_the_model_loads_share_that_one_load(monkey
 
     loads: list[str] = []
 
-    class FakeModel:
-        def get_embedding_dimension(self) -> int:
-            return MiniLMEmbedder.dimension
-
-    def slow_load(path: str) -> FakeModel:
-        loads.append(path)
+    def slow_load(kind: str, cache_dir: object, **options: object) -> object:
+        loads.append(kind)
         time.sleep(0.2)
-        return FakeModel()
+        return object()
 
-    monkeypatch.setattr(module, "load_model", slow_load)
-    monkeypatch.setattr(module, "model_path", lambda: "the-model")
+    monkeypatch.setattr(module, "load_encoder", slow_load)
     embedder = MiniLMEmbedder()
     try:
         await asyncio.gather(embedder.start(), embedder.start(), embedder.start())
         await embedder.start()
-        assert loads == ["the-model"]
+        assert loads == ["onnx"]
     finally:
         embedder.close()
 
@@ -140,3 +135,23 @@ async def test_a_query_never_waits_behind_the_index_projections_batch() -> None:
         assert sorted(t for b in slices for t in b) == sorted([*bulk, "who is my manager?"]), "each text once"
     finally:
         embedder.close()
+
+
+def test_the_encoder_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pathlib import Path
+
+    from services.config import SettingError, Settings
+
+    monkeypatch.delenv("ENGRAM_MODEL_CACHE", raising=False)
+    monkeypatch.setenv("ENGRAM_DATA_DIR", "/srv/engram")
+    default = Settings.from_env()
+    assert default.encoder == "onnx" and default.model_cache_dir == Path("/srv/engram/models")
+    monkeypatch.setenv("ENGRAM_ENCODER", "Torch")
+    monkeypatch.setenv("ENGRAM_MODEL_CACHE", "/var/cache/engram")
+    chosen = Settings.from_env()
+    assert chosen.encoder == "torch" and chosen.model_cache_dir == Path("/var/cache/engram")
+    assert MiniLMEmbedder(encoder="onnx-int8").model_name.endswith("+onnx-int8"), "int8 is another model"
+    assert MiniLMEmbedder(encoder="torch").model_name == MiniLMEmbedder().model_name, "same vectors"
+    monkeypatch.setenv("ENGRAM_ENCODER", "tensorflow")
+    with pytest.raises(SettingError, match="ENGRAM_ENCODER='tensorflow' is not one of onnx, onnx-int8, torch"):
+        Settings.from_env()
