@@ -34,6 +34,7 @@ import redis.asyncio as aioredis
 from tqdm import tqdm
 
 from bench.bench_core import pct, summary
+from bench.bench_encoder import single
 from bench.corpus import notes, question_text
 from contracts import channels
 from contracts.channels import IndexKeys
@@ -77,16 +78,6 @@ def encode_floor(encoder: Encoder, texts: list[str]) -> float:
     for i in range(0, len(texts), 64):
         encoder.encode(texts[i : i + 64])
     return len(texts) / (time.perf_counter() - started)
-
-
-def query_floor(encoder: Encoder, queries: list[str]) -> list[float]:
-    encoder.encode(queries[:20])  # warm
-    times = []
-    for query in queries:
-        t = time.perf_counter()
-        encoder.encode([query])
-        times.append((time.perf_counter() - t) * 1000)
-    return times
 
 
 async def ingest(client: EngramClient, redis: aioredis.Redis, users: int, per_user: int) -> dict[str, float]:
@@ -225,7 +216,7 @@ async def main() -> None:
                 rss, peak = rss_mb(serve.process.pid)
                 results["rss_mb"], results["rss_peak_mb"] = round(rss, 1), round(peak, 1)
                 searches, queries = await search_latency(client, args.users, args.searches)
-                torch_floors, floors = query_floor(reference, queries), query_floor(encoder, queries)
+                torch_floors, floors = single(reference, queries), single(encoder, queries)
                 results["search"] = summary(searches)
                 results["encode_floor"] = summary(floors)
                 results["torch_encode_floor"] = summary(torch_floors)

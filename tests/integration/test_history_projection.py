@@ -59,6 +59,9 @@ async def test_rebuild_while_serving_switches_without_losing_writes(client: Engr
     await mixed_workload(client, steps=30)
     redis = aioredis.Redis.from_url(redis_url)
     before = await live_generation(redis, 0)
+    first = await client.save("writer", "written before the rebuild")
+    # The service's reader now knows the old generation; it must not keep reading it after the swap.
+    assert (await client.get_note("writer", first.note_id, after=first.token)).id == first.note_id
 
     async def keep_writing() -> list[str]:
         ids = []
@@ -77,7 +80,11 @@ async def test_rebuild_while_serving_switches_without_losing_writes(client: Engr
     ids = await writes
     last = await client.save("writer", "after the rebuild")
     listing = await client.list_notes("writer", after=last.token)
-    assert [n.id for n in listing.notes] == [*ids, last.note_id]
+    assert [n.id for n in listing.notes] == [first.note_id, *ids, last.note_id]
+    # Point reads too (they check the live generation inside the read itself).
+    assert (await client.get_note("writer", first.note_id, after=last.token)).content == "written before the rebuild"
+    hits = await client.search("writer", "written before the rebuild", after=last.token)
+    assert first.note_id in [h.note_id for h in hits.results]
     after = await live_generation(redis, 0)
     assert after != before
     assert [k async for k in redis.scan_iter(match=f"{HistoryKeys(0, before).prefix}*")] == []
