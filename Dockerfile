@@ -10,7 +10,8 @@ RUN pip install --no-cache-dir .
 RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/engram engram \
     && mkdir -p /data && chown engram:engram /data && chmod 0700 /data
 ENV HF_HUB_OFFLINE=1 ENGRAM_DATA_DIR=/data ENGRAM_MODEL_CACHE=/opt/engram/models
-# The model's ONNX export is made here, at install, so that no container start waits for it.
-RUN engram model
+# The model's ONNX exports are made here, at install, so that no container start waits for one
+# (and the unprivileged user need not write the cache): the default, and int8 for ENGRAM_ENCODER.
+RUN engram model && engram model --encoder onnx-int8
 USER 10001:10001
 CMD ["engram", "serve"]

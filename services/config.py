@@ -24,6 +24,13 @@ def _int(name: str, default: int) -> int:
         raise SettingError(f"{name}={raw!r} is not a whole number") from None
 
 
+def _at_least(name: str, default: int, least: int) -> int:
+    value = _int(name, default)
+    if value < least:
+        raise SettingError(f"{name}={value} is below {least}")
+    return value
+
+
 def _float(name: str, default: float) -> float:
     raw = os.environ.get(name)
     try:
@@ -176,7 +183,7 @@ class Settings:
             qdrant_api_key=os.environ.get("ENGRAM_QDRANT_API_KEY") or None,
             encoder=_choice("ENGRAM_ENCODER", "onnx", ENCODER_KINDS),
             model_cache=Path(os.environ["ENGRAM_MODEL_CACHE"]) if os.environ.get("ENGRAM_MODEL_CACHE") else None,
-            encoder_threads=_int("ENGRAM_ENCODER_THREADS", 0),
+            encoder_threads=_at_least("ENGRAM_ENCODER_THREADS", 0, 0),
             search_policy=_policy(
                 os.environ.get("ENGRAM_SEARCH_FUSION", ""), os.environ.get("ENGRAM_SEARCH_WEIGHTS", "")
             ),

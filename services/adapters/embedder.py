@@ -27,6 +27,7 @@ from services.adapters.minilm import (
     load_encoder,
     load_model,
     model_path,
+    word_piece_offsets,
 )
 
 __all__ = ["MODEL_NAME", "ChunkPolicy", "Embedder", "MiniLMEmbedder", "load_model", "model_path"]
@@ -177,8 +178,7 @@ class MiniLMEmbedder:
     def chunks(self, text: str) -> list[str]:
         """Windows of at most ``max_tokens`` word pieces with ``overlap`` between neighbours, cut
         at token boundaries of the original text (offsets), so nothing is re-spelled."""
-        model = self._model if self._model is not None else self._load_encoder()
-        offsets = model.offsets(text)
+        offsets = word_piece_offsets(text)
         size, overlap = self._chunking.max_tokens, self._chunking.overlap
         if len(offsets) <= size:
             return [text]

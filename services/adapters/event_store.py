@@ -4,6 +4,7 @@ single Lua script (one round trip, atomic) that checks expected versions, refuse
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -113,28 +114,37 @@ def decode_event(raw: bytes) -> AnyEvent:
     return _event_decoder.decode(raw)
 
 
-# How many notes' data keys the store keeps between a load and the append that follows it.
+# How many notes' data keys the store keeps between a load and the append that follows it, and
+# for how long: an append follows its load within milliseconds, and an unwrapped key of a note
+# forgotten by another worker is not to stay in this one's memory.
 LOADED_KEYS = 1024
+LOADED_KEY_SECONDS = 2.0
 
 
 class _LoadedKeys:
     """The data keys of the notes loaded last, by note: wrapped as read, and unwrapped. An append
     seals with the key its load read instead of reading it again, and its script checks that
     the wrapped key is still the one stored, so a key kept here seals nothing once a forget has
-    deleted it (and a forget made here drops it at once)."""
+    deleted it (and a forget made here drops it at once). Each is kept for seconds only."""
 
-    def __init__(self, size: int = LOADED_KEYS) -> None:
+    def __init__(self, size: int = LOADED_KEYS, seconds: float = LOADED_KEY_SECONDS) -> None:
         self._size = size
-        self._keys: OrderedDict[tuple[str, str], tuple[bytes, NoteCipher]] = OrderedDict()
+        self._seconds = seconds
+        self._keys: OrderedDict[tuple[str, str], tuple[float, bytes, NoteCipher]] = OrderedDict()
 
     def keep(self, user_id: str, note_id: str, wrapped: bytes, cipher: NoteCipher) -> None:
-        self._keys[user_id, note_id] = (wrapped, cipher)
+        now = time.monotonic()
+        self._keys[user_id, note_id] = (now + self._seconds, wrapped, cipher)
         self._keys.move_to_end((user_id, note_id))
-        if len(self._keys) > self._size:
+        # Oldest first: drop the expired, and the least recent beyond the bound.
+        while self._keys and (len(self._keys) > self._size or next(iter(self._keys.values()))[0] <= now):
             self._keys.popitem(last=False)
 
     def get(self, user_id: str, note_id: str) -> tuple[bytes, NoteCipher] | None:
-        return self._keys.get((user_id, note_id))
+        held = self._keys.get((user_id, note_id))
+        if held is None or held[0] <= time.monotonic():
+            return None
+        return held[1], held[2]
 
     def drop(self, user_id: str, note_id: str) -> None:
         self._keys.pop((user_id, note_id), None)
@@ -194,6 +204,8 @@ class RedisEventStore:
             cipher = self._cipher(wrapped, user_id, note_id)
             if cipher is not None:
                 self._loaded_keys.keep(user_id, note_id, wrapped, cipher)
+            else:  # forgotten: its key is gone from Redis, and from here
+                self._loaded_keys.drop(user_id, note_id)
             state = fold(_open(decode_event(fields[b"e"]), cipher) for _, fields in entries)
             loaded[note_id] = LoadedNote(state=state, position=entries[-1][1][b"l"].decode())
         return loaded

@@ -14,13 +14,14 @@ of the token vectors under the attention mask, unit length, at most 256 word pie
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
 import os
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol, get_args
 
@@ -32,6 +33,9 @@ DIMENSION = 384
 MAX_TOKENS = 256
 
 EncoderKind = Literal["onnx", "onnx-int8", "torch"]
+# In the exported files' names: a change to how they are made (export or quantization) makes
+# new files instead of reusing old ones. int8c: int8 weights with a scale per output channel.
+EXPORT_VERSION = "x1"
 ENCODER_KINDS: tuple[str, ...] = get_args(EncoderKind)
 
 
@@ -97,9 +101,6 @@ class OnnxMiniLM:
         self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
         self._tokenizer.enable_truncation(MAX_TOKENS)
         self._tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
-        self._pieces = Tokenizer.from_file(str(tokenizer_file))
-        self._pieces.no_truncation()
-        self._pieces.no_padding()
         self._batch_size = batch_size
 
     def encode(self, texts: Sequence[str]) -> list[list[float]]:
@@ -125,12 +126,29 @@ class OnnxMiniLM:
         return vectors
 
     def offsets(self, text: str) -> list[tuple[int, int]]:
-        return list(self._pieces.encode(text, add_special_tokens=False).offsets)
+        return word_piece_offsets(text)
 
 
 _load_lock = threading.Lock()
+_encoder_lock = threading.Lock()
+_pieces_lock = threading.Lock()
 _loaded: dict[tuple[str, str, int], Encoder] = {}
 _torch_models: dict[str, Any] = {}
+_pieces: Any = None
+
+
+def word_piece_offsets(text: str) -> list[tuple[int, int]]:
+    """Where each of the model's word pieces lies in ``text``: its own tokenizer file alone (no
+    model, no export), so chunking never waits for a model to load."""
+    global _pieces
+    with _pieces_lock:  # one fast tokenizer is not to be called from two threads at once
+        if _pieces is None:
+            from tokenizers import Tokenizer
+
+            _pieces = Tokenizer.from_file(f"{model_path()}/tokenizer.json")
+            _pieces.no_truncation()
+            _pieces.no_padding()
+        return list(_pieces.encode(text, add_special_tokens=False).offsets)
 
 
 def load_model(path: str) -> Any:
@@ -151,17 +169,18 @@ def load_encoder(kind: str, cache_dir: Path, *, batch_size: int = 64, threads: i
     if kind not in ENCODER_KINDS:
         raise ValueError(f"unknown encoder {kind!r}: one of {', '.join(ENCODER_KINDS)}")
     key = (kind, str(cache_dir), threads)
-    if key in _loaded:
+    with _encoder_lock:  # callers racing for the same encoder build it once
+        if key not in _loaded:
+            source = Path(model_path())
+            if kind == "torch":
+                _loaded[key] = TorchMiniLM(load_model(str(source)), batch_size)
+            else:
+                onnx_file = exported_model(source, cache_dir, quantized=kind == "onnx-int8")
+                # 0: one thread per CPU this process may run on (not ONNX Runtime's own count of
+                # the machine's cores, which ignores an affinity mask).
+                count = threads or len(os.sched_getaffinity(0))
+                _loaded[key] = OnnxMiniLM(onnx_file, source / "tokenizer.json", batch_size, count)
         return _loaded[key]
-    source = Path(model_path())
-    encoder: Encoder
-    if kind == "torch":
-        encoder = TorchMiniLM(load_model(str(source)), batch_size)
-    else:
-        onnx_file = exported_model(source, cache_dir, quantized=kind == "onnx-int8")
-        encoder = OnnxMiniLM(onnx_file, source / "tokenizer.json", batch_size, threads)
-    with _load_lock:
-        return _loaded.setdefault(key, encoder)
 
 
 def exported_model(source: Path, cache_dir: Path, *, quantized: bool) -> Path:
@@ -170,12 +189,20 @@ def exported_model(source: Path, cache_dir: Path, *, quantized: bool) -> Path:
     (a file lock), and the file appears whole or not at all (written aside, then renamed)."""
     weights = source / "model.safetensors"
     digest = _file_digest(weights)[:16]
-    plain = cache_dir / f"all-MiniLM-L6-v2-{digest}.onnx"
-    target = cache_dir / f"all-MiniLM-L6-v2-{digest}-int8.onnx" if quantized else plain
+    plain = cache_dir / f"all-MiniLM-L6-v2-{digest}-{EXPORT_VERSION}.onnx"
+    target = cache_dir / f"all-MiniLM-L6-v2-{digest}-{EXPORT_VERSION}-int8c.onnx" if quantized else plain
     if target.exists():
         return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with open(cache_dir / ".export.lock", "w") as lock:
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(cache_dir / ".export.lock", "w")  # noqa: SIM115 (held across the export below)
+    except OSError as e:
+        raise RuntimeError(
+            f"the model cache {cache_dir} has no {target.name} and cannot be written ({e.strerror}): run "
+            f"`engram model{' --encoder onnx-int8' if quantized else ''}` where it can, or point "
+            "ENGRAM_MODEL_CACHE at a writable directory"
+        ) from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not plain.exists():
             log.info("exporting %s to ONNX in %s (once for this model cache)", MODEL_NAME, cache_dir)
@@ -215,7 +242,7 @@ def _export(source: Path, target: Path) -> None:
     names = ["input_ids", "attention_mask", "token_type_ids"]
     example = torch.ones(2, 8, dtype=torch.long)
     partial = target.with_suffix(f".{os.getpid()}.partial")
-    with warnings.catch_warnings(), torch.no_grad():
+    with _written_whole(partial, target), warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the tracer's notes on Python control flow in the model
         torch.onnx.export(
             LastHiddenState(),
@@ -227,7 +254,6 @@ def _export(source: Path, target: Path) -> None:
             opset_version=17,
             dynamo=False,
         )
-    os.replace(partial, target)
 
 
 def _quantize(plain: Path, target: Path) -> None:
@@ -236,5 +262,18 @@ def _quantize(plain: Path, target: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     partial = target.with_suffix(f".{os.getpid()}.partial")
-    quantize_dynamic(plain, partial, weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"])
-    os.replace(partial, target)
+    with _written_whole(partial, target):
+        quantize_dynamic(plain, partial, weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"])
+
+
+@contextlib.contextmanager
+def _written_whole(partial: Path, target: Path) -> Iterator[None]:
+    """``partial`` becomes ``target`` once written and on disk (a crash never leaves a truncated
+    model under the name a start would load), and is removed if writing it failed."""
+    try:
+        yield
+        with open(partial, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)

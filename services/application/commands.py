@@ -192,7 +192,7 @@ class _Put(Work[NoteWritten | NotesWritten]):
     authority, not a read model), then updated; with none, a new note claims the key. Two puts
     racing on a new key: one claim wins, the other decides again and updates the winner."""
 
-    writes_while_deciding = True  # it forgets an expired holder before deciding
+    replay_first = True  # it forgets an expired holder before deciding
 
     def __init__(self, service: CommandService, command: PutNote) -> None:
         self._service = service

@@ -233,6 +233,8 @@ class _Expire(Work[NoteWritten]):
 class _ForgetNotes(Work[ForgetReply]):
     """A ``RequestForget`` by ids: each note asked about, forgotten, or lapsed and asked again."""
 
+    replay_first = True  # a refusal lists the user's notes (the "did you mean"): a retry skips it
+
     def __init__(self, service: ForgetService, command: RequestForget) -> None:
         self._service = service
         self._command = command

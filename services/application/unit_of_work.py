@@ -66,9 +66,10 @@ class Work(ABC, Generic[R]):
         """Another note holds the content this attempt claimed: a reply, or None to decide again."""
         raise AssertionError(f"{type(self).__name__} claimed a content it does not handle: {refusal}")
 
-    # True for a work whose ``decide`` may write (a put expiring the note it found): a retry must
-    # be told apart before deciding, so that it writes nothing at all.
-    writes_while_deciding = False
+    # True for a work that must know a retry before deciding: its ``decide`` may write (a put
+    # expiring the note it found), so a retry would write again, or its refusal is costly to
+    # build (a forget's "did you mean" reads the user's notes), so a retry would pay it again.
+    replay_first = False
 
 
 async def run(store: EventStore, command: AnyCommand, work: Work[R]) -> R:
@@ -84,7 +85,7 @@ async def run(store: EventStore, command: AnyCommand, work: Work[R]) -> R:
             )
         return await work.replay(first)
 
-    if work.writes_while_deciding and (first := await store.outcome(user_id, command_id)) is not None:
+    if work.replay_first and (first := await store.outcome(user_id, command_id)) is not None:
         return await replay(first)
     for attempt in range(MAX_ATTEMPTS):
         try:

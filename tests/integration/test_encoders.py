@@ -60,6 +60,13 @@ def test_the_export_is_made_once_per_cache_and_whole(tmp_path: Path, monkeypatch
     assert cosines(vectors, load_encoder("onnx", TEST_MODEL_CACHE).encode(TEXTS[:2])).min() > 0.99999
 
 
+def test_a_cache_that_cannot_be_written_is_named_in_the_error(tmp_path: Path) -> None:
+    """A read-only image without the export asked for: one clear line, not a PermissionError loop."""
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(RuntimeError, match=r"cannot be written .*engram model --encoder onnx-int8.*ENGRAM_MODEL_CACHE"):
+        exported_model(Path(model_path()), tmp_path / "a-file" / "models", quantized=True)
+
+
 async def test_int8_weights_are_close_but_another_model_for_the_index(redis_url: str) -> None:
     """Switching between fp32 and int8 must go through `engram rebuild index`: the vectors differ."""
     int8, fp32 = load_encoder("onnx-int8", TEST_MODEL_CACHE), load_encoder("onnx", TEST_MODEL_CACHE)

@@ -152,6 +152,10 @@ def test_the_encoder_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     assert chosen.encoder == "torch" and chosen.model_cache_dir == Path("/var/cache/engram")
     assert MiniLMEmbedder(encoder="onnx-int8").model_name.endswith("+onnx-int8"), "int8 is another model"
     assert MiniLMEmbedder(encoder="torch").model_name == MiniLMEmbedder().model_name, "same vectors"
+    monkeypatch.setenv("ENGRAM_ENCODER_THREADS", "-1")
+    with pytest.raises(SettingError, match="ENGRAM_ENCODER_THREADS=-1 is below 0"):
+        Settings.from_env()
+    monkeypatch.delenv("ENGRAM_ENCODER_THREADS")
     monkeypatch.setenv("ENGRAM_ENCODER", "tensorflow")
     with pytest.raises(SettingError, match="ENGRAM_ENCODER='tensorflow' is not one of onnx, onnx-int8, torch"):
         Settings.from_env()
