@@ -817,16 +817,30 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="engram", description="Engram: long-term memory for LLM agents.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def add(
-        name: str, run: Callable[[argparse.Namespace], int], help: str, user: bool = False
-    ) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
+    def common(p: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int], user: bool) -> None:
         p.set_defaults(run=run)
         p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
         if user:
             p.add_argument("--user", required=True, help="the user whose memory this is")
             p.add_argument("--timeout", type=float, default=None, help="seconds to wait for a reply")
+
+    def add(
+        name: str, run: Callable[[argparse.Namespace], int], help: str, user: bool = False
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        common(p, run, user)
         return p
+
+    def add_actions(
+        name: str, run: Callable[[argparse.Namespace], int], help: str, actions: dict[str, str], user: bool = False
+    ) -> dict[str, argparse.ArgumentParser]:
+        """A command of several actions (`engram NAME ACTION`), each with ``--json``; their parsers, to add to."""
+        group = sub.add_parser(name, help=help).add_subparsers(dest="action", required=True)
+        parsers: dict[str, argparse.ArgumentParser] = {}
+        for action, action_help in actions.items():
+            parsers[action] = group.add_parser(action, help=action_help, description=action_help)
+            common(parsers[action], run, user)
+        return parsers
 
     p = add("serve", cmd_serve, "run the workers (command handler, projections, query responders, forget saga)")
     p.add_argument(
@@ -958,23 +972,22 @@ def _parser() -> argparse.ArgumentParser:
         "itself and names the user in X-Engram-User",
     )
 
-    tokens = sub.add_parser("tokens", help="bearer tokens of the MCP server over HTTP: create, list, revoke")
-    token_actions = tokens.add_subparsers(dest="action", required=True)
-    for action, help in (
-        ("create", "a new token for one user (or the operator role), printed once"),
-        ("list", "every token: id, user or role, when made, when it expires"),
-        ("revoke", "refuse a token from its next request on"),
-    ):
-        p = token_actions.add_parser(action, help=help, description=help)
-        p.set_defaults(run=cmd_tokens)
-        p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-        if action == "create":
-            p.add_argument("--user", help="the user the token acts as")
-            p.add_argument("--operator", action="store_true", help="a token that may name any user per request")
-            p.add_argument("--label", default="", help="what the token is for (shown by list)")
-            p.add_argument("--expires-in-days", type=float, help="refused after this many days (default: never)")
-        if action == "revoke":
-            p.add_argument("token_id", help="the id `engram tokens list` shows")
+    tokens = add_actions(
+        "tokens",
+        cmd_tokens,
+        "bearer tokens of the MCP server over HTTP: create, list, revoke",
+        {
+            "create": "a new token for one user (or the operator role), printed once",
+            "list": "every token: id, user or role, when made, when it expires",
+            "revoke": "refuse a token from its next request on",
+        },
+    )
+    p = tokens["create"]
+    p.add_argument("--user", help="the user the token acts as")
+    p.add_argument("--operator", action="store_true", help="a token that may name any user per request")
+    p.add_argument("--label", default="", help="what the token is for (shown by list)")
+    p.add_argument("--expires-in-days", type=float, help="refused after this many days (default: never)")
+    tokens["revoke"].add_argument("token_id", help="the id `engram tokens list` shows")
 
     p = add("context", _with_client(cmd_context), "the user's memory as a prompt block", user=True)
     p.add_argument("--format", choices=["markdown", "xml"], default="markdown")
@@ -986,34 +999,31 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=_bounded(int, 1, 65_535), default=8780, help="port to listen on (default 8780)")
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (loopback by default)")
 
-    memory = sub.add_parser("memory", help="requirements §3's /memory: list, or delete ID at once")
-    actions = memory.add_subparsers(dest="action", required=True)
-    for action, help in (("list", "the user's memories, by category"), ("delete", "delete one memory at once")):
-        p = actions.add_parser(action, help=help, description=help)
-        p.set_defaults(run=_with_client(cmd_memory))
-        p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-        p.add_argument("--user", required=True, help="the user whose memory this is")
-        p.add_argument("--timeout", type=float, default=None, help="seconds to wait for a reply")
-        if action == "delete":
-            p.add_argument("note_id")
+    memory = add_actions(
+        "memory",
+        _with_client(cmd_memory),
+        "requirements §3's /memory: list, or delete ID at once",
+        {"list": "the user's memories, by category", "delete": "delete one memory at once"},
+        user=True,
+    )
+    memory["delete"].add_argument("note_id")
 
     add("health", cmd_health, "bus reachable? projection and request-group lag, pending deletions")
 
     p = add("model", cmd_model, "prepare the embedding model: export it to ONNX under the model cache (once)")
     p.add_argument("--encoder", choices=ENCODER_KINDS, help="default: ENGRAM_ENCODER (onnx)")
 
-    keys = sub.add_parser("keys", help="the master key's generations: rotate, status, retire")
-    key_actions = keys.add_subparsers(dest="action", required=True)
-    for action, help in (
-        ("rotate", "re-wrap every note's data key under a new master-key generation; resumes one in progress"),
-        ("status", "the master-key generation in use, a rotation in progress, each worker's generations"),
-        ("retire", "after a rotation: take the older generations out of the keyring file"),
-    ):
-        p = key_actions.add_parser(action, help=help, description=help)
-        p.set_defaults(run=cmd_keys)
-        p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-        if action == "status":
-            continue
+    keys = add_actions(
+        "keys",
+        cmd_keys,
+        "the master key's generations: rotate, status, retire",
+        {
+            "rotate": "re-wrap every note's data key under a new master-key generation; resumes one in progress",
+            "status": "the master-key generation in use, a rotation in progress, each worker's generations",
+            "retire": "after a rotation: take the older generations out of the keyring file",
+        },
+    )
+    for p in (keys["rotate"], keys["retire"]):
         p.add_argument(
             "--wait",
             dest="wait_seconds",
@@ -1022,13 +1032,12 @@ def _parser() -> argparse.ArgumentParser:
             help="seconds to wait for every worker to hold and use the new generation (default 60)",
         )
         p.add_argument("--batch", type=_bounded(int, 1, 10_000), default=500, help="log entries a round (default 500)")
-        if action == "rotate":
-            p.add_argument(
-                "--pause",
-                type=_bounded(float, 0, 60),
-                default=0.0,
-                help="seconds between rounds, to spare a busy Redis",
-            )
+    keys["rotate"].add_argument(
+        "--pause",
+        type=_bounded(float, 0, 60),
+        default=0.0,
+        help="seconds between rounds, to spare a busy Redis",
+    )
 
     p = add("export", cmd_export, "write the raw event log (sealed) and data keys as JSON lines")
     p.add_argument("--out", required=True)
