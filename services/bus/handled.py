@@ -12,6 +12,10 @@ answered, is when the last of them is. An append-only file keeps the ``XADD`` un
 rewritten: that is the scrub after a forget (``services/adapters/scrub.py``), which also trims
 what a failed delete left. An entry whose handler failed is not deleted: it stays pending for
 the reclaimer to deliver again (``services/bus/reclaimer.py``).
+
+The reply, the ack and the delete travel in one transaction (one round trip), the reply first: a
+request is never acked unless its reply is sent. Through a cluster, whose pipelines route
+by key and a reply channel is none, the reply goes on its own and the ack and delete after it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Any
 from faststream import BaseMiddleware
 from faststream.message import AckStatus
 from faststream.redis.message import RedisStreamMessage
+from faststream.redis.response import RedisPublishCommand
+from faststream.response.publish_type import PublishType
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisError
 
@@ -36,6 +42,36 @@ class DeleteHandled(BaseMiddleware):
         self.handled = msg
         return result
 
+    async def publish_scope(self, call_next: Any, cmd: Any) -> Any:
+        message = getattr(self, "handled", None)
+        if not (
+            isinstance(cmd, RedisPublishCommand)
+            and cmd.publish_type is PublishType.REPLY
+            and cmd.pipeline is None
+            and isinstance(message, RedisStreamMessage)
+            and message.group is not None
+            and type(message.consumer) is Redis  # not a cluster, nor TestRedisBroker's stand-in
+        ):
+            return await call_next(cmd)
+        redis: Redis = message.consumer
+        channel, ids = message.raw_message["channel"], message.raw_message["message_ids"]
+        # MULTI/EXEC: a reply Redis refuses to queue (an ACL without its channel) aborts the
+        # ack and the delete with it, so the request stays pending, as when sent on its own.
+        async with redis.pipeline(transaction=True) as pipe:
+            cmd.pipeline = pipe
+            await call_next(cmd)  # the reply, queued in the pipeline (the middlewares within see it)
+            pipe.xack(channel, message.group, *ids)
+            pipe.xdel(channel, *ids)
+            published, *done = await pipe.execute(raise_on_error=False)
+        if isinstance(published, Exception):
+            raise published  # as a reply sent on its own would: the request stays pending
+        if failed := next((r for r in done if isinstance(r, Exception)), None):
+            log.warning("a handled request could not be deleted from %s: %r", channel, failed)
+        else:
+            message.committed = AckStatus.ACKED
+        self.deleted = True
+        return published
+
     async def after_processed(
         self,
         exc_type: type[BaseException] | None = None,
@@ -43,7 +79,12 @@ class DeleteHandled(BaseMiddleware):
         exc_tb: TracebackType | None = None,
     ) -> bool | None:
         message = getattr(self, "handled", None)
-        if exc_type is None and isinstance(message, RedisStreamMessage) and message.group is not None:
+        if (
+            exc_type is None
+            and not getattr(self, "deleted", False)
+            and isinstance(message, RedisStreamMessage)
+            and message.group is not None
+        ):
             try:
                 await _ack_and_delete(message)
             except (RedisError, OSError) as e:
@@ -61,7 +102,7 @@ async def _ack_and_delete(message: RedisStreamMessage) -> None:
         await message.delete()
         return
     channel, ids = message.raw_message["channel"], message.raw_message["message_ids"]
-    async with redis.pipeline(transaction=False) as pipe:
+    async with redis.pipeline(transaction=True) as pipe:
         pipe.xack(channel, message.group, *ids)
         pipe.xdel(channel, *ids)
         await pipe.execute()

@@ -115,6 +115,9 @@ class Rule(NamedTuple):
 
     ids: Callable[[Any, int], list[str]]
     decide: Callable[[Any, Mapping[str, NoteState], list[str], Circumstances], list[StreamAppend]]
+    # Its ids are new ones derived from the command id: they name no note, save on a retry
+    # (whose outcome answers first) or a collision (which the append's version check catches).
+    creates: bool = False
 
 
 def _new_ids(count: Callable[[Any], int]) -> Callable[[Any, int], list[str]]:
@@ -161,15 +164,15 @@ def _decide_record_many(
 # the two cannot drift apart. Erasing a user or a session needs every note of the user, so those
 # are decided by ``decide_forget_user`` / ``decide_forget_session`` on what the caller loaded.
 RULES: dict[type[AnyCommand], Rule] = {
-    SaveNote: Rule(ids=_new_ids(lambda c: 1), decide=_decide_save),
-    SaveNotes: Rule(ids=_new_ids(lambda c: len(c.notes)), decide=_decide_save_many),
+    SaveNote: Rule(ids=_new_ids(lambda c: 1), decide=_decide_save, creates=True),
+    SaveNotes: Rule(ids=_new_ids(lambda c: len(c.notes)), decide=_decide_save_many, creates=True),
     UpdateNote: Rule(ids=lambda c, _: [c.note_id], decide=lambda c, s, ids, w: _update(c, s[c.note_id], w.now)),
     SupersedeNote: Rule(
         ids=lambda c, _: [c.note_id, c.superseded_by],
         decide=lambda c, s, ids, w: _supersede(c, s[c.note_id], s[c.superseded_by], w.now),
     ),
-    RecordMessage: Rule(ids=_new_ids(lambda c: 1), decide=_decide_record),
-    RecordMessages: Rule(ids=_new_ids(lambda c: len(c.messages)), decide=_decide_record_many),
+    RecordMessage: Rule(ids=_new_ids(lambda c: 1), decide=_decide_record, creates=True),
+    RecordMessages: Rule(ids=_new_ids(lambda c: len(c.messages)), decide=_decide_record_many, creates=True),
     RetractMessage: Rule(
         ids=lambda c, _: [c.message_id], decide=lambda c, s, ids, w: _retract(c, s[c.message_id], w.now)
     ),
@@ -195,6 +198,11 @@ def _rule(command: AnyCommand) -> Rule:
 def note_ids_for(command: AnyCommand, attempt: int = 0) -> list[str]:
     """The notes whose state ``decide`` needs, in a stable order."""
     return _rule(command).ids(command, attempt)
+
+
+def creates_notes(command: AnyCommand) -> bool:
+    """Whether the notes ``note_ids_for`` names are ones the command creates (see ``Rule.creates``)."""
+    return _rule(command).creates
 
 
 def decide(

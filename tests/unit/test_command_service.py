@@ -8,10 +8,12 @@ from datetime import UTC, datetime
 import msgspec
 import pytest
 
-from contracts.commands import PutNote, SaveNote, SupersedeNote, UpdateNote
+from contracts.commands import NoteDraft, PutNote, SaveNote, SaveNotes, SupersedeNote, UpdateNote
 from contracts.errors import EngramError, ErrorCode
 from services.application.commands import CommandService
+from services.domain.decider import decide
 from services.domain.ids import new_note_id
+from services.domain.note import ABSENT
 from tests.fakes import InMemoryEventStore
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
@@ -95,12 +97,35 @@ async def test_a_derived_id_taken_by_another_note_moves_to_the_next_attempt(
     # Plant a note at the id the next command would derive first.
     taken = new_note_id("u", "c2", 0, 0)
     planted = SaveNote(command_id="plant", user_id="u", content="planted")
-    from services.domain.decider import decide
-
     appends = decide(planted, {taken: (await store.load("u", [taken]))[taken].state}, [taken], NOW)
     await store.append("u", "plant", appends)
     reply = await service.execute(SaveNote(command_id="c2", user_id="u", content="mine"))
     assert reply.note_id == new_note_id("u", "c2", 0, 1)  # type: ignore[union-attr]
+
+
+async def test_a_save_appends_without_reading_first_and_still_steps_over_a_taken_id(
+    service: CommandService, store: InMemoryEventStore
+) -> None:
+    real_load, loads = store.load, []
+
+    async def counted(user_id, note_ids):  # type: ignore[no-untyped-def]
+        loads.append(list(note_ids))
+        return await real_load(user_id, note_ids)
+
+    store.load = counted  # type: ignore[method-assign]
+    first = await service.execute(SaveNote(command_id="c1", user_id="u", content="one"))
+    await service.execute(SaveNotes(command_id="c2", user_id="u", notes=[NoteDraft(content="two")]))
+    assert loads == [], "a new note's id names nothing yet: nothing to read"
+    # The next command's first derived id is already a note: the append refuses the presumption,
+    # the second attempt reads the note, and the save moves on to the next derived id.
+    taken = new_note_id("u", "c3", 0, 0)
+    planted = decide(SaveNote(command_id="plant", user_id="u", content="planted"), {taken: ABSENT}, [taken], NOW)
+    await store.append("u", "plant", planted)
+    reply = await service.execute(SaveNote(command_id="c3", user_id="u", content="three"))
+    assert reply.note_id == new_note_id("u", "c3", 0, 1) and reply.version == 1  # type: ignore[union-attr]
+    assert loads == [[taken], [reply.note_id]]  # type: ignore[union-attr]
+    again = await service.execute(SaveNote(command_id="c1", user_id="u", content="one"))
+    assert again.replayed and again.note_id == first.note_id, "a retry still gets its first outcome"  # type: ignore[union-attr]
 
 
 async def test_an_update_that_changes_nothing_appends_nothing(
