@@ -54,7 +54,7 @@ class DeleteHandled(BaseMiddleware):
         ):
             return await call_next(cmd)
         redis: Redis = message.consumer
-        channel, ids = message.raw_message["channel"], message.raw_message["message_ids"]
+        channel = message.raw_message["channel"]
         # MULTI/EXEC: a reply Redis refuses to queue (an ACL without its channel) aborts the
         # ack and the delete with it and raises here, so the request stays pending, as when the
         # reply is sent on its own. (The middlewares within, tracing's span among them, see the
@@ -62,9 +62,7 @@ class DeleteHandled(BaseMiddleware):
         async with redis.pipeline(transaction=True) as pipe:
             cmd.pipeline = pipe
             await call_next(cmd)  # the reply, queued in the pipeline
-            pipe.xack(channel, message.group, *ids)
-            pipe.xdel(channel, *ids)
-            published, *done = await pipe.execute(raise_on_error=False)
+            published, *done = await _queue_ack_and_delete(pipe, message).execute(raise_on_error=False)
         if isinstance(published, Exception):
             # Refused only when run (an ACL changed between MULTI and EXEC): the ack and delete
             # ran all the same. The caller gets no reply; its retry is answered from the outcome.
@@ -105,9 +103,11 @@ async def _ack_and_delete(message: RedisStreamMessage) -> None:
         await message.ack()
         await message.delete()
         return
-    channel, ids = message.raw_message["channel"], message.raw_message["message_ids"]
     async with redis.pipeline(transaction=False) as pipe:
-        pipe.xack(channel, message.group, *ids)
-        pipe.xdel(channel, *ids)
-        await pipe.execute()
+        await _queue_ack_and_delete(pipe, message).execute()
     message.committed = AckStatus.ACKED
+
+
+def _queue_ack_and_delete(pipe: Any, message: RedisStreamMessage) -> Any:
+    channel, ids = message.raw_message["channel"], message.raw_message["message_ids"]
+    return pipe.xack(channel, message.group, *ids).xdel(channel, *ids)

@@ -115,14 +115,19 @@ class Rule(NamedTuple):
 
     ids: Callable[[Any, int], list[str]]
     decide: Callable[[Any, Mapping[str, NoteState], list[str], Circumstances], list[StreamAppend]]
-    # Its ids are new ones derived from the command id: they name no note, save on a retry
-    # (whose outcome answers first) or a collision (which the append's version check catches).
+    # Its ids are new ones derived from the command id (``_creating``): they name no note, save
+    # on a retry (whose outcome answers first) or a collision (the append's version check).
     creates: bool = False
 
 
-def _new_ids(count: Callable[[Any], int]) -> Callable[[Any, int], list[str]]:
-    """Ids for the notes a command creates, derived from its command id (a retry derives the same)."""
-    return lambda c, attempt: [new_note_id(c.user_id, c.command_id, i, attempt) for i in range(count(c))]
+def _creating(count: Callable[[Any], int], decide: Callable[..., list[StreamAppend]]) -> Rule:
+    """The rule of a command that creates ``count(command)`` notes, under ids derived from its
+    command id (a retry derives the same)."""
+
+    def ids(command: Any, attempt: int) -> list[str]:
+        return [new_note_id(command.user_id, command.command_id, i, attempt) for i in range(count(command))]
+
+    return Rule(ids=ids, decide=decide, creates=True)
 
 
 def _decide_save(c: SaveNote, states: Mapping[str, NoteState], ids: list[str], w: Circumstances) -> list[StreamAppend]:
@@ -164,15 +169,15 @@ def _decide_record_many(
 # the two cannot drift apart. Erasing a user or a session needs every note of the user, so those
 # are decided by ``decide_forget_user`` / ``decide_forget_session`` on what the caller loaded.
 RULES: dict[type[AnyCommand], Rule] = {
-    SaveNote: Rule(ids=_new_ids(lambda c: 1), decide=_decide_save, creates=True),
-    SaveNotes: Rule(ids=_new_ids(lambda c: len(c.notes)), decide=_decide_save_many, creates=True),
+    SaveNote: _creating(lambda c: 1, _decide_save),
+    SaveNotes: _creating(lambda c: len(c.notes), _decide_save_many),
     UpdateNote: Rule(ids=lambda c, _: [c.note_id], decide=lambda c, s, ids, w: _update(c, s[c.note_id], w.now)),
     SupersedeNote: Rule(
         ids=lambda c, _: [c.note_id, c.superseded_by],
         decide=lambda c, s, ids, w: _supersede(c, s[c.note_id], s[c.superseded_by], w.now),
     ),
-    RecordMessage: Rule(ids=_new_ids(lambda c: 1), decide=_decide_record, creates=True),
-    RecordMessages: Rule(ids=_new_ids(lambda c: len(c.messages)), decide=_decide_record_many, creates=True),
+    RecordMessage: _creating(lambda c: 1, _decide_record),
+    RecordMessages: _creating(lambda c: len(c.messages), _decide_record_many),
     RetractMessage: Rule(
         ids=lambda c, _: [c.message_id], decide=lambda c, s, ids, w: _retract(c, s[c.message_id], w.now)
     ),
