@@ -5,8 +5,10 @@ rewritten once the read model has dropped it; the index never held either)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
+import pytest
 import redis.asyncio as aioredis
 
 from contracts import channels
@@ -14,8 +16,34 @@ from services.adapters.redis_server import RedisServer
 from services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
 
+# Generous: in one full CI run on a slow evening the start-up scrub was still owed after 10 s (its
+# cause not seen; a failure now says what held it). What is checked is what is on disk, not how soon.
+SETTLE_SECONDS = 60.0
 
-async def test_no_file_under_the_data_dir_holds_a_forgotten_text(tmp_path: Path) -> None:
+
+async def why_not_settled(running: RunningService, redis: aioredis.Redis) -> str:
+    """What kept the start-up scrub owed: a pending command, the history behind the log, or an
+    AOF rewrite that would not start; and what the scrubber logged."""
+    scrubber = running.engram.scrubber
+    assert scrubber is not None
+    persistence = await redis.info("persistence")
+    engram = running.engram
+    lag = [
+        (p, (await engram.store.log_head(p))[0], await engram.history.checkpoint(p))
+        for p in range(engram.settings.partitions)
+    ]
+    return (
+        f"quiet={await scrubber._quiet()} commands pending={await scrubber._commands_pending()} "
+        f"(partition, log head, history checkpoint)={lag} "
+        f"aof_rewrite_in_progress={persistence.get('aof_rewrite_in_progress')} "
+        f"aof_rewrite_scheduled={persistence.get('aof_rewrite_scheduled')}"
+    )
+
+
+async def test_no_file_under_the_data_dir_holds_a_forgotten_text(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="engram.scrub")
     secret = "The alarm code for the Pacific Heights flat is 8093-zebra"
     subject = "Wilhelmina Cartwright-Oduya"
     needles = [b"8093-zebra", b"Wilhelmina", b"wilhelmina", b"Cartwright"]
@@ -30,11 +58,11 @@ async def test_no_file_under_the_data_dir_holds_a_forgotten_text(tmp_path: Path)
         # first quiet moment; a rewrite after the saves below would take away what this test
         # checks is there before the forget.
         async with aioredis.Redis.from_url(server.url) as redis:
-            for _ in range(200):
-                if await redis.get(channels.SCRUB_OWED_KEY) is None:
-                    break
+            deadline = asyncio.get_running_loop().time() + SETTLE_SECONDS
+            while await redis.get(channels.SCRUB_OWED_KEY) is not None:
+                if asyncio.get_running_loop().time() > deadline:
+                    pytest.fail(f"the start-up scrub did not settle: {await why_not_settled(running, redis)}")
                 await asyncio.sleep(0.05)
-            assert await redis.get(channels.SCRUB_OWED_KEY) is None, "the start-up scrub did not settle"
         async with EngramClient(server.url, operator=True) as client:
             note = (await client.save("alice", secret, subject=subject)).note_id
             tea = await client.save("alice", "I like tea", advise=False)
@@ -44,9 +72,8 @@ async def test_no_file_under_the_data_dir_holds_a_forgotten_text(tmp_path: Path)
             assert subject.encode() in aof, "and the subject"
             await client.forget("alice", note_ids=[note], confirmed=True)
         # The scrub runs once the forget is acknowledged; the rewrite in the background.
-        for _ in range(200):
-            if not leaks():
-                break
+        deadline = asyncio.get_running_loop().time() + SETTLE_SECONDS
+        while leaks() and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
         assert leaks() == []
     finally:
