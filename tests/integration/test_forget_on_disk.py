@@ -21,9 +21,9 @@ from tests.conftest import RunningService, service_settings
 SETTLE_SECONDS = 60.0
 
 
-async def why_not_settled(running: RunningService, redis: aioredis.Redis) -> str:
+async def why_not_settled(running: RunningService, redis: aioredis.Redis, redis_log: Path) -> str:
     """What kept the start-up scrub owed: a pending command, the history behind the log, or an
-    AOF rewrite that would not start; and what the scrubber logged."""
+    AOF rewrite that would not start (Redis's log says why); pytest adds what the scrubber logged."""
     scrubber = running.engram.scrubber
     assert scrubber is not None
     persistence = await redis.info("persistence")
@@ -36,7 +36,8 @@ async def why_not_settled(running: RunningService, redis: aioredis.Redis) -> str
         f"quiet={await scrubber._quiet()} commands pending={await scrubber._commands_pending()} "
         f"(partition, log head, history checkpoint)={lag} "
         f"aof_rewrite_in_progress={persistence.get('aof_rewrite_in_progress')} "
-        f"aof_rewrite_scheduled={persistence.get('aof_rewrite_scheduled')}"
+        f"aof_rewrite_scheduled={persistence.get('aof_rewrite_scheduled')}\n"
+        f"redis.log ends:\n{''.join(redis_log.read_text().splitlines(keepends=True)[-15:])}"
     )
 
 
@@ -61,7 +62,8 @@ async def test_no_file_under_the_data_dir_holds_a_forgotten_text(
             deadline = asyncio.get_running_loop().time() + SETTLE_SECONDS
             while await redis.get(channels.SCRUB_OWED_KEY) is not None:
                 if asyncio.get_running_loop().time() > deadline:
-                    pytest.fail(f"the start-up scrub did not settle: {await why_not_settled(running, redis)}")
+                    why = await why_not_settled(running, redis, server.directory / "redis.log")
+                    pytest.fail(f"the start-up scrub did not settle: {why}")
                 await asyncio.sleep(0.05)
         async with EngramClient(server.url, operator=True) as client:
             note = (await client.save("alice", secret, subject=subject)).note_id
