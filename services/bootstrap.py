@@ -50,7 +50,7 @@ from projections.runner import ProjectionRunner, forget_saga_runner, history_run
 from services.adapters.crypto import MasterKey, MasterKeyError, SubjectMatcher, load_master_key
 from services.adapters.event_store import RedisEventStore
 from services.adapters.keyring import KeyringWatcher, attach_keyring
-from services.adapters.redis_conn import close_redis, open_redis, redact_url
+from services.adapters.redis_conn import close_redis, open_redis, redact_url, serving_options
 from services.adapters.scrub import Scrubber
 from services.application.advice import SaveAdvisor
 from services.application.commands import CommandService, utc_now
@@ -108,6 +108,7 @@ def make_broker(
         middlewares=middlewares,
         apply_types=False,
         decoder=raw_body,
+        **serving_options(url),
     )
 
 
@@ -258,7 +259,7 @@ def build(settings: Settings) -> Engram:
     """Builds the workers of ``settings.roles``; `engram serve` with every role is the embedded default."""
     check_roles(settings)
     roles = settings.roles
-    redis = open_redis(settings.redis_url, settings.redis_cluster)
+    redis = open_redis(settings.redis_url, settings.redis_cluster, **serving_options(settings.redis_url))
     registry = CollectorRegistry() if settings.metrics_port else None
     broker = make_broker(settings.redis_url, registry, settings.tracing, settings.redis_cluster)
     master = load_master_key(settings.data_dir)

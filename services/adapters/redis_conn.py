@@ -8,6 +8,7 @@ outside a partition (``engram:partitions``, the index generations) are single-ke
 from __future__ import annotations
 
 import re
+import socket
 import weakref
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -36,6 +37,44 @@ def redact_url(url: str) -> str:
         user, colon, _ = rest[:at].partition(":")
         rest = (f"{user}:***" if colon else "***") + rest[at:]
     return scheme + sep + _QUERY_SECRET.sub(r"\1***", rest)
+
+
+# How long Redis may leave what was sent unacknowledged (a peer gone without a word: a host
+# down, a network cut) before the kernel drops the connection, and how soon an idle one (a
+# blocking read) is probed. Redis's own slowness (a fork, an fsync) does not count: its kernel
+# acknowledges while the process is busy.
+UNACKNOWLEDGED_LIMIT_MS = 10_000
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 5, 2, 3
+
+
+def serving_options(url: str) -> dict[str, Any]:
+    """Connection options of a serving process (its own client and its broker's).
+
+    No per-call socket timeout. redis-py 8 sets one by default (5 s, where 7 had none), and it
+    costs: every send runs through ``asyncio.wait_for`` (on Python 3.11 a task of its own) and
+    every reply read through ``asyncio.timeout``, about 15 us of CPU a call, 12% of a process's
+    commands per second (README, Performance). A Redis that is gone is found by TCP instead:
+    keepalive probes an idle connection, and ``TCP_USER_TIMEOUT`` ends one whose data goes
+    unacknowledged (``tests/faults/test_lost_peer.py`` cuts the network under both). A Redis that
+    is alive but slow is waited for: a handler's request stays pending meanwhile and the
+    caller's own timeout answers the caller. Connecting keeps its timeout."""
+    options: dict[str, Any] = {"socket_timeout": None, "socket_connect_timeout": 5.0}
+    if url.startswith("unix:"):
+        return options  # no TCP: a local socket's peer does not vanish unannounced
+    keepalive = {
+        getattr(socket, name): value
+        for name, value in (
+            ("TCP_KEEPIDLE", KEEPALIVE_IDLE_S),
+            ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+            ("TCP_KEEPCNT", KEEPALIVE_PROBES),
+            ("TCP_USER_TIMEOUT", UNACKNOWLEDGED_LIMIT_MS),
+        )
+        if hasattr(socket, name)
+    }
+    if not hasattr(socket, "TCP_USER_TIMEOUT"):
+        # Without it, data to a vanished peer is retried for many minutes: keep the timeout.
+        options["socket_timeout"] = 5.0
+    return options | {"socket_keepalive": True, "socket_keepalive_options": keepalive}
 
 
 def open_redis(url: str, cluster: bool = False, **options: Any) -> Redis:
