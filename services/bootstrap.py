@@ -108,6 +108,8 @@ def make_broker(
         middlewares=middlewares,
         apply_types=False,
         decoder=raw_body,
+        # No per-call socket timeout (see serving_options). FastStream's cluster broker drops
+        # options that are None, so through a cluster its client keeps redis-py's 5 s.
         **serving_options(url),
     )
 
