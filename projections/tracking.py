@@ -38,7 +38,7 @@ from redis.exceptions import RedisError, WatchError
 from contracts import channels
 from contracts.channels import GenerationKeys
 from contracts.errors import EngramError, ErrorCode
-from services.adapters.redis_conn import close_with, transaction_client
+from services.adapters.redis_conn import close_with, subscription_messages, transaction_client
 from services.application.ports import EventStore, LogEntry
 
 log = logging.getLogger("engram.tracking")
@@ -301,7 +301,7 @@ class AppliedNotices:
             del redis
             try:
                 await pubsub.subscribe(self._channel)
-                async for message in pubsub.listen():
+                async for message in subscription_messages(pubsub):
                     if message.get("type") == "subscribe":
                         self._subscribed.set()
                     elif message.get("type") == "message":

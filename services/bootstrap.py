@@ -81,8 +81,17 @@ class ConfigurationError(RuntimeError):
     """The configuration contradicts the data already in Redis; the service does not start."""
 
 
+# How long a stopping worker waits for each of its goodbyes to Redis (leases released, its
+# readiness report withdrawn).
+GOODBYE_SECONDS = 5.0
+
+
 def make_broker(
-    url: str, registry: CollectorRegistry | None = None, tracing: bool = False, cluster: bool = False
+    url: str,
+    registry: CollectorRegistry | None = None,
+    tracing: bool = False,
+    cluster: bool = False,
+    socket_timeout: float | None = None,
 ) -> RedisBroker:
     # logger=None: FastStream's per-message INFO lines cost more than the handler itself.
     # First, so it leaves last: a request is deleted once the others are done with it.
@@ -110,7 +119,7 @@ def make_broker(
         decoder=raw_body,
         # No per-call socket timeout (see serving_options). FastStream's cluster broker drops
         # options that are None, so through a cluster its client keeps redis-py's 5 s.
-        **serving_options(url),
+        **serving_options(url, socket_timeout),
     )
 
 
@@ -200,12 +209,17 @@ class Engram:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            # Best effort, and bounded: the serving connections have no per-call timeout, and a
+            # stalled Redis may be why this worker stops.
             for runner in self.runners:
                 with contextlib.suppress(Exception):
-                    await runner.release()
+                    async with asyncio.timeout(GOODBYE_SECONDS):
+                        await runner.release()
             if self.index is not None:
                 await self.index.close()
-            await report.withdraw()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(GOODBYE_SECONDS):
+                    await report.withdraw()
             if metrics_server is not None:
                 metrics_server.shutdown()
                 metrics_server.server_close()
@@ -261,9 +275,12 @@ def build(settings: Settings) -> Engram:
     """Builds the workers of ``settings.roles``; `engram serve` with every role is the embedded default."""
     check_roles(settings)
     roles = settings.roles
-    redis = open_redis(settings.redis_url, settings.redis_cluster, **serving_options(settings.redis_url))
+    connection = serving_options(settings.redis_url, settings.redis_socket_timeout)
+    redis = open_redis(settings.redis_url, settings.redis_cluster, **connection)
     registry = CollectorRegistry() if settings.metrics_port else None
-    broker = make_broker(settings.redis_url, registry, settings.tracing, settings.redis_cluster)
+    broker = make_broker(
+        settings.redis_url, registry, settings.tracing, settings.redis_cluster, settings.redis_socket_timeout
+    )
     master = load_master_key(settings.data_dir)
     store = RedisEventStore(redis, settings.partitions, settings.idempotency_ttl_seconds, master)
     partitions = range(settings.partitions)

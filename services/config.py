@@ -39,6 +39,14 @@ def _float(name: str, default: float) -> float:
         raise SettingError(f"{name}={raw!r} is not a number") from None
 
 
+def _positive_or_none(name: str) -> float | None:
+    """Seconds; unset or 0: none."""
+    value = _float(name, 0.0)
+    if value < 0:
+        raise SettingError(f"{name}={value} is below 0")
+    return value or None
+
+
 def _choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     raw = os.environ.get(name, default).strip().lower()
     if raw not in choices:
@@ -102,6 +110,10 @@ class Settings:
     redis_url_configured: bool = False
     # The URL names one node of a Redis Cluster; the partitions spread over its slots.
     redis_cluster: bool = False
+    # A per-call time limit on the serving process's Redis connections; None: none, and TCP
+    # finds a Redis that went silent (see redis_conn.serving_options). For a Redis behind
+    # something that answers TCP for it (a TLS terminator, a proxy, a sidecar).
+    redis_socket_timeout: float | None = None
     data_dir: Path = Path(".engram")
     partitions: int = 1
     idempotency_ttl_seconds: int = 7 * 24 * 3600
@@ -168,6 +180,7 @@ class Settings:
             redis_url=url or os.environ.get("ENGRAM_DEFAULT_REDIS_URL", DEFAULT_REDIS_URL),
             redis_url_configured=url is not None,
             redis_cluster=_on(os.environ.get("ENGRAM_REDIS_CLUSTER", "off")),
+            redis_socket_timeout=_positive_or_none("ENGRAM_REDIS_SOCKET_TIMEOUT"),
             data_dir=Path(os.environ.get("ENGRAM_DATA_DIR", ".engram")),
             partitions=_int("ENGRAM_PARTITIONS", 1),
             idempotency_ttl_seconds=_int("ENGRAM_IDEMPOTENCY_TTL_SECONDS", 7 * 24 * 3600),

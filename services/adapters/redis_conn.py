@@ -10,11 +10,13 @@ from __future__ import annotations
 import re
 import socket
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any
+from urllib.parse import urlsplit
 
 from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 
 from contracts import channels
@@ -42,12 +44,13 @@ def redact_url(url: str) -> str:
 # How long Redis may leave what was sent unacknowledged (a peer gone without a word: a host
 # down, a network cut) before the kernel drops the connection, and how soon an idle one (a
 # blocking read) is probed. Redis's own slowness (a fork, an fsync) does not count: its kernel
-# acknowledges while the process is busy.
+# acknowledges while the process is busy (as long as its receive buffer has room).
 UNACKNOWLEDGED_LIMIT_MS = 10_000
 KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 5, 2, 3
+CONNECT_TIMEOUT_S = 5.0
 
 
-def serving_options(url: str) -> dict[str, Any]:
+def serving_options(url: str, socket_timeout: float | None = None) -> dict[str, Any]:
     """Connection options of a serving process (its own client and its broker's).
 
     No per-call socket timeout. redis-py 8 sets one by default (5 s, where 7 had none), and it
@@ -57,24 +60,48 @@ def serving_options(url: str) -> dict[str, Any]:
     keepalive probes an idle connection, and ``TCP_USER_TIMEOUT`` ends one whose data goes
     unacknowledged (``tests/faults/test_lost_peer.py`` cuts the network under both). A Redis that
     is alive but slow is waited for: a handler's request stays pending meanwhile and the
-    caller's own timeout answers the caller. Connecting keeps its timeout."""
-    options: dict[str, Any] = {"socket_timeout": None, "socket_connect_timeout": 5.0}
-    if url.startswith("unix:"):
+    caller's own timeout answers the caller. Connecting keeps its timeout.
+
+    TCP only sees the first hop: a Redis behind something that answers TCP for it (a TLS
+    terminator, a proxy, a sidecar) needs ``socket_timeout`` (``ENGRAM_REDIS_SOCKET_TIMEOUT``)."""
+    options: dict[str, Any] = {"socket_timeout": socket_timeout, "socket_connect_timeout": CONNECT_TIMEOUT_S}
+    if urlsplit(url).scheme.lower() == "unix":
         return options  # no TCP: a local socket's peer does not vanish unannounced
     keepalive = {
         getattr(socket, name): value
         for name, value in (
-            ("TCP_KEEPIDLE", KEEPALIVE_IDLE_S),
+            # macOS names the idle time TCP_KEEPALIVE.
+            ("TCP_KEEPIDLE" if hasattr(socket, "TCP_KEEPIDLE") else "TCP_KEEPALIVE", KEEPALIVE_IDLE_S),
             ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
             ("TCP_KEEPCNT", KEEPALIVE_PROBES),
             ("TCP_USER_TIMEOUT", UNACKNOWLEDGED_LIMIT_MS),
         )
         if hasattr(socket, name)
     }
-    if not hasattr(socket, "TCP_USER_TIMEOUT"):
-        # Without it, data to a vanished peer is retried for many minutes: keep the timeout.
+    if not hasattr(socket, "TCP_USER_TIMEOUT") and socket_timeout is None:
+        # Without it, data to a vanished peer is retried for many minutes: keep a timeout.
         options["socket_timeout"] = 5.0
     return options | {"socket_keepalive": True, "socket_keepalive_options": keepalive}
+
+
+async def subscription_messages(pubsub: PubSub, quiet_seconds: float = 1.0) -> AsyncIterator[dict[str, Any]]:
+    """What a subscription receives (subscribe confirmations and pongs among them), until its
+    connection breaks: then a ``RedisError``. Use this, not ``PubSub.listen()``.
+
+    redis-py 8.1's ``listen()`` reads with a caller's timeout (``math.inf``) and takes any
+    ``asyncio.TimeoutError`` for that timeout running out: it returns nothing and keeps the
+    connection. On Python 3.11 the kernel's ETIMEDOUT (a dead peer found by keepalive or
+    ``TCP_USER_TIMEOUT``) is that same class, so after one every read fails at once, and
+    ``listen()`` loops on it without ever yielding: the event loop freezes
+    (``tests/faults/test_lost_peer.py``). Here a read that comes back empty is followed by a
+    PING, whose send fails on a dead connection and succeeds on a quiet one (its pong is the
+    next message)."""
+    while True:
+        message = await pubsub.get_message(timeout=quiet_seconds)
+        if message is None:
+            await pubsub.ping()
+        else:
+            yield message
 
 
 def open_redis(url: str, cluster: bool = False, **options: Any) -> Redis:

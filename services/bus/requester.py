@@ -26,6 +26,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from contracts import channels
 from contracts.limits import REQUEST_STREAM_BYTES
+from services.adapters.redis_conn import subscription_messages
 
 log = logging.getLogger("engram.client")
 
@@ -122,7 +123,7 @@ class BusRequester:
                 if resubscribe:
                     await self._subscribe()
                 assert self._pubsub is not None
-                async for message in self._pubsub.listen():
+                async for message in subscription_messages(self._pubsub):
                     if message.get("type") != "message":
                         continue
                     body, headers = BinaryMessageFormatV1.parse(message["data"])

@@ -1,5 +1,7 @@
 """The loop every background worker shares: do a round, wait, again, until told to stop. A failed
-round (Redis restarting, a network blip) is logged and the next one comes on time."""
+round (Redis restarting, a network blip) is logged and the next one comes on time; a round
+waits for a Redis that is alive but stalled (a serving process's calls have no time limit
+unless ENGRAM_REDIS_SOCKET_TIMEOUT sets one)."""
 
 from __future__ import annotations
 

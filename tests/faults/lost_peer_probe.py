@@ -11,19 +11,25 @@ congestion" to Linux, whose keepalive then keeps probing and never gives up."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from redis.asyncio import Redis
 
-from services.adapters.redis_conn import open_redis, serving_options
+from projections.tracking import applied_notices
+from services.adapters.redis_conn import close_redis, open_redis, serving_options
 from services.adapters.redis_server import answers
 from services.bootstrap import make_broker
+from services.bus.requester import BusRequester
 
 # Far beyond what the serving options allow; a connection still waiting then counts as hung.
 GIVE_UP_SECONDS = 45.0
@@ -40,35 +46,89 @@ async def time_to_fail(call: Any) -> dict[str, Any]:
     return {"outcome": "answered", "seconds": round(time.monotonic() - started, 1)}
 
 
+async def time_until(what: str, happened: Callable[[], bool]) -> dict[str, Any]:
+    started = time.monotonic()
+    while not happened():
+        if time.monotonic() - started > GIVE_UP_SECONDS:
+            return {"outcome": "hung", "seconds": GIVE_UP_SECONDS}
+        await asyncio.sleep(0.1)
+    return {"outcome": what, "seconds": round(time.monotonic() - started, 1)}
+
+
+async def heartbeat(stop: asyncio.Event, gaps: list[float]) -> None:
+    """The longest the event loop went without running this: a reader spinning on a dead
+    connection without yielding freezes every other task of the process."""
+    last = time.monotonic()
+    while not stop.is_set():
+        await asyncio.sleep(0.1)
+        now = time.monotonic()
+        gaps.append(now - last)
+        last = now
+
+
+def socket_timeouts(*clients: Redis) -> list[object]:
+    return [client.connection_pool.connection_kwargs.get("socket_timeout", "redis-py's default") for client in clients]
+
+
 async def probe(url: str, far: int) -> dict[str, Any]:
     own = open_redis(url, **serving_options(url))
     idle = open_redis(url, **serving_options(url))
     broker = make_broker(url)
     await broker.connect()
     brokers_client: Redis = broker.config.broker_config.connection.client  # type: ignore[attr-defined]
+    requester = BusRequester(own, 1000)
+    stop, gaps = asyncio.Event(), [0.0]
+    beating = asyncio.create_task(heartbeat(stop, gaps))
     try:
         for client in (own, idle, brokers_client):
             assert await client.ping()
+        # The serving process's two subscriptions, idle: the notices of applied positions
+        # (read-your-writes waits) and the reply channel of its requester.
+        notices = applied_notices(own)
+        async with notices.watch(0, (0, 0)):
+            assert notices._subscribed.is_set()
+        await requester.start()
+        replies_subscription = requester._pubsub
+        # A subscription took the pool's connection: the write below goes on one already open.
+        assert await own.set("a-write", "before")
         blocked = asyncio.create_task(time_to_fail(idle.xread({"nothing-comes": "$"}, block=0)))
         await asyncio.sleep(0.5)  # the read is on the wire and its connection idle
         # A queue of length 0 on the far end of the cable: nothing comes back from now on.
         sh("nsenter", "-t", str(far), "-n", "tc", "qdisc", "add", "dev", "far", "root", "pfifo", "limit", "0")
-        in_flight = await asyncio.gather(
+        found = await asyncio.gather(
             time_to_fail(own.set("a-write", "in flight")),
             time_to_fail(brokers_client.xadd("a-stream", {"a": "reply"})),
+            blocked,
+            time_until("resubscribing", lambda: not notices._subscribed.is_set()),
+            time_until("resubscribing", lambda: requester._pubsub is not replies_subscription),
         )
-        return {"own client": in_flight[0], "broker's client": in_flight[1], "idle blocking read": await blocked}
+        names = ["own client", "broker's client", "idle blocking read", "applied notices", "requester's replies"]
+        return {
+            "connections": dict(zip(names, found, strict=True)),
+            "longest event loop stall": round(max(gaps), 1),
+            "socket timeouts": socket_timeouts(own, brokers_client),
+        }
     finally:
+        stop.set()
+        await beating
+        await requester.stop()
         for client in (own, idle):
-            await client.aclose()
+            await close_redis(client)
         await broker.stop()
 
 
 NEAR, FAR, PORT = "10.77.0.1", "10.77.0.2", 6399
+PR_SET_PDEATHSIG = 1
 
 
 def sh(*command: str) -> None:
     subprocess.run(command, check=True)
+
+
+def die_with_this_process() -> None:
+    """In the far Redis before it starts: killed when the probe is, even by SIGKILL (the test's
+    time limit), so no redis-server outlives it in a namespace nobody can see."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def main() -> None:
@@ -85,6 +145,7 @@ def main() -> None:
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
+        preexec_fn=die_with_this_process,
     )
     try:
         sh("ip", "link", "set", "lo", "up")
@@ -104,6 +165,7 @@ def main() -> None:
     finally:
         far.kill()
         far.wait()
+        shutil.rmtree(logs, ignore_errors=True)
 
 
 if __name__ == "__main__":
