@@ -81,8 +81,8 @@ class ConfigurationError(RuntimeError):
     """The configuration contradicts the data already in Redis; the service does not start."""
 
 
-# How long a stopping worker waits for each of its goodbyes to Redis (leases released, its
-# readiness report withdrawn).
+# How long a stopping worker waits for its goodbyes to Redis (its leases released, then its
+# readiness report withdrawn), each.
 GOODBYE_SECONDS = 5.0
 
 
@@ -211,10 +211,9 @@ class Engram:
                     await task
             # Best effort, and bounded: the serving connections have no per-call timeout, and a
             # stalled Redis may be why this worker stops.
-            for runner in self.runners:
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(GOODBYE_SECONDS):
-                        await runner.release()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(GOODBYE_SECONDS):
+                    await asyncio.gather(*(runner.release() for runner in self.runners), return_exceptions=True)
             if self.index is not None:
                 await self.index.close()
             with contextlib.suppress(TimeoutError):

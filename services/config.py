@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,8 +43,8 @@ def _float(name: str, default: float) -> float:
 def _positive_or_none(name: str) -> float | None:
     """Seconds; unset or 0: none."""
     value = _float(name, 0.0)
-    if value < 0:
-        raise SettingError(f"{name}={value} is below 0")
+    if not math.isfinite(value) or value < 0:
+        raise SettingError(f"{name}={value} is not a number of seconds of 0 or more")
     return value or None
 
 

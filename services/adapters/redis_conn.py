@@ -7,6 +7,7 @@ outside a partition (``engram:partitions``, the index generations) are single-ke
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import weakref
@@ -18,6 +19,8 @@ from urllib.parse import urlsplit
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
 from contracts import channels
 
@@ -84,24 +87,49 @@ def serving_options(url: str, socket_timeout: float | None = None) -> dict[str, 
     return options | {"socket_keepalive": True, "socket_keepalive_options": keepalive}
 
 
-async def subscription_messages(pubsub: PubSub, quiet_seconds: float = 1.0) -> AsyncIterator[dict[str, Any]]:
+# Errors a live Redis answers a PING with while it cannot serve commands yet (loading its data
+# after a restart, a busy script, a replica that lost its master): the connection is fine.
+_ALIVE_BUT_NOT_READY = ("LOADING", "BUSY", "MASTERDOWN")
+
+
+async def subscription_messages(
+    pubsub: PubSub, quiet_seconds: float = 5.0, answer_within: float = UNACKNOWLEDGED_LIMIT_MS / 1000
+) -> AsyncIterator[dict[str, Any]]:
     """What a subscription receives (subscribe confirmations and pongs among them), until its
-    connection breaks: then a ``RedisError``. Use this, not ``PubSub.listen()``.
+    connection is lost: then a ``RedisError``. Use this, not ``PubSub.listen()``.
 
     redis-py 8.1's ``listen()`` reads with a caller's timeout (``math.inf``) and takes any
     ``asyncio.TimeoutError`` for that timeout running out: it returns nothing and keeps the
     connection. On Python 3.11 the kernel's ETIMEDOUT (a dead peer found by keepalive or
     ``TCP_USER_TIMEOUT``) is that same class, so after one every read fails at once, and
     ``listen()`` loops on it without ever yielding: the event loop freezes
-    (``tests/faults/test_lost_peer.py``). Here a read that comes back empty is followed by a
-    PING, whose send fails on a dead connection and succeeds on a quiet one (its pong is the
-    next message)."""
+    (``tests/faults/test_lost_peer.py``). Here a read that comes back empty before its time is
+    such an error. And a subscription quiet for ``quiet_seconds`` sends a PING: no answer at all
+    within ``answer_within`` means a Redis gone silent behind something that still answers TCP
+    for it (a proxy), which neither TCP nor a socket timeout would tell (reads here carry their
+    own timeout)."""
+    loop = asyncio.get_running_loop()
+    pinged_at: float | None = None
     while True:
-        message = await pubsub.get_message(timeout=quiet_seconds)
-        if message is None:
-            await pubsub.ping()
-        else:
+        asked = loop.time()
+        try:
+            message = await pubsub.get_message(timeout=quiet_seconds)
+        except ResponseError as e:
+            if not str(e).startswith(_ALIVE_BUT_NOT_READY):
+                raise
+            message = {"type": "not ready", "data": str(e)}  # an answer all the same
+        if message is not None:
+            pinged_at = None
             yield message
+            continue
+        now = loop.time()
+        if now - asked < quiet_seconds / 2:
+            raise RedisConnectionError("the subscription's connection was lost (an empty read before its time)")
+        if pinged_at is None:
+            pinged_at = now
+            await pubsub.ping()
+        elif now - pinged_at > answer_within:
+            raise RedisConnectionError(f"no answer to a PING on the subscription's connection in {answer_within:g} s")
 
 
 def open_redis(url: str, cluster: bool = False, **options: Any) -> Redis:
