@@ -4,6 +4,7 @@ tests/builders.py."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -124,6 +125,17 @@ def cli_text(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess
         text=True,
         timeout=timeout,
     )
+
+
+async def longest_stall(stop: asyncio.Event) -> float:
+    """Until ``stop``: the longest the event loop went without running this task. A reader that
+    spins on a dead connection without yielding freezes every other task of the process."""
+    longest, last = 0.0, time.monotonic()
+    while not stop.is_set():
+        await asyncio.sleep(0.05)
+        now = time.monotonic()
+        longest, last = max(longest, now - last), now
+    return longest
 
 
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05):  # type: ignore[no-untyped-def]

@@ -2,8 +2,9 @@
 namespace, joined to this one by a veth pair (a cable), and connects the way a serving process
 does (its own client and its broker's). Then the Redis side drops every packet it would send, as
 a host that vanished would (nothing answers, nothing is refused), and this times how long each
-connection takes to fail: one with a request in flight, one idle in a blocking read. Prints one
-JSON line; ``test_lost_peer.py`` judges it.
+connection takes to fail (a write in flight on either client, a blocking read idle) and each
+subscription to resubscribe, while watching that the event loop never stalls. Prints one JSON
+line; ``test_lost_peer.py`` judges it.
 
 The drop is on the far side on purpose: a packet dropped by this side's own queue is "local
 congestion" to Linux, whose keepalive then keeps probing and never gives up."""
@@ -30,6 +31,7 @@ from services.adapters.redis_conn import close_redis, open_redis, serving_option
 from services.adapters.redis_server import answers
 from services.bootstrap import make_broker
 from services.bus.requester import BusRequester
+from tests.support import longest_stall
 
 # Far beyond what the serving options allow; a connection still waiting then counts as hung.
 GIVE_UP_SECONDS = 45.0
@@ -55,17 +57,6 @@ async def time_until(what: str, happened: Callable[[], bool]) -> dict[str, Any]:
     return {"outcome": what, "seconds": round(time.monotonic() - started, 1)}
 
 
-async def heartbeat(stop: asyncio.Event, gaps: list[float]) -> None:
-    """The longest the event loop went without running this: a reader spinning on a dead
-    connection without yielding freezes every other task of the process."""
-    last = time.monotonic()
-    while not stop.is_set():
-        await asyncio.sleep(0.1)
-        now = time.monotonic()
-        gaps.append(now - last)
-        last = now
-
-
 def socket_timeouts(*clients: Redis) -> list[object]:
     return [client.connection_pool.connection_kwargs.get("socket_timeout", "redis-py's default") for client in clients]
 
@@ -77,13 +68,13 @@ async def probe(url: str, far: int) -> dict[str, Any]:
     await broker.connect()
     brokers_client: Redis = broker.config.broker_config.connection.client  # type: ignore[attr-defined]
     requester = BusRequester(own, 1000)
-    stop, gaps = asyncio.Event(), [0.0]
-    beating = asyncio.create_task(heartbeat(stop, gaps))
+    stop = asyncio.Event()
+    watching = asyncio.create_task(longest_stall(stop))
     try:
         for client in (own, idle, brokers_client):
             assert await client.ping()
-        # The serving process's two subscriptions, idle: the notices of applied positions
-        # (read-your-writes waits) and the reply channel of its requester.
+        # Engram's two subscriptions, idle: the notices of applied positions (a serving
+        # process's read-your-writes waits) and a client's reply channel.
         notices = applied_notices(own)
         async with notices.watch(0, (0, 0)):
             assert notices._subscribed.is_set()
@@ -102,15 +93,16 @@ async def probe(url: str, far: int) -> dict[str, Any]:
             time_until("resubscribing", lambda: not notices._subscribed.is_set()),
             time_until("resubscribing", lambda: requester._pubsub is not replies_subscription),
         )
-        names = ["own client", "broker's client", "idle blocking read", "applied notices", "requester's replies"]
+        names = ["own client", "broker's client", "idle blocking read", "applied notices", "client's replies"]
+        stop.set()
         return {
             "connections": dict(zip(names, found, strict=True)),
-            "longest event loop stall": round(max(gaps), 1),
+            "longest event loop stall": round(await watching, 1),
             "socket timeouts": socket_timeouts(own, brokers_client),
         }
     finally:
         stop.set()
-        await beating
+        await watching
         await requester.stop()
         for client in (own, idle):
             await close_redis(client)

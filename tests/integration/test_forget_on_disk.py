@@ -24,10 +24,10 @@ SETTLE_SECONDS = 60.0
 async def why_not_settled(running: RunningService, redis: aioredis.Redis, redis_log: Path) -> str:
     """What kept the start-up scrub owed: a pending command, the history behind the log, or an
     AOF rewrite that would not start (Redis's log says why); pytest adds what the scrubber logged."""
-    scrubber = running.engram.scrubber
+    engram = running.engram
+    scrubber = engram.scrubber
     assert scrubber is not None
     persistence = await redis.info("persistence")
-    engram = running.engram
     lag = [
         (p, (await engram.store.log_head(p))[0], await engram.history.checkpoint(p))
         for p in range(engram.settings.partitions)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import faulthandler
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -19,15 +18,7 @@ from redis.exceptions import RedisError
 
 from services.adapters.redis_conn import subscription_messages
 from tests.conftest import TEST_REDIS_URL
-
-
-async def longest_stall(stop: asyncio.Event) -> float:
-    longest, last = 0.0, time.monotonic()
-    while not stop.is_set():
-        await asyncio.sleep(0.05)
-        now = time.monotonic()
-        longest, last = max(longest, now - last), now
-    return longest
+from tests.support import longest_stall
 
 
 async def next_of_type(messages: AsyncIterator[dict[str, Any]], kind: str) -> dict[str, Any]:
