@@ -33,12 +33,17 @@ class ErrorReply(Message, tag="error", frozen=True, kw_only=True):
 
 
 class EngramError(Exception):
-    """An ``ErrorReply`` raised as an exception (by the domain, the handlers and the client)."""
+    """An ``ErrorReply`` raised as an exception (by the domain, the handlers and the client).
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    ``command_id``: set by the client on a command that got no reply in time (``TIMEOUT``) or
+    could not be sent (``UNAVAILABLE``): it may still be applied, and sending it again under the
+    same id is safe (the first outcome comes back, nothing is written twice)."""
+
+    def __init__(self, code: ErrorCode, message: str, *, command_id: str | None = None) -> None:
         super().__init__(f"{code.value}: {message}")
         self.code = code
         self.message = message
+        self.command_id = command_id
 
     def reply(self) -> ErrorReply:
         return ErrorReply(code=self.code, message=self.message)

@@ -156,6 +156,9 @@ class BuildContext(Query, tag="build_context", frozen=True, kw_only=True):
     format: Literal["markdown", "xml"] = "markdown"
     query: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_QUERY_CHARS, pattern=NOT_BLANK)] | None = None
     max_tokens: Annotated[int, msgspec.Meta(ge=1, le=MAX_CONTEXT_TOKENS)] | None = None
+    # The markdown block tells the agent to change a memory with this tool (requirements §3's
+    # ``update_memory``); None: an agent without such a tool, and the block does not mention one.
+    update_tool: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] | None = "update_memory"
 
 
 AnyQuery = (

@@ -1,7 +1,9 @@
 """Keeping a copy in step with Engram's memory with FastStream alone (and Engram's contracts).
 
-    ENGRAM_REDIS_URL=redis://127.0.0.1:6379/0 faststream run examples.subscriber:app
-    # or: .venv/bin/python -m examples.subscriber
+    faststream run examples.subscriber:app      # or: .venv/bin/python -m examples.subscriber
+
+It finds Engram's Redis as the ``engram`` command does (``ENGRAM_REDIS_URL``, else the private
+redis-server ``engram serve`` started, else the local one).
 
 Engram's event log is one Redis stream per partition, ``engram:{p}:log``. Each entry has two
 fields: ``e``, one event of ``contracts/events.py`` as JSON (its content sealed: ``enc1:...``),
@@ -39,8 +41,9 @@ from contracts.events import (
     SessionForgotten,
     UserForgotten,
 )
+from services import engram_url
 
-URL = os.environ.get("ENGRAM_REDIS_URL", "redis://127.0.0.1:6379/0")
+URL = engram_url()
 # As the service was started with (engram:partitions holds it, if this role may read it).
 PARTITIONS = int(os.environ.get("ENGRAM_PARTITIONS", "1"))
 GROUP = os.environ.get("SUBSCRIBER_GROUP", "crm-sync")

@@ -8,11 +8,20 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 # ENGRAM_EXTRAS: the optional parts to install besides the dev tools (scripts/test.sh adds the
-# framework adapters so their tests run).
+# framework adapters so their tests run). Each part installed leaves a stamp, so a later run that
+# asks for no more than is installed (serve.sh after test.sh) installs nothing.
 extras="${ENGRAM_EXTRAS:-dev}"
-stamp=".venv/.engram-installed-${extras//,/-}"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+needed=0
+for extra in ${extras//,/ }; do
+  stamp=".venv/.engram-installed-$extra"
+  if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    needed=1
+  fi
+done
+if [ "$needed" -eq 1 ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet -e ".[$extras]"
-  touch "$stamp"
+  for extra in ${extras//,/ }; do
+    touch ".venv/.engram-installed-$extra"
+  done
 fi

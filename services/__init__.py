@@ -1,1 +1,14 @@
 """What acts: command handling, query responders, the CLI, the client and the app's wiring."""
+
+from __future__ import annotations
+
+
+def engram_url() -> str:
+    """The Redis URL of this user's Engram, found as the ``engram`` command finds it:
+    ``ENGRAM_REDIS_URL`` if set; else the private redis-server that this user's ``engram serve``
+    started (recorded in its data dir); else the Redis at the default address, if one answers.
+    For ``EngramClient(engram_url())`` and the framework adapters."""
+    from services.config import Settings  # nothing is imported, nor connected, until asked
+    from services.ops.operator import resolve_url
+
+    return resolve_url(Settings.from_env())

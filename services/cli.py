@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             return _fail(as_json, ErrorCode.INVALID_PARAMETER.value, f"{e.parser.prog}: {e.message}")
         except EngramError as e:
-            return _fail(as_json, e.code.value, e.message)
+            return _fail(as_json, e.code.value, e.message, e.command_id)
         except SettingError as e:
             return _fail(as_json, ErrorCode.INVALID_PARAMETER.value, f"bad configuration: {e}")
         except NoPermissionError as e:
@@ -137,11 +137,18 @@ def _actions(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Itera
             yield action
 
 
-def _fail(as_json: bool, code: str, message: str) -> int:
+def _fail(as_json: bool, code: str, message: str, command_id: str | None = None) -> int:
+    """``command_id``: a command that may still be applied; the same call with ``--command-id``
+    is applied once, whatever happened to the first."""
     if as_json:
-        print(json.dumps({"error": {"code": code, "message": message}}))
+        error = {"code": code, "message": message}
+        if command_id is not None:
+            error["command_id"] = command_id
+        print(json.dumps({"error": error}))
     else:
         print(f"engram: {code}: {message}", file=sys.stderr)
+        if command_id is not None:
+            print(f"engram: to retry safely, run the same command with --command-id {command_id}", file=sys.stderr)
     return 1
 
 
@@ -156,6 +163,25 @@ def _print(args: argparse.Namespace, obj: Any, human: Callable[[Any], render.Tex
         sys.stdout.write(msgspec.json.encode(obj).decode() + "\n")
     else:
         render.show(human(obj))
+
+
+def _progress(args: argparse.Namespace) -> Callable[[str, int | None], Any]:
+    """A progress bar per step of a long command (tqdm, on stderr), shown on a terminal only and
+    never under ``--json``."""
+
+    def bar(what: str, total: int | None) -> Any:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=what, unit="event", file=sys.stderr, disable=args.json or not sys.stderr.isatty())
+
+    return bar
+
+
+def _log_to_terminal() -> None:
+    """For the commands that keep running (relay, mcp --http, console): what they do and what
+    fails goes to stderr, one line each."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("engram").setLevel(logging.INFO)
 
 
 # serve ------------------------------------------------------------------------------------------
@@ -224,7 +250,7 @@ async def cmd_save(client: Any, args: argparse.Namespace) -> None:
         importance=args.importance,
         command_id=args.command_id,
     )
-    _print(args, reply, render.saved)
+    _print(args, reply, lambda r: render.saved(r, args.user))
 
 
 async def cmd_update(client: Any, args: argparse.Namespace) -> None:
@@ -250,14 +276,16 @@ async def cmd_forget(client: Any, args: argparse.Namespace) -> None:
         if args.query is not None or args.note_ids or (args.all and args.session is not None):
             raise EngramError(ErrorCode.INVALID_PARAMETER, "--all and --session take no query and no note ids")
         if args.all:
-            reply = await client.forget_user(args.user, confirmed=args.yes)
+            reply = await client.forget_user(args.user, confirmed=args.yes, command_id=args.command_id)
         else:
-            reply = await client.forget_session(args.user, args.session, confirmed=args.yes)
+            reply = await client.forget_session(args.user, args.session, confirmed=args.yes, command_id=args.command_id)
         _print(args, reply, render.forget)
         return
     if (args.query is None) == (not args.note_ids):
         raise EngramError(ErrorCode.INVALID_PARAMETER, "give either --query or note ids")
-    reply = await client.forget(args.user, query=args.query, note_ids=args.note_ids, confirmed=args.yes)
+    reply = await client.forget(
+        args.user, query=args.query, note_ids=args.note_ids, confirmed=args.yes, command_id=args.command_id
+    )
     _print(args, reply, render.forget)
 
 
@@ -330,6 +358,22 @@ async def cmd_search(client: Any, args: argparse.Namespace) -> None:
 # operator subcommands ---------------------------------------------------------------------------
 
 
+def _comma_list(given: list[str] | None) -> list[str] | None:
+    """``--kinds a,b --kinds c`` (and the like) as one list; None when none was given."""
+    return [v.strip() for each in given or [] for v in each.split(",") if v.strip()] or None
+
+
+def _event_filters(p: argparse.ArgumentParser, what: str) -> None:
+    """``--kinds`` and ``--user``, the same for every command that reads the log."""
+    p.add_argument(
+        "--kinds",
+        action="append",
+        metavar="KIND[,KIND...]",
+        help=f"only these event types, comma-separated or repeated ({what})",
+    )
+    p.add_argument("--user", action="append", metavar="USER", help="only this user's events (repeat for several)")
+
+
 def cmd_tail(args: argparse.Namespace) -> int:
     """The log as typed events, one line each (a JSON object each with --json); with --group
     through that consumer group, each entry acked once its line is written."""
@@ -338,7 +382,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     if args.count is not None and args.count < 1:
         raise EngramError(ErrorCode.INVALID_PARAMETER, f"--count must be at least 1; got {args.count}")
-    kinds = [k.strip() for given in args.kinds or [] for k in given.split(",") if k.strip()] or None
+    kinds = _comma_list(args.kinds)
     subscription = Subscription.connect(
         resolve_url(settings),
         args.group,
@@ -405,8 +449,9 @@ def _subscriber_key(args: argparse.Namespace, settings: Settings) -> MasterKey |
 def cmd_relay(args: argparse.Namespace) -> int:
     """`engram relay`: every event of the log posted to a URL, signed, until SIGINT/SIGTERM."""
     from services.adapters.private_files import write_private
-    from services.ops.relay import RelayOptions, RetryPolicy, run_relay
+    from services.ops.relay import RelayOptions, RetryPolicy, run_relay, signing_key
 
+    _log_to_terminal()
     settings = Settings.from_env()
     if not args.url.startswith(("http://", "https://")):
         raise EngramError(ErrorCode.INVALID_PARAMETER, f"--url must be an http:// or https:// URL; got {args.url!r}")
@@ -414,22 +459,23 @@ def cmd_relay(args: argparse.Namespace) -> int:
         raise EngramError(ErrorCode.INVALID_PARAMETER, "--give-up-after must be a positive number of seconds")
     secret_file = Path(args.secret_file) if args.secret_file else settings.data_dir / "relay.secret"
     if not args.secret_file:
-        # Generated once, beside the master key, for the receiver to be given.
+        # Generated once, beside the master key, for the receiver to be given as it is (no
+        # newline: a receiver that signs with the file's bytes agrees too).
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        write_private(secret_file, secrets.token_urlsafe(32) + "\n", replace=False)
+        write_private(secret_file, secrets.token_urlsafe(32), replace=False)
     try:
-        secret = secret_file.read_text().strip().encode()
+        secret = signing_key(secret_file.read_bytes())
     except OSError as e:
         raise EngramError(ErrorCode.INVALID_PARAMETER, f"--secret-file {secret_file}: {e.strerror}") from None
     if len(secret) < 16:
         raise EngramError(ErrorCode.INVALID_PARAMETER, f"the secret in {secret_file} is shorter than 16 characters")
-    logging.getLogger("engram").info("signing posts with the secret in %s", secret_file)
+    log.info("signing posts with the secret in %s (give the receiver this file)", secret_file)
     options = RelayOptions(
         url=args.url,
         group=args.group,
         secret=secret,
-        kinds=args.kinds,
-        users=args.users,
+        kinds=_comma_list(args.kinds),
+        users=args.user,
         from_start=args.from_start,
         key=_subscriber_key(args, settings),
         metrics_port=args.metrics_port,
@@ -452,15 +498,10 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
     rebuild = rebuild_index if args.projection == "index" else rebuild_history
 
-    def progress(what: str, total: int) -> Any:
-        from tqdm import tqdm
-
-        return tqdm(total=total, desc=what, unit="event", file=sys.stderr, disable=args.json)
-
     async def go() -> dict[str, Any]:
         settings = Settings.from_env()
         async with operator_redis(settings) as (redis, partitions):
-            return await rebuild(redis, settings, partitions, progress)
+            return await rebuild(redis, settings, partitions, _progress(args))
 
     result = asyncio.run(go())
     if args.projection == "index":
@@ -532,11 +573,7 @@ def cmd_health(args: argparse.Namespace) -> int:
 def cmd_keys(args: argparse.Namespace) -> int:
     from services.ops.keys import human, run_keys
 
-    def progress(what: str, total: int | None) -> Any:
-        from tqdm import tqdm
-
-        return tqdm(total=total, desc=what, unit="event", file=sys.stderr, disable=args.json)
-
+    progress = _progress(args)
     options = {k: getattr(args, k) for k in ("wait_seconds", "batch", "pause") if hasattr(args, k)}
     result = asyncio.run(run_keys(Settings.from_env(), args.action, progress, **options))
     _print(args, result, lambda r: human(args.action, r))
@@ -565,7 +602,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     async def go() -> dict[str, int]:
         async with operator_redis(Settings.from_env()) as (redis, partitions):
             with open_private(args.out) as out:  # it holds every wrapped data key
-                return await export_log(redis, partitions, out)
+                return await export_log(redis, partitions, out, _progress(args))
 
     counts = asyncio.run(go())
     _print(args, {"written": args.out, **counts}, lambda o: f"exported {o['events']} events to {o['written']}")
@@ -585,7 +622,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             with open(args.source) as source:
                 partitions = read_partitions(source)
                 store = RedisEventStore(redis, partitions, 0, load_master_key(settings.data_dir))
-                return await import_log(redis, store, source)
+                return await import_log(redis, store, source, _progress(args))
         except ValueError as e:
             raise EngramError(ErrorCode.INVALID_PARAMETER, str(e)) from None
         finally:
@@ -685,6 +722,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     client = _client(settings, operator=False)
     if args.http is not None:
+        _log_to_terminal()
         verifier = _token_verifier(settings, args.gateway_secret_file)
         tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
         asyncio.run(serve_http(client, args.profile, args.host, args.http, verifier, tls))
@@ -768,10 +806,10 @@ async def cmd_memory(client: Any, args: argparse.Namespace) -> None:
         if args.json:
             _print(args, {"notes": reply.notes, "total": reply.total})
             return
-        sys.stdout.write(render.memory_list(reply.notes, reply.total))
+        sys.stdout.write(render.memory_list(reply.notes, reply.total, args.user))
         return
     note = await client.get_note(args.user, args.note_id)
-    reply = await client.forget(args.user, note_ids=[args.note_id], confirmed=True)
+    reply = await client.forget(args.user, note_ids=[args.note_id], confirmed=True, command_id=args.command_id)
     _print(args, reply, lambda r: f"Deleted: '{note.content}'")
 
 
@@ -824,6 +862,14 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--user", required=True, help="the user whose memory this is")
             p.add_argument("--timeout", type=float, default=None, help="seconds to wait for a reply")
 
+    def writes(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument(
+            "--command-id",
+            help="the command's idempotency key (default: a new one); a command that timed out, sent again "
+            "with the id its error gave, is applied once",
+        )
+        return p
+
     def add(
         name: str, run: Callable[[argparse.Namespace], int], help: str, user: bool = False
     ) -> argparse.ArgumentParser:
@@ -851,7 +897,7 @@ def _parser() -> argparse.ArgumentParser:
         "(also ENGRAM_ROLES). Processes with the same roles share the work and take over from a dead one.",
     )
 
-    p = add("save", _with_client(cmd_save), "save a new note", user=True)
+    p = writes(add("save", _with_client(cmd_save), "save a new note", user=True))
     p.add_argument("text")
     # Unset options take the contract's defaults (NoteDraft), which the help shows.
     p.add_argument("--category", help=f"default {_draft_default('category')}")
@@ -859,26 +905,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--confidence", type=float, help=f"default {_draft_default('confidence')}")
     p.add_argument("--importance", type=float, help=f"default {_draft_default('importance')}")
     p.add_argument("--source", choices=[s.value for s in NoteSource], help=f"default {_draft_default('source')}")
-    p.add_argument("--command-id", help="idempotency key (default: a new one)")
 
-    p = add("update", _with_client(cmd_update), "change a note (new version, same id)", user=True)
+    p = writes(add("update", _with_client(cmd_update), "change a note (new version, same id)", user=True))
     p.add_argument("note_id")
     p.add_argument("text", nargs="?")
     p.add_argument("--category")
     p.add_argument("--subject")
     p.add_argument("--expected-version", type=int)
-    p.add_argument("--command-id")
 
-    p = add("supersede", _with_client(cmd_supersede), "mark OLD_ID as replaced by NEW_ID", user=True)
+    p = writes(add("supersede", _with_client(cmd_supersede), "mark OLD_ID as replaced by NEW_ID", user=True))
     p.add_argument("old_id")
     p.add_argument("new_id")
-    p.add_argument("--command-id")
 
-    p = add(
-        "forget",
-        _with_client(cmd_forget),
-        "forget notes in two calls: --query finds candidates; ids ask for confirmation, then delete",
-        user=True,
+    p = writes(
+        add(
+            "forget",
+            _with_client(cmd_forget),
+            "forget notes in two calls: --query finds candidates; ids ask for confirmation, then delete",
+            user=True,
+        )
     )
     p.add_argument("note_ids", nargs="*", metavar="NOTE_ID")
     p.add_argument("--query", help="find candidates (deletes nothing)")
@@ -925,10 +970,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--group", help="read through this consumer group: created on first use, each line acked once written"
     )
-    p.add_argument(
-        "--kinds", action="append", help="only these event types, comma-separated (erasures are always shown)"
-    )
-    p.add_argument("--user", action="append", help="only this user's events (repeat for several)")
+    _event_filters(p, "erasures are always shown")
     p.add_argument("--content", action="store_true", help="open content with the master key as `engram serve` finds it")
     p.add_argument("--key-file", help="open content with the master key in this file")
 
@@ -936,8 +978,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--url", required=True, help="where to POST each event as JSON")
     p.add_argument("--group", required=True, help="the relay's consumer group: its position is kept in Redis")
     p.add_argument("--secret-file", help="the signing secret (default: generated once as DATA_DIR/relay.secret)")
-    p.add_argument("--kinds", nargs="+", metavar="KIND", help="only these event types (erasures always come)")
-    p.add_argument("--users", nargs="+", metavar="USER", help="only these users' events")
+    _event_filters(p, "erasures always come")
     p.add_argument("--from-start", action="store_true", help="a new group starts at the log's beginning")
     p.add_argument("--content", action="store_true", help="post the content of notes not forgotten (the master key)")
     p.add_argument("--key-file", help="the master key file to open content with (implies --content)")
@@ -1006,7 +1047,7 @@ def _parser() -> argparse.ArgumentParser:
         {"list": "the user's memories, by category", "delete": "delete one memory at once"},
         user=True,
     )
-    memory["delete"].add_argument("note_id")
+    writes(memory["delete"]).add_argument("note_id")
 
     add("health", cmd_health, "bus reachable? projection and request-group lag, pending deletions")
 

@@ -97,8 +97,9 @@ def _written(reply: NoteWritten) -> Text:
     return text
 
 
-def saved(reply: NoteWritten) -> Text:
-    """A ``SaveNote`` reply: the note made, or the one that already held the text; then the advice."""
+def saved(reply: NoteWritten, user: str = "USER") -> Text:
+    """A ``SaveNote`` reply: the note made, or the one that already held the text; then the
+    advice, as commands a person types (``action_required`` is the same advice for a model)."""
     if reply.duplicate:
         return Text.assemble(
             "already saved as ", _id(reply.note_id), f" (version {reply.version}): nothing new written"
@@ -122,8 +123,21 @@ def saved(reply: NoteWritten) -> Text:
         parts.append(
             Text.assemble(("same subject: ", HEADING), Text(", ", style="").join(map(_id, reply.same_subject)))
         )
-    if reply.action_required:
-        parts.append(Text.assemble(("action required: ", HEADING), cut(reply.action_required, NOTE_CHARS)))
+    if reply.similar:
+        parts.append(
+            Text.assemble(
+                ("if it makes one outdated: ", HEADING),
+                f"engram supersede --user {user} <outdated id> {reply.note_id}",
+            )
+        )
+    if reply.same_subject:
+        parts.append(
+            Text.assemble(
+                ("to change the existing note instead: ", HEADING),
+                f"engram update --user {user} {reply.same_subject[0]} TEXT",
+                f", then engram forget --user {user} --yes {reply.note_id}",
+            )
+        )
     return _lines(*parts)
 
 
@@ -357,9 +371,10 @@ def _section(title: str, value: object, depth: int) -> list[Text]:
 # requirements §3's /memory ------------------------------------------------------------------------
 
 
-def memory_list(views: list[NoteView], total: int | None = None) -> str:
-    """Requirements §3's ``/memory list``, as its document shows it (plain text). ``total``:
-    how many there are, when the listing is one page of them."""
+def memory_list(views: list[NoteView], total: int | None = None, user: str = "USER") -> str:
+    """Requirements §3's ``/memory list``, as its document shows it (plain text), with the
+    command line's own way to delete. ``total``: how many there are, when the listing is one
+    page of them."""
     if not views:
         return "📝 No memories yet.\n"
     lines = ["📝 Your memories:", ""]
@@ -374,8 +389,8 @@ def memory_list(views: list[NoteView], total: int | None = None) -> str:
         shown = "".join(_visible(c) for c in view.content.replace("\n", " "))
         lines.append(f"• [{view.id}] {shown}")
     if total is not None and total > len(views):
-        lines += ["", f"… and {total - len(views):,} more (engram list --offset {len(views)})"]
-    lines += ["", "Use /memory delete <id> to remove a memory."]
+        lines += ["", f"… and {total - len(views):,} more (engram list --user {user} --offset {len(views)})"]
+    lines += ["", f"Use `engram memory delete --user {user} <id>` to remove a memory."]
     return "\n".join(lines) + "\n"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,6 +105,19 @@ def _triple(text: str) -> tuple[float, float, float]:
     return relevance, recency, importance
 
 
+def default_data_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """``ENGRAM_DATA_DIR``, else the user's state directory (XDG's ``$XDG_STATE_HOME/engram``,
+    by default ``~/.local/state/engram``); always absolute, so that it means the same from any
+    working directory (and to the redis-server started there, which changes its own)."""
+    given = env.get("ENGRAM_DATA_DIR")
+    if given:
+        return Path(given).expanduser().absolute()
+    state = env.get("XDG_STATE_HOME", "")
+    # XDG: a relative XDG_STATE_HOME is invalid and is ignored.
+    base = Path(state) if state and Path(state).is_absolute() else Path.home() / ".local" / "state"
+    return base / "engram"
+
+
 @dataclass(frozen=True)
 class Settings:
     redis_url: str = DEFAULT_REDIS_URL
@@ -115,7 +129,9 @@ class Settings:
     # finds a Redis that went silent (see redis_conn.serving_options). For a Redis behind
     # something that answers TCP for it (a TLS terminator, a proxy, a sidecar).
     redis_socket_timeout: float | None = None
-    data_dir: Path = Path(".engram")
+    # Where the service keeps its state (the master key, the index, the private Redis); one place
+    # per user, found by every command of that user from any directory.
+    data_dir: Path = field(default_factory=lambda: default_data_dir())
     partitions: int = 1
     idempotency_ttl_seconds: int = 7 * 24 * 3600
     read_wait_seconds: float = 5.0
@@ -182,7 +198,7 @@ class Settings:
             redis_url_configured=url is not None,
             redis_cluster=_on(os.environ.get("ENGRAM_REDIS_CLUSTER", "off")),
             redis_socket_timeout=_positive_or_none("ENGRAM_REDIS_SOCKET_TIMEOUT"),
-            data_dir=Path(os.environ.get("ENGRAM_DATA_DIR", ".engram")),
+            data_dir=default_data_dir(),
             partitions=_int("ENGRAM_PARTITIONS", 1),
             idempotency_ttl_seconds=_int("ENGRAM_IDEMPOTENCY_TTL_SECONDS", 7 * 24 * 3600),
             read_wait_seconds=_float("ENGRAM_READ_WAIT_SECONDS", 5.0),

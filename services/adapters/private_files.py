@@ -23,6 +23,25 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+class NotPrivate(PermissionError):
+    """A file or directory that another local user owns or may write: what it says is not to be trusted."""
+
+
+def check_private(path: Path) -> Path:
+    """``path`` as it is, if this user owns it and nobody else may write it (a directory) or read
+    it (a file); else ``NotPrivate``, saying why. Another local user able to plant a file there
+    could point our commands at a Redis of theirs."""
+    info = path.stat()
+    if info.st_uid != os.getuid():
+        raise NotPrivate(f"{path} belongs to another user (uid {info.st_uid}); Engram uses only its own user's files")
+    loose = 0o022 if stat.S_ISDIR(info.st_mode) else 0o077
+    if info.st_mode & loose:
+        raise NotPrivate(
+            f"{path} is open to other users (mode {stat.S_IMODE(info.st_mode):o}); `chmod go-rwx {path}` to use it"
+        )
+    return path
+
+
 def write_private(path: Path, text: str, *, replace: bool = True) -> None:
     """``path`` holds ``text``, 0600. Written aside, then moved into place, so that a reader never
     sees it half written; ``replace=False`` links instead, which never overwrites: of two

@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import redis
 
-from services.adapters.private_files import private_dir, write_private
+from services.adapters.private_files import open_private, private_dir, write_private
 
 
 def free_port() -> int:
@@ -53,7 +53,9 @@ class RedisServer:
         password: str | None = None,
     ) -> None:
         """``password``: required of every client (the ``default`` user's), given in ``url``."""
-        self.directory = directory
+        # Absolute: redis-server enters --dir before it opens --logfile, so a relative log path
+        # would be looked for inside the directory itself.
+        self.directory = directory.absolute()
         self.port = port or free_port()
         self.appendfsync = appendfsync
         self.extra_args = extra_args or []
@@ -74,39 +76,60 @@ class RedisServer:
             escaped = self.password.replace("\\", "\\\\").replace('"', '\\"')
             write_private(self.directory / "redis.conf", f'requirepass "{escaped}"\n')
             config = [str(self.directory / "redis.conf")]
-        self.process = subprocess.Popen(
-            [
-                find_redis_server(),
-                *config,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(self.directory),
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                self.appendfsync,
-                "--save",
-                "",
-                "--daemonize",
-                "no",
-                "--logfile",
-                str(self.directory / "redis.log"),
-                *self.extra_args,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            # Its AOF, RDB and log are created 0600: they hold key names and sealed content.
-            umask=0o077,
-        )
+        # What it says before its log file is open (a configuration it refuses) goes here.
+        early = open_private(self.directory / "redis-server.out")
+        try:
+            self.process = subprocess.Popen(
+                [
+                    find_redis_server(),
+                    *config,
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--dir",
+                    str(self.directory),
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    self.appendfsync,
+                    "--save",
+                    "",
+                    "--daemonize",
+                    "no",
+                    "--logfile",
+                    str(self.log),
+                    *self.extra_args,
+                ],
+                stdout=early,
+                stderr=subprocess.STDOUT,
+                # Its AOF, RDB and log are created 0600: they hold key names and sealed content.
+                umask=0o077,
+            )
+        finally:
+            early.close()
         deadline = time.monotonic() + timeout
         while not answers(self.url, 0.2):
             if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start; see {self.directory / 'redis.log'}")
+                self.stop()
+                raise RuntimeError(f"redis-server did not start: {self._last_words()}")
             time.sleep(0.05)
         return self
+
+    @property
+    def log(self) -> Path:
+        return self.directory / "redis.log"
+
+    def _last_words(self) -> str:
+        """The end of what the server said, in its log or before it had one."""
+        for path in (self.log, self.directory / "redis-server.out"):
+            try:
+                lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+            except OSError:
+                continue
+            if lines:
+                return f"{' / '.join(lines[-3:])} (from {path})"
+        return "it said nothing"
 
     def _remove_stale_rewrites(self) -> None:
         """A rewrite (AOF or RDB) cut short by a crash leaves its temp file behind, and Redis only

@@ -203,7 +203,11 @@ class BindUser:
         await self.app(scope, receive, send)
 
 
-def http_app(server: Server, verifier: TokenVerifier, host: str = "127.0.0.1", path: str = "/mcp") -> Any:
+# Where the MCP endpoint is served over HTTP.
+MCP_PATH = "/mcp"
+
+
+def http_app(server: Server, verifier: TokenVerifier, host: str = "127.0.0.1", path: str = MCP_PATH) -> Any:
     """The streamable HTTP app with the SDK's bearer authentication on ``path``. No OAuth flow
     is served: tokens are issued out of band (``engram tokens create``), so the issuer named
     to the SDK is this server itself and no authorization server is advertised."""
@@ -247,6 +251,9 @@ async def serve_http(
     """``tls``: certificate and key files, for anything but loopback."""
     import uvicorn
 
+    from services.ops.listening import check_port, http_url
+
+    check_port(host, port)
     if tls is None and host not in LOOPBACK:
         log.warning(
             "serving MCP on %s without TLS: bearer tokens cross the network in clear; "
@@ -260,4 +267,15 @@ async def serve_http(
         config = uvicorn.Config(
             app, host=host, port=port, log_level="warning", ssl_certfile=certfile, ssl_keyfile=keyfile
         )
-        await uvicorn.Server(config).serve()
+        http = uvicorn.Server(config)
+        serving = asyncio.create_task(http.serve())
+        while not http.started and not serving.done():
+            await asyncio.sleep(0.05)
+        if http.started:
+            log.info(
+                "engram mcp: the %s profile over streamable HTTP at %s (each request's bearer token says who "
+                "calls: `engram tokens create --user U`)",
+                profile_name,
+                http_url(host, port, MCP_PATH, tls is not None),
+            )
+        await serving

@@ -32,11 +32,18 @@ from contracts.queries import BuildContext, ContextReply, SearchNotes
 from services.application.ports import NoteHistory
 from services.application.search import SearchService, lapsed
 
-MARKDOWN_HEADER = (
-    "## Your Memory\n\n"
-    "The following is information you've learned about the user from previous conversations.\n"
-    "Use this context naturally. To update a memory, use the update_memory tool with the memory ID.\n"
-)
+
+def markdown_header(update_tool: str | None = "update_memory") -> str:
+    """The block's opening; it names the agent's update tool only when the agent has one."""
+    how = f" To update a memory, use the {update_tool} tool with the memory ID." if update_tool else ""
+    return (
+        "## Your Memory\n\n"
+        "The following is information you've learned about the user from previous conversations.\n"
+        f"Use this context naturally.{how}\n"
+    )
+
+
+MARKDOWN_HEADER = markdown_header()
 PROFILE_CATEGORY = "profile"
 PROFILE_FIELDS = ("name", "timezone")
 # The most notes one block considers, and the most characters of their text: far more than a
@@ -61,11 +68,11 @@ def markdown_line(note: NoteView) -> str:
     return f"- [id:{note.id}] {subject}{' '.join(note.content.split())}"
 
 
-def render_markdown(notes: Sequence[NoteView]) -> str:
+def render_markdown(notes: Sequence[NoteView], update_tool: str | None = "update_memory") -> str:
     """Requirements §3's block: grouped by category, ``- [id:xxxxxxxx] [subject] content``."""
     if not notes:
         return ""
-    lines = [MARKDOWN_HEADER]
+    lines = [markdown_header(update_tool)]
     category = None
     for note in canonical(notes):
         if note.category != category:
@@ -233,7 +240,9 @@ class ContextService:
             def render(kept: Sequence[NoteView], chosen: Sequence[NoteView], eps: Sequence[NoteView]) -> str:
                 # With notes to show, the header is the frame: a budget that fits no note still
                 # answers it (an empty text would read as "no memory at all").
-                return render_markdown(chosen) if chosen or not candidates else MARKDOWN_HEADER
+                if chosen or not candidates:
+                    return render_markdown(chosen, query.update_tool)
+                return markdown_header(query.update_tool)
 
             def rendered(kept: Sequence[NoteView], chosen: Sequence[NoteView], eps: Sequence[NoteView]) -> list[str]:
                 return [n.id for n in canonical(chosen)]

@@ -400,13 +400,17 @@ class EngramClient:
         query: str | None = None,
         max_tokens: int | None = None,
         after: str | None = None,
+        update_tool: str | None = "update_memory",
     ) -> ContextReply:
+        """``update_tool``: the tool the agent reading the block changes a memory with (None: it
+        has none, and the block names none)."""
         request = BuildContext(
             user_id=user_id,
             format=format,  # type: ignore[arg-type]
             query=query,
             max_tokens=max_tokens,
             after=after,
+            update_tool=update_tool,
         )
         return await self.ask(request, ContextReply)
 
@@ -517,9 +521,24 @@ class EngramClient:
     # Plumbing -------------------------------------------------------------------------------
 
     async def execute(self, command: AnyCommand, expect: type[R]) -> R:
+        """Send a command. A ``TIMEOUT`` or ``UNAVAILABLE`` error carries its ``command_id``:
+        the command may have been applied, and sent again under that id it is applied once."""
         partition = channels.partition_of(command.user_id, self.partitions)
         stream = channels.operator_stream(partition) if self.operator else channels.command_stream(partition)
-        return _expect(await self.request_raw(stream, _encoder.encode(command)), expect)
+        try:
+            raw = await self.request_raw(stream, _encoder.encode(command))
+        except EngramError as e:
+            if e.code is ErrorCode.TIMEOUT:
+                raise EngramError(
+                    e.code,
+                    f"no reply within {self.timeout:g} s; the command may still be applied: send it again with "
+                    f"command_id {command.command_id} (it is applied once, whatever happened)",
+                    command_id=command.command_id,
+                ) from None
+            if e.code is ErrorCode.UNAVAILABLE:
+                raise EngramError(e.code, e.message, command_id=command.command_id) from None
+            raise
+        return _expect(raw, expect)
 
     async def ask(self, query: AnyQuery, expect: type[R]) -> R:
         stream = channels.query_stream(channels.partition_of(query.user_id, self.partitions))
@@ -532,8 +551,7 @@ class EngramClient:
         except TimeoutError:
             raise EngramError(
                 ErrorCode.TIMEOUT,
-                f"no reply within {self.timeout:g} s; a command may still be applied: "
-                "retry it with the same command_id",
+                f"no reply within {self.timeout:g} s; nothing was changed (is `engram serve` running?)",
             ) from None
         except UNREACHABLE as e:
             raise EngramError(

@@ -32,6 +32,9 @@ log = logging.getLogger("engram.client")
 
 RESUBSCRIBE_PAUSE_SECONDS = 0.2
 SUBSCRIBE_TIMEOUT_SECONDS = 10.0
+# How long ``stop`` waits for the reply reader to end, and how often it asks again meanwhile.
+STOP_GRACE_SECONDS = 5.0
+STOP_RETRY_SECONDS = 0.05
 
 
 class BusRequester:
@@ -42,9 +45,11 @@ class BusRequester:
         request_stream_bytes: int = REQUEST_STREAM_BYTES,
         *,
         client_name: str | None = None,
+        quiet_seconds: float = 5.0,
     ) -> None:
         """``client_name``: replies come on a channel under ``channels.client_reply_channels``,
-        which a Redis ACL can grant to this client's user alone; None: an unnamed channel."""
+        which a Redis ACL can grant to this client's user alone; None: an unnamed channel.
+        ``quiet_seconds``: how long the reply channel may stay silent before it is pinged."""
         self._redis = redis
         self._maxlen = request_stream_maxlen
         self._bytes = request_stream_bytes
@@ -52,6 +57,7 @@ class BusRequester:
         self._waiting: dict[str, asyncio.Future[bytes]] = {}
         self._pubsub: PubSub | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._quiet_seconds = quiet_seconds
 
     async def start(self) -> None:
         await self._subscribe()
@@ -77,9 +83,7 @@ class BusRequester:
 
     async def stop(self) -> None:
         if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
+            await _cancel_and_wait(self._reader)
             self._reader = None
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
@@ -123,7 +127,7 @@ class BusRequester:
                 if resubscribe:
                     await self._subscribe()
                 assert self._pubsub is not None
-                async for message in subscription_messages(self._pubsub):
+                async for message in subscription_messages(self._pubsub, self._quiet_seconds):
                     if message.get("type") != "message":
                         continue
                     body, headers = BinaryMessageFormatV1.parse(message["data"])
@@ -141,3 +145,22 @@ class BusRequester:
             # its request times out and the caller retries with the same command_id.
             resubscribe = True
             await asyncio.sleep(RESUBSCRIBE_PAUSE_SECONDS)
+
+
+async def _cancel_and_wait(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` and wait until it has ended, within ``STOP_GRACE_SECONDS``.
+
+    One ``cancel()`` is not enough on Python 3.11: a cancel that lands in the same turn of the
+    loop as a read's own time limit (redis-py reads a subscription under ``asyncio.timeout``) is
+    taken for that limit running out, so the read returns nothing and the task reads on. The
+    reader is cancelled again until it ends; a task that still runs at the deadline is left, so
+    that a caller's ``close()`` never waits forever."""
+    deadline = asyncio.get_running_loop().time() + STOP_GRACE_SECONDS
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=STOP_RETRY_SECONDS)
+        if asyncio.get_running_loop().time() > deadline:
+            log.warning("the reply reader did not end within %g s of being cancelled", STOP_GRACE_SECONDS)
+            return
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        task.result()

@@ -15,7 +15,6 @@ import hashlib
 import json
 import logging
 import math
-import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -50,6 +49,7 @@ from services.bus.client import EngramClient
 from services.bus.subscription import Subscription
 from services.console.auth import COOKIE, SESSION_SECONDS, ConsoleAuth, Forbidden, Who, checked_form, safe_next
 from services.console.live import LogEvent, LogWatch
+from services.ops.listening import check_port, http_url
 
 log = logging.getLogger("engram.console")
 
@@ -727,11 +727,7 @@ async def serve_console(
     so that either failing is one typed error."""
     async with EngramClient(url, timeout=timeout, cluster=cluster):
         pass  # UNAVAILABLE now, in words, rather than as a failed lifespan later
-    try:
-        with socket.create_server((host, port)):
-            pass
-    except OSError as e:
-        raise EngramError(ErrorCode.INVALID_PARAMETER, f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    check_port(host, port)
     if host not in LOOPBACK:
         log.warning(
             "the console listens on %s without TLS: its token and every memory shown cross the network in clear; "
@@ -743,5 +739,5 @@ async def serve_console(
     while not server.started and not serving.done():
         await asyncio.sleep(0.05)
     if server.started and announce is not None:
-        announce(f"http://{f'[{host}]' if ':' in host else host}:{port}/")
+        announce(http_url(host, port))
     await serving

@@ -1,8 +1,9 @@
 """An AutoGen ``Memory`` (autogen-core) kept in Engram.
 
-``EngramMemory`` is one category of one Engram user's notes, as an AutoGen agent's memory:
+``EngramMemory`` is one category of one Engram user's notes, as an AutoGen agent's memory; by
+default the category ``autogen``, its own, apart from what the user saves some other way:
 
-    memory = EngramMemory("redis://127.0.0.1:6379/0", user_id="alice", category="preferences")
+    memory = EngramMemory(engram_url(), user_id="alice", category="autogen-preferences")
     await memory.add(MemoryContent(content="Alice likes her tea green", mime_type=MemoryMimeType.TEXT))
     agent = AssistantAgent("assistant", model_client=..., memory=[memory])
 
@@ -16,7 +17,9 @@
   context as a system message, as AutoGen's own ``ListMemory`` does. The block covers the whole
   user's memory, every category (the profile included); the ``memories`` it returns are the
   category's search hits for that message, which is what the agent reports as its memory query.
-- ``clear``: forgets every note of the category (operator-confirmed: gone for good).
+- ``clear``: forgets every note of the category (operator-confirmed: gone for good). It refuses
+  the category the CLI and the tools save to by default (``general``): it would erase notes this
+  memory never wrote.
 
 Read-your-writes: the memory keeps the token of its last write and every read waits for it.
 """
@@ -42,13 +45,16 @@ from services.integrations.connection import AdapterClient
 
 R = TypeVar("R")
 
+# The memory's own category unless told otherwise: what it clears is what it wrote.
+AUTOGEN_CATEGORY = "autogen"
+
 
 class EngramMemoryConfig(BaseModel):
     """What ``dump_component`` records: enough to reconnect to the same memory (not a client)."""
 
     url: str
     user_id: str
-    category: str = DEFAULT_CATEGORY
+    category: str = AUTOGEN_CATEGORY
     name: str | None = None
     top_k: int = 5
     max_tokens: int | None = None
@@ -71,7 +77,7 @@ class EngramMemory(Memory, Component[EngramMemoryConfig]):
         url_or_client: str | EngramClient,
         *,
         user_id: str,
-        category: str = DEFAULT_CATEGORY,
+        category: str = AUTOGEN_CATEGORY,
         name: str | None = None,
         top_k: int = 5,
         max_tokens: int | None = None,
@@ -118,7 +124,10 @@ class EngramMemory(Memory, Component[EngramMemoryConfig]):
         query = _last_user_text(await model_context.get_messages())
         client = await self._ready()
         block, found = await asyncio.gather(
-            client.context(self.user_id, query=query or None, max_tokens=self.max_tokens, after=self.token),
+            # An AutoGen agent changes its memory through this class, not through a tool.
+            client.context(
+                self.user_id, query=query or None, max_tokens=self.max_tokens, after=self.token, update_tool=None
+            ),
             self._search(query, self.top_k),
         )
         if block.text.strip():
@@ -126,7 +135,14 @@ class EngramMemory(Memory, Component[EngramMemoryConfig]):
         return UpdateContextResult(memories=found)
 
     async def clear(self) -> None:
-        """Forget every note of the category, superseded ones included."""
+        """Forget every note of the category, superseded ones included. Refused for the shared
+        default category, which holds what the user saved through the CLI and the tools."""
+        if self.category == DEFAULT_CATEGORY:
+            raise ValueError(
+                f"EngramMemory.clear() would forget every note of the category {DEFAULT_CATEGORY!r}, which the CLI "
+                "and the tools save to as well; give the memory a category of its own (the default is "
+                f"{AUTOGEN_CATEGORY!r})"
+            )
         client = await self._ready()
         tried: set[str] = set()
         # Listed again until empty: a listing may be capped, and forgetting one chunk may race

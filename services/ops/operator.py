@@ -11,6 +11,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from contracts import channels
 from contracts.errors import EngramError, ErrorCode
+from services.adapters.private_files import NotPrivate, check_private
 from services.adapters.redis_conn import close_redis, open_redis, redact_url
 from services.adapters.redis_server import answers
 from services.config import Settings
@@ -22,14 +23,33 @@ PASSWORD_FILE = "redis.password"
 
 
 def resolve_url(settings: Settings) -> str:
-    """The configured URL; else the default if it answers; else the private redis-server an
-    `engram serve` on the same data dir started."""
-    if settings.redis_url_configured or answers(settings.redis_url):
+    """The configured URL; else the private redis-server that this user's `engram serve` started
+    and recorded in the data dir, while it answers; else the default address if it answers (a
+    Redis shared by the service); else the recorded one (so that an error names it), or the
+    default. The recorded one comes first: whoever listens at the default address is not
+    necessarily the service, and would receive the caller's notes in the clear."""
+    if settings.redis_url_configured:
         return settings.redis_url
-    private = settings.data_dir / PRIVATE_URL_FILE
-    if private.exists():
-        return private.read_text().strip()
-    return settings.redis_url
+    private = recorded_private_url(settings)
+    if private is not None and answers(private):
+        return private
+    if answers(settings.redis_url):
+        return settings.redis_url
+    return private or settings.redis_url
+
+
+def recorded_private_url(settings: Settings) -> str | None:
+    """The URL `engram serve` recorded for its private redis-server, or None. Read only from a data
+    dir and a file that are this user's alone (``NotPrivate`` otherwise, as an ``EngramError``)."""
+    recorded = settings.data_dir / PRIVATE_URL_FILE
+    if not recorded.exists():
+        return None
+    try:
+        check_private(settings.data_dir)
+        check_private(recorded)
+    except NotPrivate as e:
+        raise EngramError(ErrorCode.PERMISSION_DENIED, f"refusing the data dir: {e}") from None
+    return recorded.read_text().strip() or None
 
 
 def connect(settings: Settings, url: str | None = None, **options: Any) -> Any:

@@ -12,10 +12,11 @@ import base64
 import itertools
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from redis.asyncio import Redis
+from tqdm import tqdm
 
 from contracts import channels
 from contracts.base import SCHEMA_VERSION
@@ -30,7 +31,16 @@ from services.domain.decider import forgettable, identity_claim
 FORMAT = 1
 
 
-async def export_log(redis: Redis, partitions: int, out: IO[str]) -> dict[str, int]:
+# A progress bar for a step: made from its name and its total, updated with a count, then closed
+# (tqdm's interface; the CLI passes one, shown on a terminal).
+Progress = Callable[[str, "int | None"], Any]
+
+
+def _no_progress(what: str, total: int | None) -> Any:
+    return tqdm(total=total, desc=what, disable=True)
+
+
+async def export_log(redis: Redis, partitions: int, out: IO[str], progress: Progress = _no_progress) -> dict[str, int]:
     header: dict[str, Any] = {"engram_export": FORMAT, "partitions": partitions, "schema_version": SCHEMA_VERSION}
     keyring = await read_state(redis)
     if keyring.roots or keyring.active != 1:
@@ -42,16 +52,20 @@ async def export_log(redis: Redis, partitions: int, out: IO[str]) -> dict[str, i
         }
     out.write(json.dumps(header) + "\n")
     events = keys = 0
+    total = sum([int(await redis.xlen(channels.event_log(p))) for p in range(partitions)])
+    with progress("export", total) as bar:
+        for p in range(partitions):
+            after = "-"
+            while True:
+                batch = await redis.xrange(channels.event_log(p), after, "+", count=1000)
+                if not batch:
+                    break
+                for entry_id, fields in batch:
+                    out.write(json.dumps({"p": p, "id": entry_id.decode(), "e": fields[b"e"].decode()}) + "\n")
+                    events += 1
+                bar.update(len(batch))
+                after = "(" + batch[-1][0].decode()
     for p in range(partitions):
-        after = "-"
-        while True:
-            batch = await redis.xrange(channels.event_log(p), after, "+", count=1000)
-            if not batch:
-                break
-            for entry_id, fields in batch:
-                out.write(json.dumps({"p": p, "id": entry_id.decode(), "e": fields[b"e"].decode()}) + "\n")
-                events += 1
-            after = "(" + batch[-1][0].decode()
         prefix = channels.data_key(p, "", "")[: -len("::")] + ":"
         async for key in redis.scan_iter(match=channels.matching(prefix), count=1000):
             # Parts are encoded (channels.part): the one ':' left between them splits them.
@@ -205,11 +219,12 @@ def read_partitions(source: IO[str]) -> int:
     return partitions
 
 
-async def import_log(redis: Redis, store: RedisEventStore, source: IO[str]) -> dict[str, int]:
+async def import_log(
+    redis: Redis, store: RedisEventStore, source: IO[str], progress: Progress = _no_progress
+) -> dict[str, int]:
     # The whole file is checked before anything is written; then read again, checked as it goes
     # (it is the same file, unless it changed meanwhile).
-    for _ in _lines(source):
-        pass
+    total = sum(1 for _ in _lines(source)) - 1  # the header
     lines = _lines(source)
     header = next(lines)
     partitions = int(header["partitions"])
@@ -226,23 +241,27 @@ async def import_log(redis: Redis, store: RedisEventStore, source: IO[str]) -> d
         await redis.hset(KEYRING_KEY, mapping={"active": keyring["generation"], **roots})
     events = keys = 0
     notes: set[tuple[str, str]] = set()
-    for item in lines:
-        p = int(item["p"])
-        if "dek" in item:
-            dek = item["dek"]
-            await redis.set(channels.data_key(p, dek["user"], dek["note"]), base64.b64decode(dek["wrapped"]))
-            keys += 1
-            continue
-        raw = item["e"]
-        event = decode_event(raw.encode())
-        # Same entry ids as the source: tokens and checkpoints keep their meaning.
-        async with (await transaction_client(redis, channels.event_log(p))).pipeline(transaction=True) as pipe:
-            pipe.xadd(channels.event_log(p), {"e": raw, "u": event.user_id}, id=item["id"])
-            pipe.xadd(channels.note_stream(p, event.user_id, event.note_id), {"e": raw, "l": item["id"]}, id=item["id"])
-            pipe.set(channels.note_version(p, event.user_id, event.note_id), event.version)
-            await pipe.execute()
-        notes.add((event.user_id, event.note_id))
-        events += 1
+    with progress("import", total) as bar:
+        for item in lines:
+            bar.update(1)
+            p = int(item["p"])
+            if "dek" in item:
+                dek = item["dek"]
+                await redis.set(channels.data_key(p, dek["user"], dek["note"]), base64.b64decode(dek["wrapped"]))
+                keys += 1
+                continue
+            raw = item["e"]
+            event = decode_event(raw.encode())
+            # Same entry ids as the source: tokens and checkpoints keep their meaning.
+            async with (await transaction_client(redis, channels.event_log(p))).pipeline(transaction=True) as pipe:
+                pipe.xadd(channels.event_log(p), {"e": raw, "u": event.user_id}, id=item["id"])
+                pipe.xadd(
+                    channels.note_stream(p, event.user_id, event.note_id), {"e": raw, "l": item["id"]}, id=item["id"]
+                )
+                pipe.set(channels.note_version(p, event.user_id, event.note_id), event.version)
+                await pipe.execute()
+            notes.add((event.user_id, event.note_id))
+            events += 1
     # The claims of active notes, on their content or their key (derived state the append keeps
     # in Redis).
     claims = 0

@@ -28,6 +28,7 @@ import contextlib
 import hashlib
 import hmac
 import logging
+import math
 import random
 import time
 import zlib
@@ -60,6 +61,8 @@ REDELIVERED_HEADER = "Engram-Redelivered"
 REPLAY_WINDOW_SECONDS = 300
 # Dead letters kept per relay group; the oldest go first.
 DEAD_LETTERS_KEPT = 10_000
+# At most one line about failed posts this often (each post is counted in the metrics).
+FAILURE_LOG_SECONDS = 10.0
 
 
 class Delivery(Protocol):
@@ -96,16 +99,23 @@ def payload_of(delivery: Delivery) -> bytes:
     )
 
 
-def sign(secret: bytes, body: bytes, timestamp: int) -> str:
-    digest = hmac.new(secret, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+def signing_key(secret: bytes | str) -> bytes:
+    """The key a secret signs with: its text without the white space around it. So the secret
+    file can be given to a receiver as it is, a trailing newline or none, on both sides."""
+    return (secret.encode() if isinstance(secret, str) else secret).strip()
+
+
+def sign(secret: bytes | str, body: bytes, timestamp: int) -> str:
+    digest = hmac.new(signing_key(secret), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
     return f"t={timestamp},v1={digest}"
 
 
 def verify(
-    secret: bytes, body: bytes, header: str, *, now: float | None = None, window: int = REPLAY_WINDOW_SECONDS
+    secret: bytes | str, body: bytes, header: str, *, now: float | None = None, window: int = REPLAY_WINDOW_SECONDS
 ) -> bool:
     """A receiver's check: the header signs this body with this secret, and its time is within
-    ``window`` seconds of now."""
+    ``window`` seconds of now. ``secret``: the secret file's bytes or text as they are (white
+    space around it is not part of it)."""
     parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
     try:
         timestamp = int(parts["t"])
@@ -176,6 +186,8 @@ class WebhookRelay:
         self._retry = retry
         self._lanes = lanes
         self._metrics = metrics
+        self._logged_at = -math.inf
+        self._unlogged = 0
         self._sleep = sleep
 
     async def run(self, deliveries: AsyncIterable[Delivery]) -> None:
@@ -275,16 +287,33 @@ class WebhookRelay:
         try:
             answer = await self._http.post(self._url, content=body, headers=headers)
         except httpx.HTTPError as e:
-            self._count_failure("no answer")
-            return f"{type(e).__name__}: {e}"
+            error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            self._count_failure("no answer", error, delivery)
+            return error
         if 200 <= answer.status_code < 300:
             return ""
-        self._count_failure(str(answer.status_code))
-        return f"HTTP {answer.status_code}"
+        error = f"HTTP {answer.status_code}"
+        self._count_failure(str(answer.status_code), error, delivery)
+        return error
 
-    def _count_failure(self, reason: str) -> None:
+    def _count_failure(self, reason: str, detail: str, delivery: Delivery) -> None:
         if self._metrics is not None:
             self._metrics.failures.labels(reason=reason).inc()
+        # One line per FAILURE_LOG_SECONDS at most, with how many went unsaid: a receiver that is
+        # down must be seen in the log without filling it.
+        now = time.monotonic()
+        self._unlogged += 1
+        if now - self._logged_at >= FAILURE_LOG_SECONDS:
+            more = f" ({self._unlogged - 1} more failed posts since the last line)" if self._unlogged > 1 else ""
+            log.warning(
+                "post of event %s (%s) to %s failed: %s%s",
+                delivery.event.event_id,
+                delivery.event.__struct_config__.tag,
+                redact_webhook(self._url),
+                detail,
+                more,
+            )
+            self._logged_at, self._unlogged = now, 0
 
 
 async def watch_lag(

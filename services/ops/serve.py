@@ -7,8 +7,9 @@ import asyncio
 import logging
 import secrets
 import signal
+from pathlib import Path
 
-from services.adapters.private_files import private_dir, write_private
+from services.adapters.private_files import NotPrivate, check_private, private_dir, write_private
 from services.adapters.redis_conn import redact_url
 from services.adapters.redis_server import RedisServer, answers
 from services.config import Settings
@@ -20,6 +21,20 @@ log = logging.getLogger("engram")
 def serve(settings: Settings) -> int:
     """Run until stopped; the exit code (1: cannot reach Redis or bad configuration)."""
     private_dir(settings.data_dir)
+    try:
+        check_private(settings.data_dir)
+    except NotPrivate as e:
+        log.error("refusing the data dir: %s", e)
+        return 1
+    log.info("data dir %s (ENGRAM_DATA_DIR to choose another)", settings.data_dir)
+    earlier = Path(".engram").absolute()
+    if earlier != settings.data_dir and (earlier / "master.key").exists():
+        # Earlier releases kept the data dir in the working directory.
+        log.warning(
+            "%s holds the data of an earlier release; to go on with it, start with ENGRAM_DATA_DIR=%s",
+            earlier,
+            earlier,
+        )
     private = None
     if settings.redis_url_configured:
         log.info("using the configured Redis at %s (ENGRAM_REDIS_URL)", redact_url(settings.redis_url))

@@ -230,7 +230,7 @@ def test_tools_context_and_the_memory_command(env: dict[str, str]) -> None:
         f"• [{alec['note_id']}] Alec is my boss\n\n"
         "**Preference**\n"
         f"• [{friday['note_id']}] User prefers Thursday due dates\n\n"
-        "Use /memory delete <id> to remove a memory.\n"
+        "Use `engram memory delete --user al <id>` to remove a memory.\n"
     )
     deleted = cli_text(env, "memory", "delete", "--user", "al", friday["note_id"])
     assert deleted.stdout == "Deleted: 'User prefers Thursday due dates'\n", deleted.stderr
@@ -427,7 +427,8 @@ def test_human_output_of_advice_and_search(env_with_index: dict[str, str]) -> No
     at = lines.index("similar notes (the new one may make them outdated):")
     assert lines[at + 1].split()[0] == boss["note_id"] and lines[at + 1].endswith("[Alec] Alec is my boss at TechCorp")
     assert f"same subject: {boss['note_id']}" in lines
-    assert "supersede" in saved.split("action required")[1]
+    assert f"if it makes one outdated: engram supersede --user ann <outdated id> {newer}" in lines
+    assert "supersede_note(" not in saved, "a person is told the command, not the model's tool call"
 
     done = human(env, "supersede", "--user", "ann", boss["note_id"], newer)
     token = done.split("token ")[1].split()[0]

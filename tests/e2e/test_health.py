@@ -12,10 +12,12 @@ import redis.asyncio as aioredis
 
 from contracts.commands import NoteDraft
 from services.bus.client import EngramClient
-from services.ops.health import health
+from services.ops.health import LAG_ENTRIES_LIMIT, health
 from tests.support import ServeProcess, cli, engram_env, wait_until
 
-BACKLOG = 200  # notes the index has to embed when it starts: more than "caught up" allows
+# Notes the index has to embed when it starts: more than "caught up" allows, and more than the lag
+# that makes a request group or another projection "degraded" (an index catching up is "starting").
+BACKLOG = LAG_ENTRIES_LIMIT + 200
 
 
 async def save_backlog(url: str) -> None:
@@ -78,6 +80,8 @@ def test_health_waits_for_the_model_and_the_index(redis_url: str, tmp_path: Path
             return code == 0
 
         wait_until(ready, timeout=120, interval=0.5)
+        assert all(status != "degraded" for status, _, _ in watched), watched
+        assert all(report["status"] != "degraded" for report in seen), [r["status"] for r in seen]
         final = seen[-1]
         assert final["status"] == "ok" and final["model"] == "loaded" and final["index"] == "ready", final
         index_lag = final["partitions"][0]["index"]["lag_entries"]

@@ -56,17 +56,21 @@ async def test_an_mcp_client_lists_and_calls_the_runtime_tools_over_stdio(env: d
         assert missing.is_error and json.loads(missing.content[0].text)["error"]["code"] == "MEMORY_NOT_FOUND"  # type: ignore[union-attr]
 
 
-async def test_the_forget_profile_over_mcp_needs_two_calls(env: dict[str, str]) -> None:
+async def test_the_engram_profiles_forget_over_mcp_needs_two_calls_and_takes_the_saved_note_id(
+    env: dict[str, str],
+) -> None:
+    """Within a profile an id has one name: ``save`` answers ``note_id`` and ``forget`` takes it."""
     server = params(env, "--profile", "engram", "--user", "bob")
     async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         saved = json.loads((await session.call_tool("save", {"content": "Bob lives in Lisbon"})).content[0].text)  # type: ignore[union-attr]
         first = json.loads(
-            (await session.call_tool("forget", {"memory_id": saved["note_id"]})).content[0].text  # type: ignore[union-attr]
+            (await session.call_tool("forget", {"note_id": saved["note_id"]})).content[0].text  # type: ignore[union-attr]
         )
         assert first["status"] == "confirmation_required"
+        assert first["pending"][0]["note_id"] == saved["note_id"]
         second = json.loads(
-            (await session.call_tool("forget", {"memory_id": saved["note_id"]})).content[0].text  # type: ignore[union-attr]
+            (await session.call_tool("forget", {"note_id": saved["note_id"]})).content[0].text  # type: ignore[union-attr]
         )
         assert second["status"] == "forgotten" and second["deleted"] == [saved["note_id"]]
 

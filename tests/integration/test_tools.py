@@ -211,7 +211,7 @@ async def test_engram_profile_every_tool(client: EngramClient) -> None:
     assert stored.links == [newer["note_id"]] and stored.summary == "Dinner plans with sister Sarah"
     linked_fact = await t.call("save", {"content": "a fact with links", "links": [note]})
     assert linked_fact["error"]["code"] == "INVALID_PARAMETER"
-    assert (await t.call("forget", {"memory_id": episode["note_id"]}))["status"] == "confirmation_required"
+    assert (await t.call("forget", {"note_id": episode["note_id"]}))["status"] == "confirmation_required"
 
 
 async def test_the_tools_that_list_notes_page_them(client: EngramClient) -> None:

@@ -109,3 +109,13 @@ async def test_another_event_refused_past_its_time_is_dead_lettered_without_cont
     assert saved.acks == 1 and len(dead.added) == 1
     assert dead.added[0]["id"] == "e1" and dead.added[0]["error"] == "HTTP 500"
     assert "4312" not in repr(dead.added[0]) and "receiver.invalid" not in repr(dead.added[0])
+
+
+def test_the_secret_file_signs_the_same_as_it_is_or_stripped() -> None:
+    """A receiver given the relay's secret file uses it as it is: with a trailing newline (as an
+    editor leaves it) or without, its text or its bytes, the signature checks."""
+    body = b'{"id":"e1"}'
+    header = sign(SECRET, body, 1_000_000)
+    for as_read in (SECRET + b"\n", SECRET, (SECRET + b"\r\n").decode(), "  " + SECRET.decode() + "\n"):
+        assert verify(as_read, body, header, now=1_000_000), as_read
+    assert sign(SECRET + b"\n", body, 1_000_000) == header

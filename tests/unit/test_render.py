@@ -69,12 +69,15 @@ def test_a_save_says_what_was_written_and_the_advice() -> None:
         same_subject=["AAAAAAAA", "CCCCCCCC"],
         action_required="Memory BBBBBBBB is close to AAAAAAAA. If it makes any of them outdated, call supersede.",
     )
-    assert render.saved(reply).plain.splitlines() == [
+    # The advice a person reads is the command to type, never the model's tool call.
+    assert render.saved(reply, "ann").plain.splitlines() == [
         "saved BBBBBBBB (version 1) token 0:5-0",
         "similar notes (the new one may make them outdated):",
         "  AAAAAAAA  0.83  [Alec] Alec is my boss",
         "same subject: AAAAAAAA, CCCCCCCC",
-        "action required: Memory BBBBBBBB is close to AAAAAAAA. If it makes any of them outdated, call supersede.",
+        "if it makes one outdated: engram supersede --user ann <outdated id> BBBBBBBB",
+        "to change the existing note instead: engram update --user ann AAAAAAAA TEXT, then engram forget "
+        "--user ann --yes BBBBBBBB",
     ]
 
 
@@ -260,6 +263,6 @@ def test_a_bad_setting_is_one_line_naming_it(
 
 
 def test_a_memory_list_that_is_one_page_says_how_many_more() -> None:
-    shown = render.memory_list([view("AAAAAAAA", "one")], total=1_001)
-    assert "… and 1,000 more (engram list --offset 1)" in shown
+    shown = render.memory_list([view("AAAAAAAA", "one")], total=1_001, user="ann")
+    assert "… and 1,000 more (engram list --user ann --offset 1)" in shown
     assert "more" not in render.memory_list([view("AAAAAAAA", "one")], total=1)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import msgspec
 
+from contracts.errors import ErrorCode
 from contracts.limits import MAX_CONTEXT_TOKENS, MAX_FORGET_IDS, parse_time
 from contracts.model import NoteKind, NoteSource
-from services.agents.profiles.forget import FORGET, forget
+from services.agents.profiles.forget import request_forget
 from services.agents.session import AgentSession
 from services.agents.specs import (
     CATEGORY,
@@ -24,6 +25,7 @@ from services.agents.specs import (
     Result,
     Tool,
     ToolSpec,
+    error,
     given,
     list_page,
     schema,
@@ -201,8 +203,40 @@ CONTEXT = ToolSpec(
 
 
 async def context(s: AgentSession, a: Arguments) -> Result:
-    reply = await s.client.context(s.user_id, after=s.last_token, **given(a, "format", "query", "max_tokens"))
+    reply = await s.client.context(
+        s.user_id, after=s.last_token, update_tool="update", **given(a, "format", "query", "max_tokens")
+    )
     return {"text": reply.text, "tokens": reply.tokens, "note_ids": reply.note_ids, "truncated": reply.truncated}
+
+
+FORGET = ToolSpec(
+    "forget",
+    "Delete memories in two calls. First call with note_id (or note_ids): the deletion is requested and "
+    "the answer asks you to confirm; show the user what will be deleted and get their agreement. Second call "
+    "with the same note_id: it is deleted for good. Pending requests expire after 5 minutes. Or call with "
+    "query (and no note_id) to find candidates; that deletes nothing.",
+    schema(
+        {
+            "note_id": {**ID, "description": "the note to delete (request it twice)"},
+            "note_ids": {"type": "array", "items": ID, "maxItems": MAX_FORGET_IDS, "description": "several at once"},
+            "query": {**QUERY, "description": "find candidates to delete (deletes nothing)"},
+        }
+    ),
+    read_only=False,
+)
+
+
+async def forget(s: AgentSession, a: Arguments) -> Result:
+    ids = list(dict.fromkeys([*(a.get("note_ids") or []), *([a["note_id"]] if a.get("note_id") else [])]))
+    query = a.get("query")
+    if not ids and not query:
+        return error(ErrorCode.INVALID_PARAMETER, "give note_id to delete, or query to find candidates")
+    if len(ids) > MAX_FORGET_IDS:
+        return error(
+            ErrorCode.INVALID_PARAMETER,
+            f"note_id and note_ids together name {len(ids)} notes; at most {MAX_FORGET_IDS} at once",
+        )
+    return await request_forget(s, ids, None if ids else query, id_key="note_id")
 
 
 TOOLS = [
@@ -210,7 +244,7 @@ TOOLS = [
     Tool(SAVE, save),
     Tool(UPDATE, update),
     Tool(SUPERSEDE, supersede),
-    Tool(FORGET, forget),
+    Tool(FORGET, forget),  # the profile's own: its ids are note_id, as in every other tool of it
     Tool(LIST, list_notes),
     Tool(HISTORY, history),
     Tool(CONTEXT, context),

@@ -57,24 +57,25 @@ async def forget(s: AgentSession, a: Arguments) -> Result:
 TOOLS = [Tool(FORGET, forget)]
 
 
-async def request_forget(s: AgentSession, ids: Sequence[str], query: str | None) -> Result:
-    """Ask to forget these ids (or find candidates for the query) and answer as requirements §1 does."""
+async def request_forget(s: AgentSession, ids: Sequence[str], query: str | None, id_key: str = "id") -> Result:
+    """Ask to forget these ids (or find candidates for the query) and answer as requirements §1 does.
+    ``id_key``: what the profile calls a memory's id, in the candidates and the pending ones."""
     reply = await s.client.forget(s.user_id, query=query, note_ids=ids, after=s.last_token)
     s.track(reply.token)
-    return forget_result(reply)
+    return forget_result(reply, id_key)
 
 
-def forget_result(reply: ForgetReply) -> Result:
+def forget_result(reply: ForgetReply, id_key: str = "id") -> Result:
     """Requirements §1's answers: candidates, a confirmation to relay, or the deletion."""
     out: Result = {"status": reply.status, "message": reply.message}
     if reply.status == "candidates":
         out["candidates"] = [
-            {"id": c.note_id, "content": c.preview, "similarity": round(c.similarity, 4)} for c in reply.candidates
+            {id_key: c.note_id, "content": c.preview, "similarity": round(c.similarity, 4)} for c in reply.candidates
         ]
     if reply.pending:
         out["pending"] = [
             {
-                "id": p.note_id,
+                id_key: p.note_id,
                 "content_preview": p.preview,
                 "request_count": p.request_count,
                 "expires_at": p.expires_at.isoformat(),

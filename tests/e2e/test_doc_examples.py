@@ -1,6 +1,6 @@
-"""README's framework sections run as written: each adapter snippet, copied out of README.md
-as it stands, runs in a fresh interpreter against a running `engram serve` and prints what its
-comments say it prints."""
+"""The guide's framework examples run as written: each adapter snippet, copied out of the docs as
+they stand, runs in a fresh interpreter against a running `engram serve`, finding it as a user's
+code would (``engram_url()``), and prints what its comments say it prints."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import pytest
 
 from tests.support import ROOT, engram_env
 
-README = (ROOT / "README.md").read_text()
+DOCS = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
 
 
 def snippet(name: str) -> str:
-    """The python block README marks with ``(readme: <name>)``."""
-    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.DOTALL)
-    (found,) = [b for b in blocks if f"(readme: {name})" in b]
+    """The python block the docs mark with ``(example: <name>)``."""
+    blocks = re.findall(r"```python\n(.*?)```", DOCS, flags=re.DOTALL)
+    (found,) = [b for b in blocks if f"(example: {name})" in b]
     return found
 
 
@@ -28,6 +28,7 @@ def snippet(name: str) -> str:
         ("langgraph", "Alice likes sushi"),
         ("openai-agents", "Hi, I'm Alice"),
         ("autogen", "Alice is vegetarian"),
+        ("client", "Alice's sister Sarah lives in Lisbon\nconfirmation_required\nforgotten"),
     ],
 )
 def test_a_readme_snippet_runs_as_shown(engram_url: str, name: str, printed: str) -> None:
