@@ -511,10 +511,7 @@ def decide_forget_user(
 ) -> list[StreamAppend]:
     """Erasing a whole user, in the same two calls, pending on the user's account stream. When
     it executes, every note and message still readable is forgotten (its key shredded) and the
-    account gets the receipt, all in one append. A user with nothing left to erase, and no
-    erasure pending, is ``MEMORY_NOT_FOUND``: there is nothing to confirm."""
-    if not erasable(notes) and account.forget_expires_at is None:
-        raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"User {command.user_id} has no memories: nothing to erase")
+    account gets the receipt, all in one append."""
     return _erase(
         command, ACCOUNT, account, notes, now, ttl, lambda erased, header: UserForgotten(erased=erased, **header)
     )
