@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_core import pct
-from services.adapters.redis_server import RedisServer
-from services.bus.client import EngramClient
-from services.integrations.langgraph import EngramStore, namespace_to_category
+from engram_ledger.services.adapters.redis_server import RedisServer
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.integrations.langgraph import EngramStore, namespace_to_category
 from tests.support import ServeProcess, engram_env
 
 USER = "bench-adapters"

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from contracts import channels
-from projections.history import HistoryReader
-from services.adapters.crypto import load_master_key
-from services.adapters.redis_server import RedisServer
-from services.bus.client import EngramClient
-from services.bus.requester import BusRequester
+from engram_ledger.contracts import channels
+from engram_ledger.projections.history import HistoryReader
+from engram_ledger.services.adapters.crypto import load_master_key
+from engram_ledger.services.adapters.redis_server import RedisServer
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.bus.requester import BusRequester
 from tests.support import ROOT, ServeProcess, engram_env
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from bench.bench_core import pct
 from bench.corpus import notes, question_text
-from services.adapters.minilm import ENCODER_KINDS, Encoder, load_encoder
+from engram_ledger.services.adapters.minilm import ENCODER_KINDS, Encoder, load_encoder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_quality import DEVSET, devset_service
-from contracts.limits import SEARCH_TOP_K_DEFAULT
-from contracts.queries import SearchNotes
-from services.application.forget import FORGET_SIMILARITY_FLOOR, FORGET_SIMILARITY_MARGIN, close_enough
-from services.application.search import SearchService
+from engram_ledger.contracts.limits import SEARCH_TOP_K_DEFAULT
+from engram_ledger.contracts.queries import SearchNotes
+from engram_ledger.services.application.forget import FORGET_SIMILARITY_FLOOR, FORGET_SIMILARITY_MARGIN, close_enough
+from engram_ledger.services.application.search import SearchService
 
 Hit = tuple[float, float, bool]  # similarity, score, true match
 

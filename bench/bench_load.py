@@ -27,10 +27,10 @@ import redis.asyncio as aioredis
 from bench.bench_core import summary
 from bench.bench_search import rss_mb, warm_up
 from bench.corpus import notes, question_text
-from contracts import channels
-from services.adapters.redis_conn import open_redis
-from services.adapters.redis_server import RedisServer
-from services.bus.client import EngramClient
+from engram_ledger.contracts import channels
+from engram_ledger.services.adapters.redis_conn import open_redis
+from engram_ledger.services.adapters.redis_server import RedisServer
+from engram_ledger.services.bus.client import EngramClient
 from tests.support import ServeProcess, engram_env
 
 

@@ -52,17 +52,17 @@ from tqdm import tqdm
 from bench.bench_core import pct, summary
 from bench.bench_search import encode_floor, index_position
 from bench.locomo import Conversation, load
-from contracts import channels
-from contracts.commands import MessageDraft, NoteDraft
-from contracts.queries import NotesWritten, SearchNotes, SearchReply
-from projections.index import indexed_text
-from services.adapters.embedder import load_model, model_path
-from services.adapters.redis_server import RedisServer
-from services.application.ranking import RankingPolicy
-from services.application.search import SearchService
-from services.bootstrap import build
-from services.bus.client import EngramClient
-from services.config import Settings
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.commands import MessageDraft, NoteDraft
+from engram_ledger.contracts.queries import NotesWritten, SearchNotes, SearchReply
+from engram_ledger.projections.index import indexed_text
+from engram_ledger.services.adapters.embedder import load_model, model_path
+from engram_ledger.services.adapters.redis_server import RedisServer
+from engram_ledger.services.application.ranking import RankingPolicy
+from engram_ledger.services.application.search import SearchService
+from engram_ledger.services.bootstrap import build
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.config import Settings
 
 MODES = ("turns", "facts", "notes")
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}

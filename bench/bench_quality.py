@@ -23,15 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.corpus import notes as filler_notes
-from contracts.commands import NoteDraft
-from contracts.errors import EngramError, ErrorCode
-from contracts.queries import SearchNotes
-from services.adapters.redis_server import RedisServer
-from services.application.ranking import FUSION_METHODS, RankingPolicy
-from services.application.search import SearchService
-from services.bootstrap import Engram, build
-from services.bus.client import EngramClient
-from services.config import Settings
+from engram_ledger.contracts.commands import NoteDraft
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.queries import SearchNotes
+from engram_ledger.services.adapters.redis_server import RedisServer
+from engram_ledger.services.application.ranking import FUSION_METHODS, RankingPolicy
+from engram_ledger.services.application.search import SearchService
+from engram_ledger.services.bootstrap import Engram, build
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.config import Settings
 
 DEVSET = Path(__file__).parent / "data" / "devset.json"
 

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_core import pct
-from services.adapters.redis_server import RedisServer
-from services.bootstrap import build
-from services.bus.client import EngramClient
-from services.config import Settings
+from engram_ledger.services.adapters.redis_server import RedisServer
+from engram_ledger.services.bootstrap import build
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.config import Settings
 
 USER = "bench-reader"
 NOTES = 200

@@ -17,7 +17,6 @@ import asyncio
 import json
 import random
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -27,12 +26,12 @@ import msgspec
 
 from bench.bench_load import run_load
 from bench.bench_search import warm_up
-from contracts import channels
-from services.adapters.redis_conn import open_redis
-from services.adapters.redis_server import RedisServer, free_port
-from services.bus.client import EngramClient
+from engram_ledger.contracts import channels
+from engram_ledger.services.adapters.redis_conn import open_redis
+from engram_ledger.services.adapters.redis_server import RedisServer, free_port
+from engram_ledger.services.bus.client import EngramClient
 from tests.integration.test_relay import SECRET, Receiver
-from tests.support import ROOT, ServeProcess, engram_env
+from tests.support import ENGRAM_CLI, ROOT, ServeProcess, engram_env
 
 
 class RandomlyFailing(Receiver):
@@ -64,7 +63,7 @@ async def main() -> None:
         secret_file.write_bytes(SECRET)
         relay = subprocess.Popen(
             [
-                *(sys.executable, "-m", "services.cli", "relay", "--url", receiver.url, "--group", "bench"),
+                *(*ENGRAM_CLI, "relay", "--url", receiver.url, "--group", "bench"),
                 *("--secret-file", str(secret_file), "--from-start"),
             ],
             env=env,

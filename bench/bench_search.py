@@ -36,16 +36,16 @@ from tqdm import tqdm
 from bench.bench_core import pct, summary
 from bench.bench_encoder import single
 from bench.corpus import notes, question_text
-from contracts import channels
-from contracts.channels import IndexKeys
-from contracts.commands import NoteDraft
-from contracts.errors import EngramError
-from projections.index import live_index_generation
-from projections.tracking import position_key
-from services.adapters.minilm import Encoder, load_encoder
-from services.adapters.redis_server import RedisServer
-from services.bus.client import EngramClient
-from services.config import Settings
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.channels import IndexKeys
+from engram_ledger.contracts.commands import NoteDraft
+from engram_ledger.contracts.errors import EngramError
+from engram_ledger.projections.index import live_index_generation
+from engram_ledger.projections.tracking import position_key
+from engram_ledger.services.adapters.minilm import Encoder, load_encoder
+from engram_ledger.services.adapters.redis_server import RedisServer
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.config import Settings
 from tests.support import ServeProcess, engram_env
 
 

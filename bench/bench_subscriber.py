@@ -25,11 +25,11 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from contracts import channels
-from contracts.commands import NoteDraft
-from services.adapters.crypto import MasterKey
-from services.adapters.redis_server import RedisServer
-from services.bus.client import EngramClient
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.commands import NoteDraft
+from engram_ledger.services.adapters.crypto import MasterKey
+from engram_ledger.services.adapters.redis_server import RedisServer
+from engram_ledger.services.bus.client import EngramClient
 from tests.support import TEST_MASTER_KEY_B64, ServeProcess, engram_env, master_key_for_tests
 
 AIM = 5_000  # events/s per subscriber (issue 17)

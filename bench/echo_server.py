@@ -9,7 +9,7 @@ import sys
 from faststream import AckPolicy
 from faststream.redis import StreamSub
 
-from services.bootstrap import make_broker
+from engram_ledger.services.bootstrap import make_broker
 
 
 async def main(url: str) -> None:

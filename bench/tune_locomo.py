@@ -5,7 +5,7 @@
 The service's ranking is a pure function of two candidate lists (dense cosine and BM25 scores);
 this script computes those lists for every LoCoMo question once (MiniLM embeddings cached under
 ``--cache``, BM25 with Qdrant Edge's own ``Bm25`` tokenizer and Qdrant's IDF formula, exact
-cosine), then scores every option of ``services.application.ranking`` on both modes (turns with their
+cosine), then scores every option of ``engram_ledger.services.application.ranking`` on both modes (turns with their
 conversational context, facts as notes). For each held-out conversation the option best on the
 other four is chosen and scored on it; the held-out figures are the honest estimate. The option
 best on all five is the one to ship; ``bench_locomo`` then measures it on the running service.
@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from bench.locomo import Conversation, load
-from projections.index import indexed_text
-from projections.vector_index import IndexHit
-from services.application.ranking import RankingPolicy, boost_named, context_text, context_vector, fuse
+from engram_ledger.projections.index import indexed_text
+from engram_ledger.projections.vector_index import IndexHit
+from engram_ledger.services.application.ranking import RankingPolicy, boost_named, context_text, context_vector, fuse
 
 LIMIT = 50  # candidates per signal, as the search service asks the index for
 
@@ -405,7 +405,7 @@ def main() -> None:
     parser.add_argument("--speaker", default="1", help="the name in a turn's or fact's indexed text: 1, 0 or 1,0")
     parser.add_argument("--ablate", action="store_true", help="only: the shipped ranking with each lever removed")
     args = parser.parse_args()
-    from services.adapters.embedder import load_model, model_path
+    from engram_ledger.services.adapters.embedder import load_model, model_path
 
     model = load_model(model_path())
     convs = load(args.data)

@@ -7,10 +7,10 @@ from typing import Any, get_args
 
 import msgspec
 
-from contracts.base import SCHEMA_VERSION
-from contracts.commands import AnyCommand
-from contracts.events import AnyEvent
-from contracts.queries import AnyQuery, AnyReply
+from engram_ledger.contracts.base import SCHEMA_VERSION
+from engram_ledger.contracts.commands import AnyCommand
+from engram_ledger.contracts.events import AnyEvent
+from engram_ledger.contracts.queries import AnyQuery, AnyReply
 
 # What a subscriber that keeps copies owes the users whose memory it copies (README, Subscribing).
 ERASURE_CONTRACT = (

@@ -1,5 +1,5 @@
 """Commands: what a caller asks Engram to change. Each is answered with a reply from
-``contracts.queries`` (``NoteWritten``/``NotesWritten``) or an ``ErrorReply``."""
+``engram_ledger.contracts.queries`` (``NoteWritten``/``NotesWritten``) or an ``ErrorReply``."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Annotated, Any
 
 import msgspec
 
-from contracts.base import SCHEMA_VERSION, Message
-from contracts.limits import (
+from engram_ledger.contracts.base import SCHEMA_VERSION, Message
+from engram_ledger.contracts.limits import (
     DEFAULT_CATEGORY,
     MAX_BATCH_MESSAGES,
     MAX_BATCH_NOTES,
@@ -34,7 +34,7 @@ from contracts.limits import (
     UserId,
     Version,
 )
-from contracts.model import NoteKind, NoteSource, Origin
+from engram_ledger.contracts.model import NoteKind, NoteSource, Origin
 
 
 class Command(Message, frozen=True, kw_only=True):

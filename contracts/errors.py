@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from contracts.base import Message
+from engram_ledger.contracts.base import Message
 
 
 class ErrorCode(enum.StrEnum):

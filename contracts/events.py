@@ -10,8 +10,8 @@ from datetime import datetime
 
 import msgspec
 
-from contracts.base import Message
-from contracts.model import NoteKind, NoteSource, Origin
+from engram_ledger.contracts.base import Message
+from engram_ledger.contracts.model import NoteKind, NoteSource, Origin
 
 
 class Event(Message, frozen=True, kw_only=True):

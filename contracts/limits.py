@@ -134,7 +134,7 @@ AwareTime = Annotated[
 def parse_time(text: str) -> datetime:
     """An ISO 8601 time typed by a person or an LLM, made an ``AwareTime``: one without a zone
     is taken as UTC."""
-    from contracts.errors import EngramError, ErrorCode
+    from engram_ledger.contracts.errors import EngramError, ErrorCode
 
     try:
         at = datetime.fromisoformat(text)

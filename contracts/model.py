@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from contracts.limits import Category, NoteId, ShortText, UnitInterval
+from engram_ledger.contracts.limits import Category, NoteId, ShortText, UnitInterval
 
 
 class NoteKind(enum.StrEnum):

@@ -11,9 +11,9 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from contracts.base import Message
-from contracts.errors import ErrorReply
-from contracts.limits import (
+from engram_ledger.contracts.base import Message
+from engram_ledger.contracts.errors import ErrorReply
+from engram_ledger.contracts.limits import (
     LIST_NOTES_MAX,
     LIST_RECENT_DEFAULT,
     LIST_RECENT_MAX,
@@ -32,7 +32,7 @@ from contracts.limits import (
     Token,
     UserId,
 )
-from contracts.model import MessageView, NoteKind, NoteView, VersionView
+from engram_ledger.contracts.model import MessageView, NoteKind, NoteView, VersionView
 
 
 class Query(Message, frozen=True, kw_only=True):

@@ -6,9 +6,9 @@ from typing import Any
 
 import msgspec
 
-from contracts.commands import AnyCommand
-from contracts.events import AnyEvent
-from contracts.queries import AnyQuery, AnyReply
+from engram_ledger.contracts.commands import AnyCommand
+from engram_ledger.contracts.events import AnyEvent
+from engram_ledger.contracts.queries import AnyQuery, AnyReply
 
 
 def json_schema() -> dict[str, Any]:

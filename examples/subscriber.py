@@ -32,8 +32,8 @@ from faststream.redis import RedisBroker, RedisRouter, StreamSub
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from contracts import channels
-from contracts.events import (
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.events import (
     AnyEvent,
     MessageRecorded,
     NoteForgotten,
@@ -41,7 +41,7 @@ from contracts.events import (
     SessionForgotten,
     UserForgotten,
 )
-from services import engram_url
+from engram_ledger.services import engram_url
 
 URL = engram_url()
 # As the service was started with (engram:partitions holds it, if this role may read it).

@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 import msgspec
 from redis.asyncio import Redis
 
-from contracts import channels
-from contracts.channels import AccessKeys
-from contracts.model import NoteView
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.channels import AccessKeys
+from engram_ledger.contracts.model import NoteView
 
 
 class AccessLog:

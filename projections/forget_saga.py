@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from contracts import channels
-from contracts.channels import SagaKeys
-from contracts.events import (
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.channels import SagaKeys
+from engram_ledger.contracts.events import (
     ForgetExpired,
     ForgetRequested,
     NoteForgotten,
@@ -26,8 +26,8 @@ from contracts.events import (
     SessionForgotten,
     UserForgotten,
 )
-from projections.tracking import TrackedProjection
-from services.application.ports import LogEntry
+from engram_ledger.projections.tracking import TrackedProjection
+from engram_ledger.services.application.ports import LogEntry
 
 
 def member(user_id: str, note_id: str) -> str:

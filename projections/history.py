@@ -24,9 +24,9 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
-from contracts import channels
-from contracts.channels import HistoryKeys, SagaKeys
-from contracts.events import (
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.channels import HistoryKeys, SagaKeys
+from engram_ledger.contracts.events import (
     MessageRecorded,
     MessageRetracted,
     NoteForgotten,
@@ -36,9 +36,9 @@ from contracts.events import (
     UserForgotten,
     is_control_stream,
 )
-from contracts.model import MessageView, NoteStatus, NoteView, VersionView
-from projections.forget_saga import member as saga_member
-from projections.history_model import (
+from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView, VersionView
+from engram_ledger.projections.forget_saga import member as saga_member
+from engram_ledger.projections.history_model import (
     add_supersedes,
     evolve_view,
     keyed_field,
@@ -49,11 +49,18 @@ from projections.history_model import (
     said_score,
     version_entry,
 )
-from projections.history_records import MESSAGES, NOTES, VERSIONS, message_label, note_label, version_label
-from projections.tracking import CheckpointReader, GenerationalProjection, read_generation, read_position
-from services.adapters.crypto import KeyedFields, MasterKey, RecordKey, RecordKeys
-from services.adapters.redis_conn import transaction_client, unlink_prefix
-from services.application.ports import LogEntry
+from engram_ledger.projections.history_records import (
+    MESSAGES,
+    NOTES,
+    VERSIONS,
+    message_label,
+    note_label,
+    version_label,
+)
+from engram_ledger.projections.tracking import CheckpointReader, GenerationalProjection, read_generation, read_position
+from engram_ledger.services.adapters.crypto import KeyedFields, MasterKey, RecordKey, RecordKeys
+from engram_ledger.services.adapters.redis_conn import transaction_client, unlink_prefix
+from engram_ledger.services.application.ports import LogEntry
 
 
 async def live_generation(redis: Redis, partition: int) -> int:

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from contracts.events import (
+from engram_ledger.contracts.events import (
     AnyEvent,
     ForgetExpired,
     ForgetRequested,
@@ -19,7 +19,7 @@ from contracts.events import (
     NoteSuperseded,
     NoteUpdated,
 )
-from contracts.model import MessageView, NoteStatus, NoteView, VersionView
+from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView, VersionView
 
 
 def message_view(event: MessageRecorded) -> MessageView:

@@ -28,9 +28,9 @@ from typing import Any, Generic, TypeVar
 import msgspec
 from cryptography.exceptions import InvalidTag
 
-from contracts.errors import EngramError, ErrorCode
-from contracts.model import MessageView, NoteView, Origin, VersionView
-from services.adapters.crypto import RecordKey
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.model import MessageView, NoteView, Origin, VersionView
+from engram_ledger.services.adapters.crypto import RecordKey
 
 V = TypeVar("V", NoteView, MessageView, VersionView)
 

@@ -27,8 +27,8 @@ from qdrant_edge import Bm25
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from contracts.channels import IndexKeys
-from contracts.events import (
+from engram_ledger.contracts.channels import IndexKeys
+from engram_ledger.contracts.events import (
     MessageRecorded,
     MessageRetracted,
     NoteForgotten,
@@ -38,12 +38,12 @@ from contracts.events import (
     SessionForgotten,
     is_control_stream,
 )
-from projections.tracking import GenerationalProjection, read_generation
-from projections.vector_index import CONVERSATION, MEMORY, IndexPoint, Sparse, VectorIndex
-from services.adapters.crypto import SubjectMatcher
-from services.adapters.embedder import Embedder
-from services.application.ports import EventStore, LogEntry
-from services.application.ranking import CONTEXT_TURNS, context_text, context_vector
+from engram_ledger.projections.tracking import GenerationalProjection, read_generation
+from engram_ledger.projections.vector_index import CONVERSATION, MEMORY, IndexPoint, Sparse, VectorIndex
+from engram_ledger.services.adapters.crypto import SubjectMatcher
+from engram_ledger.services.adapters.embedder import Embedder
+from engram_ledger.services.application.ports import EventStore, LogEntry
+from engram_ledger.services.application.ranking import CONTEXT_TURNS, context_text, context_vector
 
 _POINT_NAMESPACE = uuid.UUID("0b6d7c55-5c7e-4b0e-8d6f-6a2f4e1c9b21")
 

@@ -17,13 +17,13 @@ from typing import Literal
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from contracts.channels import IndexKeys, model_key
-from projections.index import live_index_generation
-from projections.tracking import CheckpointReader, read_position
-from projections.vector_index import VectorIndex
-from services.adapters.crypto import SubjectMatcher
-from services.adapters.embedder import Embedder
-from services.ops.periodic import every
+from engram_ledger.contracts.channels import IndexKeys, model_key
+from engram_ledger.projections.index import live_index_generation
+from engram_ledger.projections.tracking import CheckpointReader, read_position
+from engram_ledger.projections.vector_index import VectorIndex
+from engram_ledger.services.adapters.crypto import SubjectMatcher
+from engram_ledger.services.adapters.embedder import Embedder
+from engram_ledger.services.ops.periodic import every
 
 log = logging.getLogger("engram.index")
 

@@ -34,7 +34,7 @@ from qdrant_edge import (
     UpdateOperation,
 )
 
-from projections.vector_index import (
+from engram_ledger.projections.vector_index import (
     ANY_TIME,
     DENSE,
     FLOAT_FIELDS,

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Protocol
 
 from redis.asyncio import Redis
 
-from contracts.channels import HistoryKeys, IndexKeys, SagaKeys
-from projections.tracking import StaleProjection
-from services.application.ports import EventStore, LogEntry
+from engram_ledger.contracts.channels import HistoryKeys, IndexKeys, SagaKeys
+from engram_ledger.projections.tracking import StaleProjection
+from engram_ledger.services.application.ports import EventStore, LogEntry
 
 if TYPE_CHECKING:
-    from projections.index_runtime import IndexRuntime
-    from services.adapters.crypto import MasterKey
+    from engram_ledger.projections.index_runtime import IndexRuntime
+    from engram_ledger.services.adapters.crypto import MasterKey
 
 log = logging.getLogger("engram.projections")
 
@@ -106,7 +106,7 @@ def history_runner(
     redis: Redis, store: EventStore, master: MasterKey, partition: int, owner: str, lease_ms: int
 ) -> ProjectionRunner:
     """``master``: the read model seals what it stores under the notes' data keys, which it wraps."""
-    from projections.history import HistoryProjection, live_generation
+    from engram_ledger.projections.history import HistoryProjection, live_generation
 
     async def open_live() -> Projection:
         return HistoryProjection(redis, partition, await live_generation(redis, partition), master)
@@ -126,7 +126,7 @@ def history_runner(
 def index_runner(
     redis: Redis, store: EventStore, runtime: IndexRuntime, partition: int, owner: str, lease_ms: int
 ) -> ProjectionRunner:
-    from projections.index import IndexProjection
+    from engram_ledger.projections.index import IndexProjection
 
     async def open_live() -> Projection:
         await runtime.sync()
@@ -153,7 +153,7 @@ def index_runner(
 
 
 def forget_saga_runner(redis: Redis, store: EventStore, partition: int, owner: str, lease_ms: int) -> ProjectionRunner:
-    from projections.forget_saga import ForgetSagaProjection
+    from engram_ledger.projections.forget_saga import ForgetSagaProjection
 
     async def open_live() -> Projection:
         return ForgetSagaProjection(redis, partition)

@@ -35,11 +35,11 @@ from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, WatchError
 
-from contracts import channels
-from contracts.channels import GenerationKeys
-from contracts.errors import EngramError, ErrorCode
-from services.adapters.redis_conn import close_with, subscription_messages, transaction_client
-from services.application.ports import EventStore, LogEntry
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.channels import GenerationKeys
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.adapters.redis_conn import close_with, subscription_messages, transaction_client
+from engram_ledger.services.application.ports import EventStore, LogEntry
 
 log = logging.getLogger("engram.tracking")
 

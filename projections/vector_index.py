@@ -17,7 +17,7 @@ SPARSE = "bm25"
 
 # Payload fields with an index: the tenant first, then every filter a search can use. A subject
 # is personal data that a deleted point's payload would keep on disk: it is filtered on as
-# ``subject_key``, its keyed hash (``services.adapters.crypto.SubjectMatcher``).
+# ``subject_key``, its keyed hash (``engram_ledger.services.adapters.crypto.SubjectMatcher``).
 KEYWORD_FIELDS = (
     "user_id",
     "note_id",

@@ -14,12 +14,15 @@ extras="${ENGRAM_EXTRAS:-dev}"
 needed=0
 for extra in ${extras//,/ }; do
   stamp=".venv/.engram-installed-$extra"
-  if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ]; then
     needed=1
   fi
 done
 if [ "$needed" -eq 1 ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
+  # Releases before engram_ledger installed as "engram", claiming the import names contracts,
+  # services and projections; a venv from one of them still has that package.
+  .venv/bin/python -m pip uninstall --quiet --yes engram 2>/dev/null || true
   .venv/bin/python -m pip install --quiet -e ".[$extras]"
   for extra in ${extras//,/ }; do
     touch ".venv/.engram-installed-$extra"

@@ -8,7 +8,7 @@ def engram_url() -> str:
     ``ENGRAM_REDIS_URL`` if set; else the private redis-server that this user's ``engram serve``
     started (recorded in its data dir); else the Redis at the default address, if one answers.
     For ``EngramClient(engram_url())`` and the framework adapters."""
-    from services.config import Settings  # nothing is imported, nor connected, until asked
-    from services.ops.operator import resolve_url
+    from engram_ledger.services.config import Settings  # nothing is imported, nor connected, until asked
+    from engram_ledger.services.ops.operator import resolve_url
 
     return resolve_url(Settings.from_env())

@@ -41,30 +41,30 @@ from prometheus_client import CollectorRegistry, start_http_server
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from contracts import channels
-from projections.access import AccessLog
-from projections.forget_saga import SagaPendingDeletions
-from projections.history import HistoryReader
-from projections.index_runtime import IndexRuntime
-from projections.runner import ProjectionRunner, forget_saga_runner, history_runner, index_runner
-from services.adapters.crypto import MasterKey, MasterKeyError, SubjectMatcher, load_master_key
-from services.adapters.event_store import RedisEventStore
-from services.adapters.keyring import KeyringWatcher, attach_keyring
-from services.adapters.redis_conn import close_redis, open_redis, redact_url, serving_options
-from services.adapters.scrub import Scrubber
-from services.application.advice import SaveAdvisor
-from services.application.commands import CommandService, utc_now
-from services.application.forget import ForgetService
-from services.application.forget_timer import ForgetExpiryTimer
-from services.application.queries import QueryService
-from services.application.search import BlendPolicy, SearchService
-from services.bus.envelope import EnvelopeFormat, ReplyInKind
-from services.bus.handled import DeleteHandled
-from services.bus.reclaimer import PendingReclaimer
-from services.config import Settings
-from services.ops.health import WorkerReport
-from services.ops.layout import OldLayout, check_layout
-from services.ops.metrics import EngramGauges
+from engram_ledger.contracts import channels
+from engram_ledger.projections.access import AccessLog
+from engram_ledger.projections.forget_saga import SagaPendingDeletions
+from engram_ledger.projections.history import HistoryReader
+from engram_ledger.projections.index_runtime import IndexRuntime
+from engram_ledger.projections.runner import ProjectionRunner, forget_saga_runner, history_runner, index_runner
+from engram_ledger.services.adapters.crypto import MasterKey, MasterKeyError, SubjectMatcher, load_master_key
+from engram_ledger.services.adapters.event_store import RedisEventStore
+from engram_ledger.services.adapters.keyring import KeyringWatcher, attach_keyring
+from engram_ledger.services.adapters.redis_conn import close_redis, open_redis, redact_url, serving_options
+from engram_ledger.services.adapters.scrub import Scrubber
+from engram_ledger.services.application.advice import SaveAdvisor
+from engram_ledger.services.application.commands import CommandService, utc_now
+from engram_ledger.services.application.forget import ForgetService
+from engram_ledger.services.application.forget_timer import ForgetExpiryTimer
+from engram_ledger.services.application.queries import QueryService
+from engram_ledger.services.application.search import BlendPolicy, SearchService
+from engram_ledger.services.bus.envelope import EnvelopeFormat, ReplyInKind
+from engram_ledger.services.bus.handled import DeleteHandled
+from engram_ledger.services.bus.reclaimer import PendingReclaimer
+from engram_ledger.services.config import Settings
+from engram_ledger.services.ops.health import WorkerReport
+from engram_ledger.services.ops.layout import OldLayout, check_layout
+from engram_ledger.services.ops.metrics import EngramGauges
 
 log = logging.getLogger("engram")
 
@@ -353,20 +353,20 @@ def build(settings: Settings) -> Engram:
 def build_index_runtime(redis: Redis, settings: Settings, subjects: SubjectMatcher) -> IndexRuntime:
     """Qdrant Edge under the data dir by default; a Qdrant server when ENGRAM_QDRANT_URL is set.
     ``subjects`` hashes subjects for the index's payloads and for the filters that match them."""
-    from projections.index_runtime import drop_edge_directory, edge_directory
-    from services.adapters.embedder import MiniLMEmbedder
+    from engram_ledger.projections.index_runtime import drop_edge_directory, edge_directory
+    from engram_ledger.services.adapters.embedder import MiniLMEmbedder
 
     embedder = MiniLMEmbedder(
         encoder=settings.encoder, model_cache=settings.model_cache_dir, threads=settings.encoder_threads
     )
     if settings.qdrant_url:
-        from projections.qdrant_server import QdrantServerIndex
+        from engram_ledger.projections.qdrant_server import QdrantServerIndex
 
         url, key = settings.qdrant_url, settings.qdrant_api_key
         return IndexRuntime(
             redis, embedder, lambda g: QdrantServerIndex.from_url(url, f"engram_g{g}", key), subjects=subjects
         )
-    from projections.qdrant_edge import QdrantEdgeIndex
+    from engram_ledger.projections.qdrant_edge import QdrantEdgeIndex
 
     data_dir = settings.data_dir
     return IndexRuntime(

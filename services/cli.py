@@ -21,19 +21,19 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError, RedisClusterException
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from contracts.commands import NoteDraft
-from contracts.errors import EngramError, ErrorCode
-from contracts.limits import LIST_NOTES_MAX, LIST_NOTES_PAGE, parse_time
-from contracts.model import NoteKind, NoteSource, NoteStatus
-from services import cli_render as render
-from services.adapters.minilm import ENCODER_KINDS
-from services.adapters.redis_conn import close_redis
-from services.config import ROLES, SettingError, Settings, parse_roles
-from services.ops.operator import connect, operator_redis, resolve_url
+from engram_ledger.contracts.commands import NoteDraft
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.limits import LIST_NOTES_MAX, LIST_NOTES_PAGE, parse_time
+from engram_ledger.contracts.model import NoteKind, NoteSource, NoteStatus
+from engram_ledger.services import cli_render as render
+from engram_ledger.services.adapters.minilm import ENCODER_KINDS
+from engram_ledger.services.adapters.redis_conn import close_redis
+from engram_ledger.services.config import ROLES, SettingError, Settings, parse_roles
+from engram_ledger.services.ops.operator import connect, operator_redis, resolve_url
 
 if TYPE_CHECKING:
-    from services.adapters.crypto import MasterKey
-    from services.bus.client import EngramClient
+    from engram_ledger.services.adapters.crypto import MasterKey
+    from engram_ledger.services.bus.client import EngramClient
 
 log = logging.getLogger("engram")
 
@@ -196,7 +196,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         log.error("bad configuration: %s", e)
         return 2
-    from services.ops.serve import serve
+    from engram_ledger.services.ops.serve import serve
 
     return serve(settings)
 
@@ -214,7 +214,7 @@ def _time_argument(text: str) -> Any:
 def _client(settings: Settings, timeout: float | None = None, operator: bool = True) -> EngramClient:
     """The command line is an operator's (``forget --yes`` deletes at once); the MCP server it
     starts serves an agent, whose client is not."""
-    from services.bus.client import EngramClient  # the client pulls in FastStream: not at import
+    from engram_ledger.services.bus.client import EngramClient  # the client pulls in FastStream: not at import
 
     return EngramClient(
         resolve_url(settings),
@@ -377,7 +377,7 @@ def _event_filters(p: argparse.ArgumentParser, what: str) -> None:
 def cmd_tail(args: argparse.Namespace) -> int:
     """The log as typed events, one line each (a JSON object each with --json); with --group
     through that consumer group, each entry acked once its line is written."""
-    from services.bus.subscription import Subscription
+    from engram_ledger.services.bus.subscription import Subscription
 
     settings = Settings.from_env()
     if args.count is not None and args.count < 1:
@@ -427,7 +427,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
 def _subscriber_key(args: argparse.Namespace, settings: Settings) -> MasterKey | None:
     """The master key for --key-file or --content (as `engram serve` finds it, never generating
     one); None: metadata only."""
-    from services.adapters.crypto import MasterKeyError, load_master_key
+    from engram_ledger.services.adapters.crypto import MasterKeyError, load_master_key
 
     try:
         if args.key_file:
@@ -448,8 +448,8 @@ def _subscriber_key(args: argparse.Namespace, settings: Settings) -> MasterKey |
 
 def cmd_relay(args: argparse.Namespace) -> int:
     """`engram relay`: every event of the log posted to a URL, signed, until SIGINT/SIGTERM."""
-    from services.adapters.private_files import write_private
-    from services.ops.relay import RelayOptions, RetryPolicy, run_relay, signing_key
+    from engram_ledger.services.adapters.private_files import write_private
+    from engram_ledger.services.ops.relay import RelayOptions, RetryPolicy, run_relay, signing_key
 
     _log_to_terminal()
     settings = Settings.from_env()
@@ -494,7 +494,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
-    from services.ops.rebuild import rebuild_history, rebuild_index
+    from engram_ledger.services.ops.rebuild import rebuild_history, rebuild_index
 
     rebuild = rebuild_index if args.projection == "index" else rebuild_history
 
@@ -516,7 +516,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from contracts.schema import json_schema
+    from engram_ledger.contracts.schema import json_schema
 
     return _write_document(args, json_schema())
 
@@ -535,7 +535,7 @@ def cmd_model(args: argparse.Namespace) -> int:
     """Export (once) and load the configured encoder: at install time, so that no start waits."""
     import time
 
-    from services.adapters.minilm import indexed_model_name, load_encoder
+    from engram_ledger.services.adapters.minilm import indexed_model_name, load_encoder
 
     settings = Settings.from_env()
     encoder = args.encoder or settings.encoder
@@ -552,7 +552,7 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    from services.ops.health import health
+    from engram_ledger.services.ops.health import health
 
     async def go() -> dict[str, Any]:
         settings = Settings.from_env()
@@ -571,7 +571,7 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    from services.ops.keys import human, run_keys
+    from engram_ledger.services.ops.keys import human, run_keys
 
     progress = _progress(args)
     options = {k: getattr(args, k) for k in ("wait_seconds", "batch", "pause") if hasattr(args, k)}
@@ -596,8 +596,8 @@ def _bounded(kind: Callable[[str], Any], low: float, high: float) -> Callable[[s
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from services.adapters.private_files import open_private
-    from services.ops.portable import export_log
+    from engram_ledger.services.adapters.private_files import open_private
+    from engram_ledger.services.ops.portable import export_log
 
     async def go() -> dict[str, int]:
         async with operator_redis(Settings.from_env()) as (redis, partitions):
@@ -610,9 +610,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from services.adapters.crypto import load_master_key
-    from services.adapters.event_store import RedisEventStore
-    from services.ops.portable import import_log, read_partitions
+    from engram_ledger.services.adapters.crypto import load_master_key
+    from engram_ledger.services.adapters.event_store import RedisEventStore
+    from engram_ledger.services.ops.portable import import_log, read_partitions
 
     settings = Settings.from_env()
 
@@ -635,7 +635,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def cmd_acl(args: argparse.Namespace) -> int:
     """`engram acl`: each role's Redis ACL rules, or (--write) an ACL file and URL files."""
-    from services.ops import acl
+    from engram_ledger.services.ops import acl
 
     if args.write:
         if args.role or args.name:
@@ -677,7 +677,7 @@ def cmd_acl(args: argparse.Namespace) -> int:
 
 
 def cmd_docs(args: argparse.Namespace) -> int:
-    from contracts.asyncapi import asyncapi
+    from engram_ledger.contracts.asyncapi import asyncapi
 
     return _write_document(args, asyncapi())
 
@@ -686,7 +686,7 @@ def cmd_docs(args: argparse.Namespace) -> int:
 
 
 def cmd_tools(args: argparse.Namespace) -> int:
-    from services.agents.tools import PROFILES, profile
+    from engram_ledger.services.agents.tools import PROFILES, profile
 
     specs = profile(args.profile) if args.profile else [t for p in PROFILES for t in profile(p)]
     if args.format == "openai":
@@ -703,8 +703,8 @@ def cmd_tools(args: argparse.Namespace) -> int:
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
-    from services.agents.mcp_server import serve_http, serve_stdio
-    from services.application.decoding import check_user_id
+    from engram_ledger.services.agents.mcp_server import serve_http, serve_stdio
+    from engram_ledger.services.application.decoding import check_user_id
 
     if args.http is None:
         if not args.user:
@@ -734,7 +734,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 def _token_verifier(settings: Settings, gateway_secret_file: str | None) -> Any:
     """The MCP server's check of bearer tokens: the registry in Redis, and the gateway's shared
     secret when one is given (read from a file: a secret on the command line shows in ps)."""
-    from services.agents.tokens import EngramTokenVerifier, GatewayVerifier, TokenRegistry
+    from engram_ledger.services.agents.tokens import EngramTokenVerifier, GatewayVerifier, TokenRegistry
 
     gateway = None
     if gateway_secret_file:
@@ -747,7 +747,7 @@ def _token_verifier(settings: Settings, gateway_secret_file: str | None) -> Any:
 
 def cmd_tokens(args: argparse.Namespace) -> int:
     """`engram tokens create|list|revoke`: the MCP front door's bearer tokens."""
-    from services.agents.tokens import TokenRegistry
+    from engram_ledger.services.agents.tokens import TokenRegistry
 
     if args.action == "create" and bool(args.user) == bool(args.operator):
         raise EngramError(ErrorCode.INVALID_PARAMETER, "give --user USER, or --operator for the operator role")
@@ -815,8 +815,8 @@ async def cmd_memory(client: Any, args: argparse.Namespace) -> None:
 
 def cmd_console(args: argparse.Namespace) -> int:
     """`engram console`: the memory console in a browser (services/console), until SIGINT/SIGTERM."""
-    from services.console.app import serve_console
-    from services.console.auth import check_token, new_token
+    from engram_ledger.services.console.app import serve_console
+    from engram_ledger.services.console.auth import check_token, new_token
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
@@ -993,7 +993,7 @@ def _parser() -> argparse.ArgumentParser:
     p = add("rebuild", cmd_rebuild, "rebuild a projection from the event log, then switch to it")
     p.add_argument("projection", choices=["history", "index"])
 
-    from services.agents.tools import PROFILE_NAMES
+    from engram_ledger.services.agents.tools import PROFILE_NAMES
 
     p = add("tools", cmd_tools, "the tool definitions of a profile, for an LLM API")
     p.add_argument("--profile", choices=PROFILE_NAMES)
@@ -1091,7 +1091,7 @@ def _parser() -> argparse.ArgumentParser:
     p = add("schema", cmd_schema, "write the JSON Schema of every contract")
     p.add_argument("--out", help="file to write (default: stdout)")
 
-    from services.ops.acl import ROLES as ACL_ROLES
+    from engram_ledger.services.ops.acl import ROLES as ACL_ROLES
 
     p = add("acl", cmd_acl, "Redis ACL users with least privilege, one per role: print them, or --write files")
     p.add_argument("role", nargs="?", choices=list(ACL_ROLES), help="one role (default: all)")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
-from contracts.events import (
+from engram_ledger.contracts.events import (
     AnyEvent,
     ForgetExpired,
     ForgetRequested,
@@ -26,11 +26,11 @@ from contracts.events import (
     NoteSuperseded,
     NoteUpdated,
 )
-from contracts.model import NoteStatus, NoteView, VersionView
-from contracts.queries import ForgetReply, HistoryReply, NoteWritten, SearchHit, SearchReply
+from engram_ledger.contracts.model import NoteStatus, NoteView, VersionView
+from engram_ledger.contracts.queries import ForgetReply, HistoryReply, NoteWritten, SearchHit, SearchReply
 
 if TYPE_CHECKING:
-    from services.bus.subscription import Delivery
+    from engram_ledger.services.bus.subscription import Delivery
 
 # A note's text on one line of a listing (list, search, history, similar notes), and in full view (get).
 LINE_CHARS = 160

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.adapters.minilm import ENCODER_KINDS
-from services.application.ranking import DEFAULT_POLICY, FUSION_METHODS, RankingPolicy
+from engram_ledger.services.adapters.minilm import ENCODER_KINDS
+from engram_ledger.services.application.ranking import DEFAULT_POLICY, FUSION_METHODS, RankingPolicy
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 

@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 
 from hypothesis import strategies as st
 
-from contracts.commands import NoteDraft
-from contracts.errors import EngramError
-from contracts.events import NoteSaved
-from contracts.model import NoteKind
-from services.bus.client import EngramClient
+from engram_ledger.contracts.commands import NoteDraft
+from engram_ledger.contracts.errors import EngramError
+from engram_ledger.contracts.events import NoteSaved
+from engram_ledger.contracts.model import NoteKind
+from engram_ledger.services.bus.client import EngramClient
 
 # Events -----------------------------------------------------------------------------------------
 

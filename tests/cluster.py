@@ -12,7 +12,7 @@ from pathlib import Path
 
 import redis
 
-from services.adapters.redis_server import RedisServer
+from engram_ledger.services.adapters.redis_server import RedisServer
 
 
 def free_cluster_port() -> int:

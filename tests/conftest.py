@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from services.bootstrap import Engram, build
-from services.bus.client import EngramClient
-from services.config import Settings
+from engram_ledger.services.bootstrap import Engram, build
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.config import Settings
 from tests.support import TEST_MASTER_KEY_B64, TEST_MODEL_CACHE
 
 TEST_REDIS_URL = os.environ.get("ENGRAM_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from contracts import channels
-from contracts.events import (
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.events import (
     AnyEvent,
     MessageRecorded,
     MessageRetracted,
@@ -22,8 +22,8 @@ from contracts.events import (
     UserForgotten,
     is_control_stream,
 )
-from contracts.model import MessageView, NoteStatus, NoteView, VersionView
-from projections.history_model import (
+from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView, VersionView
+from engram_ledger.projections.history_model import (
     add_supersedes,
     evolve_view,
     message_view,
@@ -31,12 +31,12 @@ from projections.history_model import (
     recent_score,
     version_entry,
 )
-from projections.index import IndexProjection
-from projections.tracking import CheckpointReader
-from projections.vector_index import VectorIndex
-from services.adapters.crypto import MasterKey, SubjectMatcher
-from services.adapters.event_store import decode_event, decode_outcome
-from services.application.ports import (
+from engram_ledger.projections.index import IndexProjection
+from engram_ledger.projections.tracking import CheckpointReader
+from engram_ledger.projections.vector_index import VectorIndex
+from engram_ledger.services.adapters.crypto import MasterKey, SubjectMatcher
+from engram_ledger.services.adapters.event_store import decode_event, decode_outcome
+from engram_ledger.services.application.ports import (
     Appended,
     Conflict,
     ContentTaken,
@@ -45,8 +45,8 @@ from services.application.ports import (
     Outcome,
     OutcomeDetail,
 )
-from services.domain.decider import StreamAppend
-from services.domain.note import ABSENT, NoteState, fold
+from engram_ledger.services.domain.decider import StreamAppend
+from engram_ledger.services.domain.note import ABSENT, NoteState, fold
 
 
 class InMemoryEventStore:

@@ -22,12 +22,14 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from contracts import channels
-from contracts.channels import HistoryKeys
-from services.adapters.crypto import MasterKey
-from services.adapters.event_store import decode_event
-from services.adapters.redis_server import answers, find_redis_server, free_port
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.channels import HistoryKeys
+from engram_ledger.services.adapters.crypto import MasterKey
+from engram_ledger.services.adapters.event_store import decode_event
+from engram_ledger.services.adapters.redis_server import answers, find_redis_server, free_port
 
+# The engram CLI as a subprocess command line.
+ENGRAM_CLI = (sys.executable, "-m", "engram_ledger.services.cli")
 ROOT = Path(__file__).resolve().parent.parent
 TEST_MASTER_KEY_B64 = base64.b64encode(bytes(range(32))).decode()
 
@@ -60,7 +62,7 @@ class ServeProcess:
 
     def start(self, timeout: float = 30.0) -> ServeProcess:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "serve", "--role", self.roles],
+            [*ENGRAM_CLI, "serve", "--role", self.roles],
             env=self.env,
             cwd=self.cwd,
             stdout=subprocess.PIPE,
@@ -104,7 +106,7 @@ class ServeProcess:
 def cli(env: dict[str, str], *args: str, timeout: float = 60) -> tuple[int, Any, str]:
     """Run `engram ARGS --json`; returns (exit code, parsed stdout, stderr)."""
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli", *args, "--json"],
+        [*ENGRAM_CLI, *args, "--json"],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -118,7 +120,7 @@ def cli(env: dict[str, str], *args: str, timeout: float = 60) -> tuple[int, Any,
 def cli_text(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run `engram ARGS` for its human output (no --json)."""
     return subprocess.run(
-        [sys.executable, "-m", "services.cli", *args],
+        [*ENGRAM_CLI, *args],
         env=env,
         cwd=ROOT,
         capture_output=True,

@@ -42,8 +42,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDFExpand
 
-from contracts.events import AnyEvent
-from services.adapters.private_files import private_dir, write_private
+from engram_ledger.contracts.events import AnyEvent
+from engram_ledger.services.adapters.private_files import private_dir, write_private
 
 log = logging.getLogger("engram.crypto")
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from services.adapters.minilm import (
+from engram_ledger.services.adapters.minilm import (
     DIMENSION,
     MODEL_NAME,
     Encoder,

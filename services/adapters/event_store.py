@@ -12,10 +12,10 @@ from typing import Any
 import msgspec
 from redis.asyncio import Redis
 
-from contracts import channels
-from contracts.events import AnyEvent, is_control_stream
-from services.adapters.crypto import MasterKey, NoteCipher, is_sealed, needs_key, shredded
-from services.application.ports import (
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.events import AnyEvent, is_control_stream
+from engram_ledger.services.adapters.crypto import MasterKey, NoteCipher, is_sealed, needs_key, shredded
+from engram_ledger.services.application.ports import (
     Appended,
     Conflict,
     ContentTaken,
@@ -24,8 +24,8 @@ from services.application.ports import (
     Outcome,
     OutcomeDetail,
 )
-from services.domain.decider import StreamAppend
-from services.domain.note import ABSENT, fold
+from engram_ledger.services.domain.decider import StreamAppend
+from engram_ledger.services.domain.note import ABSENT, fold
 
 _APPEND = """
 local outcome = redis.call('GET', KEYS[1])
@@ -158,7 +158,7 @@ def _open(event: AnyEvent, cipher: NoteCipher | None) -> AnyEvent:
 
 class RedisEventStore:
     """Content fields are sealed under each note's data key on the way in and opened on the way
-    out (``services.adapters.crypto``): callers see plaintext, Redis holds ciphertext. A forgotten note's
+    out (``engram_ledger.services.adapters.crypto``): callers see plaintext, Redis holds ciphertext. A forgotten note's
     events read with their content empty."""
 
     def __init__(self, redis: Redis, partitions: int, idempotency_ttl_seconds: int, master: MasterKey) -> None:

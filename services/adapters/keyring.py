@@ -20,10 +20,10 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from contracts import channels
-from contracts.errors import EngramError, ErrorCode
-from services.adapters.crypto import KEYS_VARIABLE, MasterKey, MasterKeyError
-from services.ops.periodic import every
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.adapters.crypto import KEYS_VARIABLE, MasterKey, MasterKeyError
+from engram_ledger.services.ops.periodic import every
 
 log = logging.getLogger("engram.keyring")
 

@@ -22,7 +22,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from contracts import channels
+from engram_ledger.contracts import channels
 
 # A password may also come as a query argument (``?password=``, ``?ssl_password=``).
 _QUERY_SECRET = re.compile(r"(password=)[^&#]*", re.IGNORECASE)

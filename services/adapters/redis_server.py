@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import redis
 
-from services.adapters.private_files import open_private, private_dir, write_private
+from engram_ledger.services.adapters.private_files import open_private, private_dir, write_private
 
 
 def free_port() -> int:

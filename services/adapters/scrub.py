@@ -9,11 +9,11 @@ import logging
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from contracts import channels
-from services.adapters.redis_conn import servers
-from services.application.ports import EventStore, NoteHistory
-from services.bus.reclaimer import group_info
-from services.ops.periodic import every
+from engram_ledger.contracts import channels
+from engram_ledger.services.adapters.redis_conn import servers
+from engram_ledger.services.application.ports import EventStore, NoteHistory
+from engram_ledger.services.bus.reclaimer import group_info
+from engram_ledger.services.ops.periodic import every
 
 log = logging.getLogger("engram.scrub")
 

@@ -26,13 +26,13 @@ import mcp_types as types
 from mcp.server.auth.provider import TokenVerifier
 from mcp.server.lowlevel import Server
 
-from contracts import channels
-from contracts.errors import EngramError, ErrorCode
-from services.agents.specs import WRITE_TIMEOUT, ToolSpec, error
-from services.agents.tokens import USER_SCOPE
-from services.agents.tools import ToolDispatcher, profile
-from services.application.decoding import check_user_id
-from services.bus.client import EngramClient
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.agents.specs import WRITE_TIMEOUT, ToolSpec, error
+from engram_ledger.services.agents.tokens import USER_SCOPE
+from engram_ledger.services.agents.tools import ToolDispatcher, profile
+from engram_ledger.services.application.decoding import check_user_id
+from engram_ledger.services.bus.client import EngramClient
 
 log = logging.getLogger("engram.mcp")
 
@@ -251,7 +251,7 @@ async def serve_http(
     """``tls``: certificate and key files, for anything but loopback."""
     import uvicorn
 
-    from services.ops.listening import check_port, http_url
+    from engram_ledger.services.ops.listening import check_port, http_url
 
     check_port(host, port)
     if tls is None and host not in LOOPBACK:

@@ -9,8 +9,8 @@ from typing import Any
 
 import msgspec
 
-from contracts.errors import ErrorCode
-from contracts.limits import (
+from engram_ledger.contracts.errors import ErrorCode
+from engram_ledger.contracts.limits import (
     CATEGORY_PATTERN,
     LIST_NOTES_MAX,
     LIST_NOTES_PAGE,
@@ -24,8 +24,8 @@ from contracts.limits import (
     SEARCH_TOP_K_DEFAULT,
     SEARCH_TOP_K_MAX,
 )
-from contracts.queries import NotesReply
-from services.agents.session import AgentSession
+from engram_ledger.contracts.queries import NotesReply
+from engram_ledger.services.agents.session import AgentSession
 
 # Requirements §2: searches 15 s, writes 10 s.
 READ_TIMEOUT = 15.0

@@ -25,9 +25,9 @@ import msgspec
 from mcp.server.auth.provider import AccessToken
 from redis.asyncio import Redis
 
-from contracts import channels
-from contracts.errors import EngramError, ErrorCode
-from services.application.decoding import check_user_id
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.application.decoding import check_user_id
 
 Role = Literal["user", "operator"]
 

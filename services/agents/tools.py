@@ -19,12 +19,12 @@ from typing import Any
 from jsonschema import Draft202012Validator, FormatChecker, validators
 from jsonschema.exceptions import ValidationError, best_match
 
-from contracts.errors import EngramError, ErrorCode
-from services.agents.profiles import assistant, engram, forget, memento, runtime, versioned
-from services.agents.session import AgentSession
-from services.agents.specs import Result, Tool, ToolSpec, error
-from services.application.decoding import check_user_id, explain, join, path_name
-from services.bus.client import EngramClient
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.agents.profiles import assistant, engram, forget, memento, runtime, versioned
+from engram_ledger.services.agents.session import AgentSession
+from engram_ledger.services.agents.specs import Result, Tool, ToolSpec, error
+from engram_ledger.services.application.decoding import check_user_id, explain, join, path_name
+from engram_ledger.services.bus.client import EngramClient
 
 __all__ = [
     "PROFILES",

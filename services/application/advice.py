@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from contracts.model import NoteStatus
-from contracts.queries import NoteWritten, SimilarNote
-from projections.index_runtime import IndexReader, IndexRuntime
-from projections.vector_index import DENSE, MEMORY, NearestQuery
-from services.application.ports import NoteHistory
+from engram_ledger.contracts.model import NoteStatus
+from engram_ledger.contracts.queries import NoteWritten, SimilarNote
+from engram_ledger.projections.index_runtime import IndexReader, IndexRuntime
+from engram_ledger.projections.vector_index import DENSE, MEMORY, NearestQuery
+from engram_ledger.services.application.ports import NoteHistory
 
 log = logging.getLogger("engram.advice")
 

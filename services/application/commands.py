@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from contracts import channels
-from contracts.commands import (
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.commands import (
     AnyCommand,
     ExpireNote,
     PutNote,
@@ -26,15 +26,22 @@ from contracts.commands import (
     SaveNotes,
     SupersedeNote,
 )
-from contracts.errors import EngramError, ErrorCode, ErrorReply
-from contracts.model import NoteStatus
-from contracts.queries import CommandReply, NotesWritten, NoteWritten, WrittenNote
-from services.application import unit_of_work
-from services.application.advice import SaveAdvisor
-from services.application.decoding import decode_request
-from services.application.ports import ContentTaken, EventStore, HeldDraft, LoadedNote, Outcome, OutcomeDetail
-from services.application.unit_of_work import Decision, Work
-from services.domain.decider import (
+from engram_ledger.contracts.errors import EngramError, ErrorCode, ErrorReply
+from engram_ledger.contracts.model import NoteStatus
+from engram_ledger.contracts.queries import CommandReply, NotesWritten, NoteWritten, WrittenNote
+from engram_ledger.services.application import unit_of_work
+from engram_ledger.services.application.advice import SaveAdvisor
+from engram_ledger.services.application.decoding import decode_request
+from engram_ledger.services.application.ports import (
+    ContentTaken,
+    EventStore,
+    HeldDraft,
+    LoadedNote,
+    Outcome,
+    OutcomeDetail,
+)
+from engram_ledger.services.application.unit_of_work import Decision, Work
+from engram_ledger.services.domain.decider import (
     IdCollision,
     creates_notes,
     decide,
@@ -44,12 +51,12 @@ from services.domain.decider import (
     first_of_each_content,
     note_ids_for,
 )
-from services.domain.ids import new_note_id
-from services.domain.note import ABSENT
-from services.domain.values import key_claim
+from engram_ledger.services.domain.ids import new_note_id
+from engram_ledger.services.domain.note import ABSENT
+from engram_ledger.services.domain.values import key_claim
 
 if TYPE_CHECKING:
-    from services.application.forget import ForgetService
+    from engram_ledger.services.application.forget import ForgetService
 
 _command_decoder = msgspec.json.Decoder(AnyCommand)
 _encoder = msgspec.json.Encoder()

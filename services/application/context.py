@@ -25,12 +25,12 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from xml.sax.saxutils import escape, quoteattr
 
-from contracts.errors import EngramError, ErrorCode
-from contracts.limits import LIST_NOTES_MAX, MAX_CONTEXT_TOKENS
-from contracts.model import NoteKind, NoteView
-from contracts.queries import BuildContext, ContextReply, SearchNotes
-from services.application.ports import NoteHistory
-from services.application.search import SearchService, lapsed
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.limits import LIST_NOTES_MAX, MAX_CONTEXT_TOKENS
+from engram_ledger.contracts.model import NoteKind, NoteView
+from engram_ledger.contracts.queries import BuildContext, ContextReply, SearchNotes
+from engram_ledger.services.application.ports import NoteHistory
+from engram_ledger.services.application.search import SearchService, lapsed
 
 
 def markdown_header(update_tool: str | None = "update_memory") -> str:
@@ -182,7 +182,7 @@ def count_tokens_many(texts: Sequence[str]) -> list[int]:
         if _tokenizer is None:
             from tokenizers import Tokenizer
 
-            from services.adapters.minilm import model_path
+            from engram_ledger.services.adapters.minilm import model_path
 
             # The model's own tokenizer file, without the truncation and padding it ships with.
             _tokenizer = Tokenizer.from_file(f"{model_path()}/tokenizer.json")

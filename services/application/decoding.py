@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 import msgspec
 import msgspec.inspect as mi
 
-from contracts.errors import EngramError, ErrorCode
-from contracts.limits import (
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.limits import (
     CATEGORY_PATTERN,
     ID_PATTERN,
     MAX_MESSAGE_BYTES,

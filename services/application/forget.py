@@ -18,10 +18,10 @@ from datetime import datetime, timedelta
 
 import msgspec
 
-from contracts import channels
-from contracts.commands import ExpireNote, RequestForget, RequestForgetSession, RequestForgetUser
-from contracts.errors import EngramError, ErrorCode
-from contracts.events import (
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.commands import ExpireNote, RequestForget, RequestForgetSession, RequestForgetUser
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.events import (
     ACCOUNT,
     ForgetExpired,
     ForgetRequested,
@@ -31,10 +31,10 @@ from contracts.events import (
     is_control_stream,
     session_stream,
 )
-from contracts.queries import ForgetCandidate, ForgetReply, NoteWritten, PendingForget, SearchNotes
-from services.application import unit_of_work
-from services.application.decoding import count
-from services.application.ports import (
+from engram_ledger.contracts.queries import ForgetCandidate, ForgetReply, NoteWritten, PendingForget, SearchNotes
+from engram_ledger.services.application import unit_of_work
+from engram_ledger.services.application.decoding import count
+from engram_ledger.services.application.ports import (
     AccessStats,
     ErasureStep,
     EventStore,
@@ -45,9 +45,9 @@ from services.application.ports import (
     PendingDeletions,
     Scrub,
 )
-from services.application.search import SearchService
-from services.application.unit_of_work import Decision, Work
-from services.domain.decider import (
+from engram_ledger.services.application.search import SearchService
+from engram_ledger.services.application.unit_of_work import Decision, Work
+from engram_ledger.services.domain.decider import (
     StreamAppend,
     decide,
     decide_forget_session,

@@ -10,9 +10,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
-from contracts.commands import ExpireForget, ExpireNote
-from services.application.ports import PendingDeletions
-from services.ops.periodic import every
+from engram_ledger.contracts.commands import ExpireForget, ExpireNote
+from engram_ledger.services.application.ports import PendingDeletions
+from engram_ledger.services.ops.periodic import every
 
 log = logging.getLogger("engram.forget")
 

@@ -13,10 +13,10 @@ from typing import Literal, Protocol
 
 import msgspec
 
-from contracts.events import AnyEvent
-from contracts.model import MessageView, NoteView, VersionView
-from services.domain.decider import StreamAppend
-from services.domain.note import NoteState
+from engram_ledger.contracts.events import AnyEvent
+from engram_ledger.contracts.model import MessageView, NoteView, VersionView
+from engram_ledger.services.domain.decider import StreamAppend
+from engram_ledger.services.domain.note import NoteState
 
 # -- What an accepted command leaves behind, so that a retry gets the same reply -------------------
 

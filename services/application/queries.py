@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from contracts.errors import EngramError, ErrorCode
-from contracts.limits import LIST_NOTES_MAX
-from contracts.model import NoteStatus
-from contracts.queries import (
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.limits import LIST_NOTES_MAX
+from engram_ledger.contracts.model import NoteStatus
+from engram_ledger.contracts.queries import (
     AnyQuery,
     BuildContext,
     CategoriesReply,
@@ -30,11 +30,11 @@ from contracts.queries import (
     SearchNotes,
     SearchReply,
 )
-from services.application.context import ContextService
-from services.application.decoding import decode_request
-from services.application.ports import AccessStats, NoteHistory
-from services.application.search import SearchService, lapsed
-from services.domain.values import check_where, matches
+from engram_ledger.services.application.context import ContextService
+from engram_ledger.services.application.decoding import decode_request
+from engram_ledger.services.application.ports import AccessStats, NoteHistory
+from engram_ledger.services.application.search import SearchService, lapsed
+from engram_ledger.services.domain.values import check_where, matches
 
 _query_decoder = msgspec.json.Decoder(AnyQuery)
 _encoder = msgspec.json.Encoder()

@@ -11,13 +11,13 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from contracts.errors import EngramError, ErrorCode
-from contracts.limits import SEARCH_DEPTH_MAX
-from contracts.model import MessageView, NoteStatus, NoteView
-from contracts.queries import SearchHit, SearchNotes, SearchReply
-from projections.index import sparse_query
-from projections.index_runtime import IndexReader, IndexRuntime
-from projections.vector_index import (
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.limits import SEARCH_DEPTH_MAX
+from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView
+from engram_ledger.contracts.queries import SearchHit, SearchNotes, SearchReply
+from engram_ledger.projections.index import sparse_query
+from engram_ledger.projections.index_runtime import IndexReader, IndexRuntime
+from engram_ledger.projections.vector_index import (
     CONVERSATION,
     DENSE,
     MEMORY,
@@ -26,9 +26,9 @@ from projections.vector_index import (
     TimeWindow,
     VectorIndex,
 )
-from services.application.ports import AccessStats, NoteHistory
-from services.application.ranking import DEFAULT_POLICY, RankingPolicy, best_per_note, boost_named, fuse
-from services.domain.values import matches
+from engram_ledger.services.application.ports import AccessStats, NoteHistory
+from engram_ledger.services.application.ranking import DEFAULT_POLICY, RankingPolicy, best_per_note, boost_named, fuse
+from engram_ledger.services.domain.values import matches
 
 
 @dataclass(frozen=True)

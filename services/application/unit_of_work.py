@@ -23,10 +23,10 @@ from typing import Generic, TypeVar
 
 import msgspec
 
-from contracts.commands import AnyCommand
-from contracts.errors import EngramError, ErrorCode
-from services.application.ports import Appended, ContentTaken, EventStore, Outcome, OutcomeDetail
-from services.domain.decider import StreamAppend
+from engram_ledger.contracts.commands import AnyCommand
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.application.ports import Appended, ContentTaken, EventStore, Outcome, OutcomeDetail
+from engram_ledger.services.domain.decider import StreamAppend
 
 log = logging.getLogger("engram.unit_of_work")
 

@@ -15,8 +15,8 @@ from redis.exceptions import ClusterDownError, NoPermissionError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from contracts import channels
-from contracts.commands import (
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.commands import (
     AnyCommand,
     MessageDraft,
     NoteDraft,
@@ -33,9 +33,9 @@ from contracts.commands import (
     SupersedeNote,
     UpdateNote,
 )
-from contracts.errors import EngramError, ErrorCode, ErrorReply
-from contracts.model import NoteKind, NoteSource, NoteView, Origin
-from contracts.queries import (
+from engram_ledger.contracts.errors import EngramError, ErrorCode, ErrorReply
+from engram_ledger.contracts.model import NoteKind, NoteSource, NoteView, Origin
+from engram_ledger.contracts.queries import (
     AnyQuery,
     AnyReply,
     BuildContext,
@@ -58,10 +58,10 @@ from contracts.queries import (
     SearchNotes,
     SearchReply,
 )
-from services.adapters.crypto import MasterKey
-from services.adapters.redis_conn import open_redis, redact_url
-from services.bus.requester import BusRequester
-from services.bus.subscription import CLAIM_IDLE_MS, DEFAULT_CONSUMER, Subscription
+from engram_ledger.services.adapters.crypto import MasterKey
+from engram_ledger.services.adapters.redis_conn import open_redis, redact_url
+from engram_ledger.services.bus.requester import BusRequester
+from engram_ledger.services.bus.subscription import CLAIM_IDLE_MS, DEFAULT_CONSUMER, Subscription
 
 R = TypeVar("R")
 _reply_decoder = msgspec.json.Decoder(AnyReply)

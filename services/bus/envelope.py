@@ -33,7 +33,7 @@ from faststream.redis.parser import BinaryMessageFormatV1, MessageFormat
 from faststream.redis.response import RedisPublishCommand
 from faststream.response.publish_type import PublishType
 
-from contracts.errors import ErrorCode, ErrorReply
+from engram_ledger.contracts.errors import ErrorCode, ErrorReply
 
 if TYPE_CHECKING:
     from fast_depends.library.serializer import SerializerProto

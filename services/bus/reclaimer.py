@@ -17,9 +17,9 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from contracts import channels
-from contracts.limits import REQUEST_STREAM_BYTES
-from services.ops.periodic import every
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.limits import REQUEST_STREAM_BYTES
+from engram_ledger.services.ops.periodic import every
 
 log = logging.getLogger("engram.reclaimer")
 

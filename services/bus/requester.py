@@ -24,9 +24,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from contracts import channels
-from contracts.limits import REQUEST_STREAM_BYTES
-from services.adapters.redis_conn import subscription_messages
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.limits import REQUEST_STREAM_BYTES
+from engram_ledger.services.adapters.redis_conn import subscription_messages
 
 log = logging.getLogger("engram.client")
 

@@ -11,7 +11,7 @@ entries (those it read but never acknowledged before a crash), in log order, the
 (XAUTOCLAIM, as the service's reclaimer does for requests; the log itself is never copied or
 deleted), and a delivery of its own left unacknowledged that long comes again.
 
-Content is sealed in the log (``services.adapters.crypto``). Without a key a delivery carries
+Content is sealed in the log (``engram_ledger.services.adapters.crypto``). Without a key a delivery carries
 metadata only, its content fields empty (``ContentState.WITHHELD``). With the master key, the
 content of a note that still has its data key is opened; a note forgotten before the entry is
 read has none, and reads as ``ContentState.ERASED``. Keys are read afresh for every batch and
@@ -41,12 +41,12 @@ from redis.exceptions import ClusterDownError, NoPermissionError, ResponseError,
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from contracts import channels
-from contracts.errors import EngramError, ErrorCode
-from contracts.events import AnyEvent, Event, NoteForgotten, SessionForgotten, UserForgotten
-from contracts.limits import UserId
-from services.adapters.crypto import MasterKey, MasterKeyError, NoteCipher, needs_key, shredded
-from services.adapters.redis_conn import close_redis, open_redis, redact_url
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.events import AnyEvent, Event, NoteForgotten, SessionForgotten, UserForgotten
+from engram_ledger.contracts.limits import UserId
+from engram_ledger.services.adapters.crypto import MasterKey, MasterKeyError, NoteCipher, needs_key, shredded
+from engram_ledger.services.adapters.redis_conn import close_redis, open_redis, redact_url
 
 log = logging.getLogger("engram.subscription")
 

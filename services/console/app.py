@@ -33,23 +33,31 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from contracts import channels
-from contracts.errors import EngramError, ErrorCode
-from contracts.events import ACCOUNT
-from contracts.limits import (
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.events import ACCOUNT
+from engram_ledger.contracts.limits import (
     MAX_CONTEXT_TOKENS,
     SEARCH_TOP_K_DEFAULT,
     SEARCH_TOP_K_MAX,
     parse_time,
 )
-from contracts.model import NoteKind, NoteStatus, NoteView, VersionView
-from contracts.queries import ForgetReply, SearchHit
-from services.application.decoding import check_user_id
-from services.bus.client import EngramClient
-from services.bus.subscription import Subscription
-from services.console.auth import COOKIE, SESSION_SECONDS, ConsoleAuth, Forbidden, Who, checked_form, safe_next
-from services.console.live import LogEvent, LogWatch
-from services.ops.listening import check_port, http_url
+from engram_ledger.contracts.model import NoteKind, NoteStatus, NoteView, VersionView
+from engram_ledger.contracts.queries import ForgetReply, SearchHit
+from engram_ledger.services.application.decoding import check_user_id
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.bus.subscription import Subscription
+from engram_ledger.services.console.auth import (
+    COOKIE,
+    SESSION_SECONDS,
+    ConsoleAuth,
+    Forbidden,
+    Who,
+    checked_form,
+    safe_next,
+)
+from engram_ledger.services.console.live import LogEvent, LogWatch
+from engram_ledger.services.ops.listening import check_port, http_url
 
 log = logging.getLogger("engram.console")
 

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from starlette.datastructures import FormData
 from starlette.requests import Request
 
-from contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.errors import EngramError, ErrorCode
 
 COOKIE = "engram_console"
 CSRF_HEADER = "x-csrf-token"

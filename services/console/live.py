@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from contracts import channels
-from contracts.errors import EngramError, ErrorCode
-from contracts.events import AnyEvent, ForgetExpired, ForgetRequested, NoteForgotten, UserForgotten
-from services.bus.subscription import Delivery, Subscription
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.events import AnyEvent, ForgetExpired, ForgetRequested, NoteForgotten, UserForgotten
+from engram_ledger.services.bus.subscription import Delivery, Subscription
 
 log = logging.getLogger("engram.console")
 

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from contracts.commands import (
+from engram_ledger.contracts.commands import (
     AnyCommand,
     ExpireForget,
     ExpireNote,
@@ -32,8 +32,8 @@ from contracts.commands import (
     SupersedeNote,
     UpdateNote,
 )
-from contracts.errors import EngramError, ErrorCode
-from contracts.events import (
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.events import (
     ACCOUNT,
     AnyEvent,
     ForgetExpired,
@@ -49,11 +49,11 @@ from contracts.events import (
     UserForgotten,
     session_stream,
 )
-from contracts.limits import MAX_ITEM_BYTES, MAX_VALUE_BYTES
-from contracts.model import NoteKind, NoteSource, NoteStatus
-from services.domain.ids import event_id, new_note_id
-from services.domain.note import NoteState
-from services.domain.values import UNPRINTABLE, key_claim, same_value, text_of, value_json
+from engram_ledger.contracts.limits import MAX_ITEM_BYTES, MAX_VALUE_BYTES
+from engram_ledger.contracts.model import NoteKind, NoteSource, NoteStatus
+from engram_ledger.services.domain.ids import event_id, new_note_id
+from engram_ledger.services.domain.note import NoteState
+from engram_ledger.services.domain.values import UNPRINTABLE, key_claim, same_value, text_of, value_json
 
 DEFAULT_FORGET_TTL = timedelta(seconds=300)
 

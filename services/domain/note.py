@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from contracts.events import (
+from engram_ledger.contracts.events import (
     AnyEvent,
     ForgetExpired,
     ForgetRequested,
@@ -22,7 +22,7 @@ from contracts.events import (
     SessionForgotten,
     UserForgotten,
 )
-from contracts.model import NoteStatus
+from engram_ledger.contracts.model import NoteStatus
 
 
 class NoteState(msgspec.Struct, frozen=True, kw_only=True):

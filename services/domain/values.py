@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.errors import EngramError, ErrorCode
 
 WHOLE = "$"
 # Control characters other than tab and newlines (Unicode category Cc), and lone surrogates:

@@ -38,10 +38,10 @@ from autogen_core.model_context import ChatCompletionContext
 from autogen_core.models import LLMMessage, SystemMessage, UserMessage
 from pydantic import BaseModel
 
-from contracts.errors import EngramError, ErrorCode
-from contracts.limits import DEFAULT_CATEGORY, MAX_FORGET_IDS, MAX_QUERY_CHARS
-from services.bus.client import EngramClient
-from services.integrations.connection import AdapterClient
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.limits import DEFAULT_CATEGORY, MAX_FORGET_IDS, MAX_QUERY_CHARS
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.integrations.connection import AdapterClient
 
 R = TypeVar("R")
 
@@ -70,7 +70,7 @@ class EngramMemory(Memory, Component[EngramMemoryConfig]):
 
     component_type = "memory"
     component_config_schema = EngramMemoryConfig
-    component_provider_override = "services.integrations.autogen.EngramMemory"
+    component_provider_override = "engram_ledger.services.integrations.autogen.EngramMemory"
 
     def __init__(
         self,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from services.bus.client import EngramClient
+from engram_ledger.services.bus.client import EngramClient
 
 
 class AdapterClient:

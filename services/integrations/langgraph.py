@@ -74,17 +74,17 @@ from langgraph.store.base import (
     validate_op_namespace,
 )
 
-from contracts.channels import parse_token
-from contracts.errors import EngramError, ErrorCode
-from contracts.limits import (
+from engram_ledger.contracts.channels import parse_token
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.limits import (
     LIST_NOTES_MAX,
     MAX_CATEGORY_CHARS,
     MAX_TTL_SECONDS,
     SEARCH_DEPTH_MAX,
     SEARCH_TOP_K_MAX,
 )
-from contracts.model import NoteView
-from services.bus.client import EngramClient
+from engram_ledger.contracts.model import NoteView
+from engram_ledger.services.bus.client import EngramClient
 
 T = TypeVar("T")
 

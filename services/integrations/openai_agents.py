@@ -34,13 +34,13 @@ from typing import Any, TypeVar, cast
 from agents.items import TResponseInputItem
 from agents.memory.session_settings import SessionSettings, coerce_session_settings, resolve_session_limit
 
-from contracts.commands import MessageDraft
-from contracts.errors import EngramError, ErrorCode
-from contracts.limits import LIST_NOTES_MAX, MAX_BATCH_MESSAGES, MAX_CONTENT_CHARS
-from contracts.model import MessageView
-from services.bus.client import EngramClient, new_command_id
-from services.domain.values import printable
-from services.integrations.connection import AdapterClient
+from engram_ledger.contracts.commands import MessageDraft
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.limits import LIST_NOTES_MAX, MAX_BATCH_MESSAGES, MAX_CONTENT_CHARS
+from engram_ledger.contracts.model import MessageView
+from engram_ledger.services.bus.client import EngramClient, new_command_id
+from engram_ledger.services.domain.values import printable
+from engram_ledger.services.integrations.connection import AdapterClient
 
 R = TypeVar("R")
 

@@ -24,9 +24,9 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from contracts import channels
-from contracts.errors import EngramError, ErrorCode
-from services.adapters.private_files import private_dir, write_private
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.adapters.private_files import private_dir, write_private
 
 
 @dataclass(frozen=True)

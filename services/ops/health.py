@@ -25,18 +25,18 @@ from typing import TYPE_CHECKING, Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from contracts import channels
-from contracts.channels import HistoryKeys, IndexKeys, SagaKeys, model_key
-from projections.history import live_generation
-from projections.index import live_index_generation
-from projections.tracking import position_key
-from services.adapters.keyring import read_state
-from services.bus.reclaimer import group_info
-from services.ops.periodic import every
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.channels import HistoryKeys, IndexKeys, SagaKeys, model_key
+from engram_ledger.projections.history import live_generation
+from engram_ledger.projections.index import live_index_generation
+from engram_ledger.projections.tracking import position_key
+from engram_ledger.services.adapters.keyring import read_state
+from engram_ledger.services.bus.reclaimer import group_info
+from engram_ledger.services.ops.periodic import every
 
 if TYPE_CHECKING:
-    from projections.index_runtime import IndexRuntime
-    from services.adapters.crypto import MasterKey
+    from engram_ledger.projections.index_runtime import IndexRuntime
+    from engram_ledger.services.adapters.crypto import MasterKey
 
 log = logging.getLogger("engram.health")
 

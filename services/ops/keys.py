@@ -36,13 +36,13 @@ from typing import Any
 import msgspec
 from redis.asyncio import Redis
 
-from contracts import channels
-from contracts.errors import EngramError, ErrorCode
-from services.adapters.crypto import MasterKey, MasterKeyError, load_master_key, wrapped_generation
-from services.adapters.keyring import KEYRING_KEY, KeyringState, attach_keyring, read_state, root_field
-from services.config import Settings
-from services.ops.health import live_workers
-from services.ops.operator import operator_redis
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.adapters.crypto import MasterKey, MasterKeyError, load_master_key, wrapped_generation
+from engram_ledger.services.adapters.keyring import KEYRING_KEY, KeyringState, attach_keyring, read_state, root_field
+from engram_ledger.services.config import Settings
+from engram_ledger.services.ops.health import live_workers
+from engram_ledger.services.ops.operator import operator_redis
 
 # (what, how many log entries or None) -> a context manager whose ``update(n)`` counts entries.
 Progress = Callable[[str, int | None], Any]

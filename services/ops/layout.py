@@ -1,4 +1,4 @@
-"""The key layout a Redis holds (``contracts.channels.LAYOUT``): checked before a service writes.
+"""The key layout a Redis holds (``engram_ledger.contracts.channels.LAYOUT``): checked before a service writes.
 
 Layout 2 encodes the caller-chosen parts of key names (``channels.part``). Its keys differ from
 layout 1's only for ids holding ``:`` or ``%``, so a store of layout 1 without such ids is
@@ -11,7 +11,7 @@ from __future__ import annotations
 import msgspec
 from redis.asyncio import Redis
 
-from contracts import channels
+from engram_ledger.contracts import channels
 
 
 class _Ids(msgspec.Struct):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import socket
 
-from contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.errors import EngramError, ErrorCode
 
 
 def check_port(host: str, port: int) -> None:

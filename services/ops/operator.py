@@ -9,12 +9,12 @@ from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from contracts import channels
-from contracts.errors import EngramError, ErrorCode
-from services.adapters.private_files import NotPrivate, check_private
-from services.adapters.redis_conn import close_redis, open_redis, redact_url
-from services.adapters.redis_server import answers
-from services.config import Settings
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.adapters.private_files import NotPrivate, check_private
+from engram_ledger.services.adapters.redis_conn import close_redis, open_redis, redact_url
+from engram_ledger.services.adapters.redis_server import answers
+from engram_ledger.services.config import Settings
 
 # `engram serve` leaves the URL of the private redis-server it started here, in the data dir
 # (0600: the URL holds the password, kept in PASSWORD_FILE for the next start).

@@ -18,15 +18,15 @@ from typing import IO, Any
 from redis.asyncio import Redis
 from tqdm import tqdm
 
-from contracts import channels
-from contracts.base import SCHEMA_VERSION
-from contracts.events import ACCOUNT, session_stream
-from contracts.limits import ID_PATTERN, MAX_ID_CHARS, NOTE_ID_PATTERN
-from services.adapters.crypto import MAX_GENERATION
-from services.adapters.event_store import RedisEventStore, decode_event
-from services.adapters.keyring import KEYRING_KEY, read_state, root_field
-from services.adapters.redis_conn import transaction_client
-from services.domain.decider import forgettable, identity_claim
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.base import SCHEMA_VERSION
+from engram_ledger.contracts.events import ACCOUNT, session_stream
+from engram_ledger.contracts.limits import ID_PATTERN, MAX_ID_CHARS, NOTE_ID_PATTERN
+from engram_ledger.services.adapters.crypto import MAX_GENERATION
+from engram_ledger.services.adapters.event_store import RedisEventStore, decode_event
+from engram_ledger.services.adapters.keyring import KEYRING_KEY, read_state, root_field
+from engram_ledger.services.adapters.redis_conn import transaction_client
+from engram_ledger.services.domain.decider import forgettable, identity_claim
 
 FORMAT = 1
 

@@ -8,12 +8,12 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from contracts.errors import EngramError, ErrorCode
-from services.adapters.crypto import SubjectMatcher, load_master_key
-from services.adapters.event_store import RedisEventStore
-from services.adapters.keyring import attach_for_operator
-from services.adapters.redis_conn import unlink_prefix
-from services.config import Settings
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.adapters.crypto import SubjectMatcher, load_master_key
+from engram_ledger.services.adapters.event_store import RedisEventStore
+from engram_ledger.services.adapters.keyring import attach_for_operator
+from engram_ledger.services.adapters.redis_conn import unlink_prefix
+from engram_ledger.services.config import Settings
 
 # (what, how many events) -> a callback told how many were applied, and a closer
 Progress = Callable[[str, int], Any]
@@ -24,8 +24,8 @@ def event_store(redis: Redis, settings: Settings, partitions: int) -> RedisEvent
 
 
 async def rebuild_history(redis: Redis, settings: Settings, partitions: int, progress: Progress) -> dict[str, Any]:
-    from contracts.channels import HistoryKeys
-    from projections.history import HistoryProjection, live_generation
+    from engram_ledger.contracts.channels import HistoryKeys
+    from engram_ledger.projections.history import HistoryProjection, live_generation
 
     store = event_store(redis, settings, partitions)
     master = load_master_key(settings.data_dir)
@@ -48,10 +48,10 @@ async def rebuild_history(redis: Redis, settings: Settings, partitions: int, pro
 async def rebuild_index(redis: Redis, settings: Settings, partitions: int, progress: Progress) -> dict[str, Any]:
     """Embed the whole log into a fresh generation (a new shard directory or collection), then
     switch every partition to it; a running `engram serve` follows within a second."""
-    from contracts.channels import GENERATIONS_KEY, IndexKeys
-    from projections.index import IndexProjection, live_index_generation
-    from projections.index_runtime import record_model, switch_generation
-    from services.bootstrap import build_index_runtime
+    from engram_ledger.contracts.channels import GENERATIONS_KEY, IndexKeys
+    from engram_ledger.projections.index import IndexProjection, live_index_generation
+    from engram_ledger.projections.index_runtime import record_model, switch_generation
+    from engram_ledger.services.bootstrap import build_index_runtime
 
     settings = Settings(**{**settings.__dict__, "partitions": partitions})
     master = load_master_key(settings.data_dir)

@@ -42,11 +42,11 @@ import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.asyncio import Redis
 
-from contracts import channels
-from contracts.events import AnyEvent
-from services.bus.reclaimer import group_info
-from services.bus.subscription import ERASURES
-from services.ops.periodic import every
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.events import AnyEvent
+from engram_ledger.services.bus.reclaimer import group_info
+from engram_ledger.services.bus.subscription import ERASURES
+from engram_ledger.services.ops.periodic import every
 
 log = logging.getLogger("engram.relay")
 
@@ -366,8 +366,8 @@ async def run_relay(redis_url: str, cluster: bool, options: RelayOptions, stop: 
     and comes back to the next run."""
     from prometheus_client import start_http_server
 
-    from services.adapters.redis_conn import close_redis, open_redis
-    from services.bus.subscription import Subscription
+    from engram_ledger.services.adapters.redis_conn import close_redis, open_redis
+    from engram_ledger.services.bus.subscription import Subscription
 
     redis = open_redis(redis_url, cluster)
     registry = CollectorRegistry()

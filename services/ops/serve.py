@@ -9,11 +9,11 @@ import secrets
 import signal
 from pathlib import Path
 
-from services.adapters.private_files import NotPrivate, check_private, private_dir, write_private
-from services.adapters.redis_conn import redact_url
-from services.adapters.redis_server import RedisServer, answers
-from services.config import Settings
-from services.ops.operator import PASSWORD_FILE, PRIVATE_URL_FILE
+from engram_ledger.services.adapters.private_files import NotPrivate, check_private, private_dir, write_private
+from engram_ledger.services.adapters.redis_conn import redact_url
+from engram_ledger.services.adapters.redis_server import RedisServer, answers
+from engram_ledger.services.config import Settings
+from engram_ledger.services.ops.operator import PASSWORD_FILE, PRIVATE_URL_FILE
 
 log = logging.getLogger("engram")
 
@@ -78,7 +78,7 @@ def start_private_redis(settings: Settings) -> RedisServer:
 
 
 async def _run(settings: Settings) -> int:
-    from services.bootstrap import ConfigurationError, build  # FastStream and the model: not at import
+    from engram_ledger.services.bootstrap import ConfigurationError, build  # FastStream and the model: not at import
 
     try:
         engram = build(settings)

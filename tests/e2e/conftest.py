@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from services.bus.client import EngramClient
+from engram_ledger.services.bus.client import EngramClient
 from tests.cluster import LocalCluster
 from tests.conftest import TEST_REDIS_URL
 from tests.support import ServeProcess, cli, engram_env, wait_until

@@ -23,8 +23,8 @@ from autogen_core.models import (
     UserMessage,
 )
 
-from services.bus.client import EngramClient
-from services.integrations.autogen import EngramMemory
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.integrations.autogen import EngramMemory
 
 pytestmark = pytest.mark.e2e
 
@@ -167,7 +167,7 @@ async def test_an_assistant_agent_answers_with_engram_memory_in_its_prompt(engra
 
     # The agent's configuration names the memory by its URL, user and category, never a client.
     dumped = memory.dump_component()
-    assert dumped.provider == "services.integrations.autogen.EngramMemory"
+    assert dumped.provider == "engram_ledger.services.integrations.autogen.EngramMemory"
     again = EngramMemory.load_component(dumped)
     assert (again.user_id, again.category, again.name) == (user, "preferences", "alice_memory")
     assert [hit.content for hit in (await again.query("green tea")).results] == ["Alice drinks green tea every morning"]

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from contracts import channels
+from engram_ledger.contracts import channels
 from tests.e2e.test_cli import serving
 from tests.support import wait_until
 

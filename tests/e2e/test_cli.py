@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from contracts import channels
-from services.adapters.redis_server import free_port
-from tests.support import ROOT, ServeProcess, cli, cli_text, engram_env, wait_until
+from engram_ledger.contracts import channels
+from engram_ledger.services.adapters.redis_server import free_port
+from tests.support import ENGRAM_CLI, ROOT, ServeProcess, cli, cli_text, engram_env, wait_until
 
 
 def serving(bus: dict[str, str], data: Path, **extra: str) -> Iterator[dict[str, str]]:
@@ -85,7 +85,7 @@ def test_the_note_lifecycle_through_the_cli(env: dict[str, str]) -> None:
     assert code == 1 and bad["error"]["code"] == "INVALID_PARAMETER" and "confidence" in bad["error"]["message"]
 
     tail = subprocess.run(
-        [sys.executable, "-m", "services.cli", "tail", "--from-start", "--count", "4", "--json"],
+        [*ENGRAM_CLI, "tail", "--from-start", "--count", "4", "--json"],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -112,7 +112,7 @@ def test_the_note_lifecycle_through_the_cli(env: dict[str, str]) -> None:
 
 def test_human_output_and_schema(env: dict[str, str], tmp_path: Path) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "services.cli", "save", "--user", "bob", "Likes black coffee"],
+        [*ENGRAM_CLI, "save", "--user", "bob", "Likes black coffee"],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -132,7 +132,7 @@ def test_an_unreachable_bus_is_one_clear_line(tmp_path: Path) -> None:
         code == 1 and out["error"]["code"] == "UNAVAILABLE" and "cannot reach the Engram bus" in out["error"]["message"]
     )
     plain = subprocess.run(
-        [sys.executable, "-m", "services.cli", "get", "--user", "a", "AAAAAAAA"],
+        [*ENGRAM_CLI, "get", "--user", "a", "AAAAAAAA"],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -241,9 +241,7 @@ def test_tools_context_and_the_memory_command(env: dict[str, str]) -> None:
 
 def engram_raw(env: dict[str, str], *args: str | bytes, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
     """Run `engram ARGS` with arguments given as bytes where the test needs bytes a shell would pass."""
-    return subprocess.run(
-        [sys.executable, "-m", "services.cli", *args], env=env, cwd=ROOT, capture_output=True, timeout=timeout
-    )
+    return subprocess.run([*ENGRAM_CLI, *args], env=env, cwd=ROOT, capture_output=True, timeout=timeout)
 
 
 NOT_UTF8 = b"caf\xe9"  # what `"$(printf 'caf\xe9')"` passes: Latin-1, not UTF-8
@@ -280,7 +278,7 @@ def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:
     # `engram docs | head -1`: the document (100 KB) outgrows the pipe, and head closes it.
     env = engram_env(ENGRAM_DATA_DIR=str(tmp_path))
     reader = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "docs"],
+        [*ENGRAM_CLI, "docs"],
         env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -392,7 +390,7 @@ def test_colour_on_a_terminal(env: dict[str, str]) -> None:
     leader, follower = pty.openpty()
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "services.cli", "get", "--user", "bob", saved["note_id"]],
+            [*ENGRAM_CLI, "get", "--user", "bob", saved["note_id"]],
             env={k: v for k, v in env.items() if k not in ("NO_COLOR", "FORCE_COLOR")} | {"TERM": "xterm-256color"},
             cwd=ROOT,
             stdout=follower,

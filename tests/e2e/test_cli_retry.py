@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from services import cli
+from engram_ledger.services import cli
 from tests.conftest import RunningService, service_settings
 
 

@@ -15,8 +15,8 @@ import time
 import pytest
 import redis
 
-from contracts import channels
-from services import cli
+from engram_ledger.contracts import channels
+from engram_ledger.services import cli
 
 CALLS = 20
 TIMEOUT_SECONDS = 10.0  # the CLI's default, which meets the reply reader's quiet period

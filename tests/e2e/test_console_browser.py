@@ -13,7 +13,6 @@ import os
 import queue
 import shutil
 import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -31,12 +30,12 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from contracts.model import NoteKind, Origin
-from services.adapters.redis_server import free_port
-from services.bus.client import EngramClient
-from services.console.app import create_app
+from engram_ledger.contracts.model import NoteKind, Origin
+from engram_ledger.services.adapters.redis_server import free_port
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.console.app import create_app
 from tests.conftest import TEST_REDIS_URL
-from tests.support import ROOT, ServeProcess, cli, cli_text, engram_env, wait_until
+from tests.support import ENGRAM_CLI, ROOT, ServeProcess, cli, cli_text, engram_env, wait_until
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -96,7 +95,7 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     wait_until(lambda: cli(env, "search", "--user", "warm-up", "anything")[0] == 0, timeout=90, interval=0.5)
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "console", "--port", str(port)],
+        [*ENGRAM_CLI, "console", "--port", str(port)],
         env={**env, "ENGRAM_CONSOLE_TOKEN": TOKEN},
         cwd=ROOT,
         stdout=subprocess.PIPE,

@@ -17,10 +17,10 @@ from autogen_core.memory import MemoryContent, MemoryMimeType
 from autogen_core.model_context import BufferedChatCompletionContext
 from autogen_core.models import UserMessage
 
-from services import cli
-from services.bus.client import EngramClient
-from services.integrations.autogen import AUTOGEN_CATEGORY, EngramMemory
-from tests.support import ROOT, engram_env
+from engram_ledger.services import cli
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.integrations.autogen import AUTOGEN_CATEGORY, EngramMemory
+from tests.support import ENGRAM_CLI, ROOT, engram_env
 
 
 async def test_the_autogen_memory_keeps_to_its_own_category_and_clears_only_that(
@@ -58,7 +58,7 @@ def test_mcp_over_http_says_where_it_serves_and_a_busy_port_is_one_line(engram_u
     holder, port = _busy_port()
     with holder:
         busy = subprocess.run(
-            [sys.executable, "-m", "services.cli", "mcp", "--http", str(port)],
+            [*ENGRAM_CLI, "mcp", "--http", str(port)],
             env=env,
             cwd=ROOT,
             capture_output=True,
@@ -74,7 +74,7 @@ def test_mcp_over_http_says_where_it_serves_and_a_busy_port_is_one_line(engram_u
     holder, port = _busy_port()
     holder.close()
     server = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "mcp", "--profile", "runtime", "--http", str(port)],
+        [*ENGRAM_CLI, "mcp", "--profile", "runtime", "--http", str(port)],
         env=env,
         cwd=ROOT,
         stderr=subprocess.PIPE,
@@ -102,7 +102,7 @@ def test_the_relay_says_where_it_posts_and_logs_a_failed_post(engram_url: str, u
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "engram_ledger.services.cli",
             "relay",
             "--url",
             f"http://127.0.0.1:{port}/hook",

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from services.adapters.redis_server import RedisServer, free_port
+from engram_ledger.services.adapters.redis_server import RedisServer, free_port
 from tests.support import ROOT, TEST_MODEL_CACHE, wait_until
 
 

@@ -10,15 +10,14 @@ import base64
 import json
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
-from contracts import channels
-from services.adapters.crypto import wrapped_generation
-from services.adapters.redis_conn import close_redis, open_redis
-from services.bus.client import EngramClient
-from tests.support import ROOT, ServeProcess, cli, engram_env
+from engram_ledger.contracts import channels
+from engram_ledger.services.adapters.crypto import wrapped_generation
+from engram_ledger.services.adapters.redis_conn import close_redis, open_redis
+from engram_ledger.services.bus.client import EngramClient
+from tests.support import ENGRAM_CLI, ROOT, ServeProcess, cli, engram_env
 
 USERS = [f"user-{i}" for i in range(8)]
 
@@ -103,7 +102,7 @@ async def test_rotate_under_load_killed_midway_resumed_then_read_with_the_new_ke
             load = Load(client)
             writer = asyncio.create_task(load.run())
             rotation = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "services.cli", "keys", "rotate", "--json", "--batch", "5", "--pause", "0.05",
+                *ENGRAM_CLI, "keys", "rotate", "--json", "--batch", "5", "--pause", "0.05",
                 env=env, cwd=ROOT, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
             )  # fmt: skip
             for _ in range(600):
@@ -128,7 +127,7 @@ async def test_rotate_under_load_killed_midway_resumed_then_read_with_the_new_ke
             assert gone.status == "forgotten"
 
             resumed = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "services.cli", "keys", "rotate", "--json", "--batch", "5", "--pause", "0.02",
+                *ENGRAM_CLI, "keys", "rotate", "--json", "--batch", "5", "--pause", "0.02",
                 env=env, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             )  # fmt: skip
             # A forget while the resumed rotation re-wraps: its key must not come back.

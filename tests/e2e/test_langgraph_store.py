@@ -19,9 +19,9 @@ from langgraph.graph import START, StateGraph
 from langgraph.store.base import Item, SearchItem
 from langmem import create_manage_memory_tool, create_search_memory_tool
 
-from contracts.errors import EngramError, ErrorCode
-from services.bus.client import EngramClient
-from services.integrations.langgraph import EngramStore, namespace_to_category
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.integrations.langgraph import EngramStore, namespace_to_category
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from tests.support import ROOT, ServeProcess, cli, engram_env, wait_until
+from tests.support import ENGRAM_CLI, ROOT, ServeProcess, cli, engram_env, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +32,7 @@ def env(bus: dict[str, str], tmp_path: Path) -> Iterator[dict[str, str]]:
 
 def params(env: dict[str, str], *args: str) -> StdioServerParameters:
     return StdioServerParameters(
-        command=sys.executable, args=["-m", "services.cli", "mcp", *args], env=env, cwd=str(ROOT)
+        command=sys.executable, args=["-m", "engram_ledger.services.cli", "mcp", *args], env=env, cwd=str(ROOT)
     )
 
 
@@ -111,7 +111,7 @@ async def test_what_an_llm_got_wrong_is_answered_in_plain_words_naming_its_param
 def test_mcp_refuses_a_user_id_the_contract_refuses_at_start(env: dict[str, str]) -> None:
     """Not later, on every call: the agent's configuration is what is wrong."""
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli", "mcp", "--profile", "memento", "--user", "bad user"],
+        [*ENGRAM_CLI, "mcp", "--profile", "memento", "--user", "bad user"],
         env=env,
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
@@ -132,11 +132,11 @@ async def test_streamable_http_serves_each_token_its_own_users_memory(env: dict[
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared._httpx_utils import create_mcp_http_client
 
-    from services.adapters.redis_server import free_port
+    from engram_ledger.services.adapters.redis_server import free_port
 
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "mcp", "--profile", "memento", "--http", str(port)],
+        [*ENGRAM_CLI, "mcp", "--profile", "memento", "--http", str(port)],
         env=env,
         cwd=ROOT,
         stderr=subprocess.PIPE,
@@ -202,7 +202,7 @@ def test_over_tls_a_gateway_with_the_shared_secret_names_the_user(env: dict[str,
     people itself presents the secret it was started with and names the user in the header."""
     import httpx
 
-    from services.adapters.redis_server import free_port
+    from engram_ledger.services.adapters.redis_server import free_port
     from tests.integration.test_secure_redis import write_certificates
 
     ca, certificate, key = write_certificates(tmp_path)
@@ -211,7 +211,7 @@ def test_over_tls_a_gateway_with_the_shared_secret_names_the_user(env: dict[str,
     port = free_port()
     server = subprocess.Popen(
         [
-            *(sys.executable, "-m", "services.cli", "mcp", "--profile", "memento", "--http", str(port)),
+            *(*ENGRAM_CLI, "mcp", "--profile", "memento", "--http", str(port)),
             *("--tls-cert", str(certificate), "--tls-key", str(key), "--gateway-secret-file", str(secret)),
         ],
         env=env,

@@ -16,8 +16,8 @@ from agents.models.interface import Model
 from agents.usage import Usage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
-from services.bus.client import EngramClient
-from services.integrations.openai_agents import EngramSession, draft_of
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.integrations.openai_agents import EngramSession, draft_of
 
 pytestmark = pytest.mark.e2e
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -14,11 +13,11 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from contracts import channels
-from services.adapters.redis_server import free_port
-from services.bus.client import EngramClient
+from engram_ledger.contracts import channels
+from engram_ledger.services.adapters.redis_server import free_port
+from engram_ledger.services.bus.client import EngramClient
 from tests.integration.test_relay import SECRET, Receiver
-from tests.support import ROOT, ServeProcess, engram_env
+from tests.support import ENGRAM_CLI, ROOT, ServeProcess, engram_env
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +52,7 @@ async def test_a_relay_killed_midway_and_restarted_delivers_every_event_in_note_
     await receiver.start()
     serve = ServeProcess(env).start()
     command = [
-        *(sys.executable, "-m", "services.cli", "relay", "--url", receiver.url, "--group", "audit"),
+        *(*ENGRAM_CLI, "relay", "--url", receiver.url, "--group", "audit"),
         *("--secret-file", str(secret_file), "--from-start"),
     ]
     relay = subprocess.Popen(command, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)

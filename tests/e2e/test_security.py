@@ -12,9 +12,9 @@ import msgspec
 import pytest
 import redis
 
-from contracts import channels
-from contracts.base import SCHEMA_VERSION
-from services.adapters.redis_server import free_port
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.base import SCHEMA_VERSION
+from engram_ledger.services.adapters.redis_server import free_port
 from tests.builders import saved
 from tests.support import ServeProcess, cli, cli_text, engram_env, redis_with_password
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import redis
 
-from contracts import channels
-from tests.support import ROOT, TEST_MASTER_KEY_B64, ServeProcess, cli, cli_text, engram_env
+from engram_ledger.contracts import channels
+from tests.support import ENGRAM_CLI, ROOT, TEST_MASTER_KEY_B64, ServeProcess, cli, cli_text, engram_env
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def env(bus: dict[str, str], tmp_path: Path) -> Iterator[dict[str, str]]:
 
 def tail_json(env: dict[str, str], *args: str) -> list[dict[str, Any]]:
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli", "tail", "--json", *args],
+        [*ENGRAM_CLI, "tail", "--json", *args],
         env=env,
         cwd=ROOT,
         capture_output=True,

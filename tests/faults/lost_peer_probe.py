@@ -26,11 +26,11 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from projections.tracking import applied_notices
-from services.adapters.redis_conn import close_redis, open_redis, serving_options
-from services.adapters.redis_server import answers
-from services.bootstrap import make_broker
-from services.bus.requester import BusRequester
+from engram_ledger.projections.tracking import applied_notices
+from engram_ledger.services.adapters.redis_conn import close_redis, open_redis, serving_options
+from engram_ledger.services.adapters.redis_server import answers
+from engram_ledger.services.bootstrap import make_broker
+from engram_ledger.services.bus.requester import BusRequester
 from tests.support import longest_stall
 
 # Far beyond what the serving options allow; a connection still waiting then counts as hung.

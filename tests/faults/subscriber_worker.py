@@ -16,8 +16,8 @@ from pathlib import Path
 
 import msgspec
 
-from services.adapters.crypto import load_master_key
-from services.bus.subscription import Subscription
+from engram_ledger.services.adapters.crypto import load_master_key
+from engram_ledger.services.bus.subscription import Subscription
 
 
 async def main() -> None:

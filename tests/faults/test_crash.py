@@ -11,12 +11,12 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from contracts import channels
-from contracts.commands import SaveNote, UpdateNote
-from contracts.errors import EngramError
-from services.adapters.event_store import decode_event
-from services.adapters.redis_server import RedisServer
-from services.bus.client import EngramClient
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.commands import SaveNote, UpdateNote
+from engram_ledger.contracts.errors import EngramError
+from engram_ledger.services.adapters.event_store import decode_event
+from engram_ledger.services.adapters.redis_server import RedisServer
+from engram_ledger.services.bus.client import EngramClient
 from tests.support import ServeProcess, engram_env
 
 COMMANDS = 300

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from contracts import channels
-from contracts.commands import UpdateNote
-from contracts.queries import NoteWritten
-from services.adapters.redis_server import RedisServer
-from services.bus.client import EngramClient
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.commands import UpdateNote
+from engram_ledger.contracts.queries import NoteWritten
+from engram_ledger.services.adapters.redis_server import RedisServer
+from engram_ledger.services.bus.client import EngramClient
 from tests.faults.workload import log_events
 from tests.support import ServeProcess, engram_env
 

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from contracts.commands import RequestForget, SaveNote, UpdateNote
-from contracts.errors import EngramError
-from contracts.queries import ForgetReply, NoteWritten
-from projections.index import IndexProjection, live_index_generation
-from projections.index_runtime import edge_directory
-from projections.qdrant_edge import QdrantEdgeIndex
-from services.adapters.crypto import SubjectMatcher, load_master_key
-from services.adapters.embedder import MiniLMEmbedder
-from services.adapters.event_store import RedisEventStore
-from services.adapters.redis_server import RedisServer
-from services.bus.client import EngramClient
+from engram_ledger.contracts.commands import RequestForget, SaveNote, UpdateNote
+from engram_ledger.contracts.errors import EngramError
+from engram_ledger.contracts.queries import ForgetReply, NoteWritten
+from engram_ledger.projections.index import IndexProjection, live_index_generation
+from engram_ledger.projections.index_runtime import edge_directory
+from engram_ledger.projections.qdrant_edge import QdrantEdgeIndex
+from engram_ledger.services.adapters.crypto import SubjectMatcher, load_master_key
+from engram_ledger.services.adapters.embedder import MiniLMEmbedder
+from engram_ledger.services.adapters.event_store import RedisEventStore
+from engram_ledger.services.adapters.redis_server import RedisServer
+from engram_ledger.services.bus.client import EngramClient
 from tests.faults.workload import RETRYABLE
 from tests.support import ServeProcess, engram_env, shape
 

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from services.adapters.redis_conn import CONNECT_TIMEOUT_S, UNACKNOWLEDGED_LIMIT_MS
+from engram_ledger.services.adapters.redis_conn import CONNECT_TIMEOUT_S, UNACKNOWLEDGED_LIMIT_MS
 from tests.support import ROOT
 
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from contracts import channels
-from contracts.errors import EngramError
-from services.adapters.event_store import decode_event
-from services.adapters.redis_server import RedisServer
-from services.bus.client import EngramClient
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.errors import EngramError
+from engram_ledger.services.adapters.event_store import decode_event
+from engram_ledger.services.adapters.redis_server import RedisServer
+from engram_ledger.services.bus.client import EngramClient
 from tests.support import ROOT, TEST_MASTER_KEY_B64, ServeProcess, engram_env, wait_until
 
 PARTITIONS = 3

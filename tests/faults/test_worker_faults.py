@@ -28,17 +28,17 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from contracts.channels import SCRUB_OWED_KEY
-from contracts.commands import RequestForget, SaveNote, UpdateNote
-from contracts.queries import ForgetReply, NoteWritten
-from projections.forget_saga import ForgetSagaProjection, member
-from projections.history import HistoryProjection, drop_generation, live_generation
-from services.adapters.crypto import load_master_key
-from services.adapters.event_store import RedisEventStore
-from services.adapters.redis_conn import close_redis, open_redis
-from services.adapters.redis_conn import servers as each_server
-from services.adapters.redis_server import RedisServer
-from services.bus.client import EngramClient
+from engram_ledger.contracts.channels import SCRUB_OWED_KEY
+from engram_ledger.contracts.commands import RequestForget, SaveNote, UpdateNote
+from engram_ledger.contracts.queries import ForgetReply, NoteWritten
+from engram_ledger.projections.forget_saga import ForgetSagaProjection, member
+from engram_ledger.projections.history import HistoryProjection, drop_generation, live_generation
+from engram_ledger.services.adapters.crypto import load_master_key
+from engram_ledger.services.adapters.event_store import RedisEventStore
+from engram_ledger.services.adapters.redis_conn import close_redis, open_redis
+from engram_ledger.services.adapters.redis_conn import servers as each_server
+from engram_ledger.services.adapters.redis_server import RedisServer
+from engram_ledger.services.bus.client import EngramClient
 from tests.cluster import LocalCluster
 from tests.faults.workload import Actor, check_log, check_read_model, retry_read, run_actor
 from tests.support import ServeProcess, dump, engram_env, every_value

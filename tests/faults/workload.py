@@ -19,12 +19,12 @@ from typing import Any
 import msgspec
 import redis.asyncio as aioredis
 
-from contracts import channels
-from contracts.commands import AnyCommand, RequestForget, SaveNote, UpdateNote
-from contracts.errors import EngramError, ErrorCode
-from contracts.queries import ForgetReply, NoteWritten
-from services.adapters.event_store import decode_event
-from services.bus.client import EngramClient
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.commands import AnyCommand, RequestForget, SaveNote, UpdateNote
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.queries import ForgetReply, NoteWritten
+from engram_ledger.services.adapters.event_store import decode_event
+from engram_ledger.services.bus.client import EngramClient
 
 # Errors that mean "no answer": the command may or may not have been applied; retry it as it is.
 RETRYABLE = {ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE}

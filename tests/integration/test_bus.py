@@ -8,12 +8,12 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from contracts import channels
-from contracts.commands import NoteDraft
-from contracts.errors import EngramError, ErrorCode
-from contracts.limits import LIST_NOTES_MAX
-from contracts.model import NoteStatus
-from services.bus.client import EngramClient, ReadYourWrites
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.commands import NoteDraft
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.limits import LIST_NOTES_MAX
+from engram_ledger.contracts.model import NoteStatus
+from engram_ledger.services.bus.client import EngramClient, ReadYourWrites
 from tests.conftest import RunningService, service_settings
 
 
@@ -264,7 +264,7 @@ async def test_a_waiting_read_is_woken_by_the_projections_notice(
 ) -> None:
     """With the re-check put out of reach, only the notice the history publishes with its
     checkpoint can end the wait in time."""
-    from projections import tracking
+    from engram_ledger.projections import tracking
 
     monkeypatch.setattr(tracking, "RECHECK_SECONDS", 60.0)
     front = service_settings(
@@ -308,7 +308,7 @@ async def test_a_request_stream_keeps_big_requests_within_its_byte_budget(redis_
     """Request streams were capped by count only: 100,000 requests of up to 8 MiB each. Each
     request now trims its stream to the byte budget over its own size. (No service answers
     here, so nothing else trims the stream.)"""
-    from services.bus.requester import BusRequester
+    from engram_ledger.services.bus.requester import BusRequester
 
     redis = aioredis.Redis.from_url(redis_url)
     budget = 4 * 1024 * 1024
@@ -336,7 +336,7 @@ async def test_a_request_stream_keeps_big_requests_within_its_byte_budget(redis_
 async def test_health_reports_lag_groups_and_pending_deletions(client: EngramClient, redis_url: str) -> None:
     import redis.asyncio as aioredis
 
-    from services.ops.health import health
+    from engram_ledger.services.ops.health import health
 
     written = await client.save("alice", "health check note")
     await client.get_note("alice", written.note_id, after=written.token)
@@ -369,7 +369,7 @@ async def test_health_reports_lag_groups_and_pending_deletions(client: EngramCli
 async def test_prometheus_metrics_cover_the_bus_and_the_projections(redis_url: str) -> None:
     import urllib.request
 
-    from services.adapters.redis_server import free_port
+    from engram_ledger.services.adapters.redis_server import free_port
 
     port = free_port()
     running = await RunningService(service_settings(redis_url, metrics_port=port, index_enabled=False)).start()

@@ -16,9 +16,9 @@ import pytest
 import redis.asyncio as aioredis
 from faststream.redis.parser import BinaryMessageFormatV1
 
-from contracts import channels
-from contracts.commands import SaveNote
-from services.bus.envelope import ENVELOPE_ERROR
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.commands import SaveNote
+from engram_ledger.services.bus.envelope import ENVELOPE_ERROR
 from tests.conftest import RunningService, service_settings
 from tests.support import log_events
 

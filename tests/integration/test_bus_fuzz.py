@@ -10,8 +10,8 @@ import msgspec
 import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 
-from contracts import channels
-from services.bus.client import EngramClient
+from engram_ledger.contracts import channels
+from engram_ledger.services.bus.client import EngramClient
 from tests.builders import bodies
 
 STREAMS = [

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from contracts.commands import NoteDraft
-from services.adapters.redis_server import free_port
-from services.bus.client import EngramClient
-from services.console.app import create_app, http_server
-from services.console.auth import COOKIE
+from engram_ledger.contracts.commands import NoteDraft
+from engram_ledger.services.adapters.redis_server import free_port
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.console.app import create_app, http_server
+from engram_ledger.services.console.auth import COOKIE
 from tests.conftest import RunningService, service_settings
 
 TOKEN = "integration-console-token-0123456789"

@@ -8,11 +8,16 @@ from datetime import UTC, datetime
 
 import pytest
 
-from contracts.commands import NoteDraft
-from contracts.errors import EngramError, ErrorCode
-from contracts.model import NoteKind
-from services.application.context import MARKDOWN_HEADER, MAX_CONTEXT_CHARS, MAX_CONTEXT_NOTES, count_tokens
-from services.bus.client import EngramClient
+from engram_ledger.contracts.commands import NoteDraft
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.model import NoteKind
+from engram_ledger.services.application.context import (
+    MARKDOWN_HEADER,
+    MAX_CONTEXT_CHARS,
+    MAX_CONTEXT_NOTES,
+    count_tokens,
+)
+from engram_ledger.services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
 
 pytestmark = pytest.mark.integration

@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import redis.asyncio as aioredis
 
-from contracts.commands import MessageDraft
-from contracts.errors import EngramError, ErrorCode
-from contracts.limits import MAX_BATCH_MESSAGES
-from contracts.queries import NotesWritten
-from services.agents.tools import ToolDispatcher
-from services.bus.client import EngramClient
+from engram_ledger.contracts.commands import MessageDraft
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.limits import MAX_BATCH_MESSAGES
+from engram_ledger.contracts.queries import NotesWritten
+from engram_ledger.services.agents.tools import ToolDispatcher
+from engram_ledger.services.bus.client import EngramClient
 from tests.conftest import RunningService
 from tests.support import every_value
 

@@ -9,13 +9,13 @@ import json
 import pytest
 import redis.asyncio as aioredis
 
-from contracts.channels import IndexKeys
-from contracts.commands import MessageDraft
-from contracts.errors import EngramError, ErrorCode
-from projections.history import HistoryProjection, live_generation
-from projections.index import live_index_generation
-from services.adapters.event_store import RedisEventStore
-from services.bus.client import EngramClient
+from engram_ledger.contracts.channels import IndexKeys
+from engram_ledger.contracts.commands import MessageDraft
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.projections.history import HistoryProjection, live_generation
+from engram_ledger.projections.index import live_index_generation
+from engram_ledger.services.adapters.event_store import RedisEventStore
+from engram_ledger.services.bus.client import EngramClient
 from tests.conftest import RunningService
 from tests.support import dump, leaked, master_key_for_tests
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from contracts.errors import EngramError, ErrorCode
-from services.adapters import minilm
-from services.adapters.minilm import OnnxMiniLM, exported_model, load_encoder, model_path
-from services.bus.client import EngramClient
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.adapters import minilm
+from engram_ledger.services.adapters.minilm import OnnxMiniLM, exported_model, load_encoder, model_path
+from engram_ledger.services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
 from tests.support import TEST_MODEL_CACHE
 

@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 import pytest
 import redis.asyncio as aioredis
 
-from contracts import channels
-from contracts.commands import SaveNote, SupersedeNote, UpdateNote
-from services.adapters.event_store import RedisEventStore
-from services.application.ports import Appended, Conflict, EventStore
-from services.domain.decider import StreamAppend, decide, note_ids_for
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.commands import SaveNote, SupersedeNote, UpdateNote
+from engram_ledger.services.adapters.event_store import RedisEventStore
+from engram_ledger.services.application.ports import Appended, Conflict, EventStore
+from engram_ledger.services.domain.decider import StreamAppend, decide, note_ids_for
 from tests.fakes import InMemoryEventStore
 from tests.support import master_key_for_tests
 
@@ -99,8 +99,8 @@ async def test_the_log_is_partitioned_by_user_and_read_in_order(store: EventStor
 
 
 async def test_content_claims_are_exclusive_per_user_and_released(store: EventStore) -> None:
-    from services.application.ports import ContentTaken
-    from services.domain.decider import content_digest
+    from engram_ledger.services.application.ports import ContentTaken
+    from engram_ledger.services.domain.decider import content_digest
 
     holder = await save(store, "alice", "c1", "Likes black coffee")
     other = SaveNote(command_id="c2", user_id="alice", content="likes black COFFEE")

@@ -12,13 +12,13 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from contracts import channels
-from contracts.base import SCHEMA_VERSION
-from services.adapters.crypto import load_master_key
-from services.adapters.event_store import RedisEventStore
-from services.adapters.redis_server import RedisServer
-from services.bus.client import EngramClient
-from services.ops.portable import export_log, import_log
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.base import SCHEMA_VERSION
+from engram_ledger.services.adapters.crypto import load_master_key
+from engram_ledger.services.adapters.event_store import RedisEventStore
+from engram_ledger.services.adapters.redis_server import RedisServer
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.ops.portable import export_log, import_log
 from tests.builders import saved
 from tests.conftest import RunningService, service_settings
 from tests.support import master_key_for_tests

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from contracts.errors import EngramError, ErrorCode
-from projections.forget_saga import ForgetSagaProjection
-from projections.history import HistoryProjection, drop_generation, live_generation
-from services.adapters.crypto import load_master_key
-from services.adapters.event_store import RedisEventStore
-from services.bus.client import EngramClient
-from services.ops.portable import export_log
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.projections.forget_saga import ForgetSagaProjection
+from engram_ledger.projections.history import HistoryProjection, drop_generation, live_generation
+from engram_ledger.services.adapters.crypto import load_master_key
+from engram_ledger.services.adapters.event_store import RedisEventStore
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.ops.portable import export_log
 from tests.conftest import RunningService, service_settings
 from tests.support import every_value
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.application.forget import FORGET_SIMILARITY_FLOOR
-from services.bus.client import EngramClient
+from engram_ledger.services.application.forget import FORGET_SIMILARITY_FLOOR
+from engram_ledger.services.bus.client import EngramClient
 
 pytestmark = pytest.mark.integration
 

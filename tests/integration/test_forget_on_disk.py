@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from contracts import channels
-from services.adapters.redis_server import RedisServer
-from services.bus.client import EngramClient
+from engram_ledger.contracts import channels
+from engram_ledger.services.adapters.redis_server import RedisServer
+from engram_ledger.services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
 
 # Generous: in one full CI run on a slow evening the start-up scrub was still owed after 10 s (its

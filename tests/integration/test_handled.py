@@ -15,7 +15,7 @@ from faststream import AckPolicy
 from faststream.redis import StreamSub
 from faststream.redis.parser import BinaryMessageFormatV1
 
-from services.bootstrap import make_broker
+from engram_ledger.services.bootstrap import make_broker
 
 STREAM, GROUP = "handled-test:requests", "handled-test"
 

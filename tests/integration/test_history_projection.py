@@ -7,10 +7,10 @@ import asyncio
 
 import redis.asyncio as aioredis
 
-from contracts.channels import HistoryKeys
-from projections.history import HistoryProjection, live_generation
-from services.adapters.event_store import RedisEventStore
-from services.bus.client import EngramClient
+from engram_ledger.contracts.channels import HistoryKeys
+from engram_ledger.projections.history import HistoryProjection, live_generation
+from engram_ledger.services.adapters.event_store import RedisEventStore
+from engram_ledger.services.bus.client import EngramClient
 from tests.builders import mixed_workload
 from tests.support import dump, master_key_for_tests
 
@@ -54,7 +54,7 @@ async def test_redelivered_and_replayed_events_change_nothing(client: EngramClie
 
 
 async def test_rebuild_while_serving_switches_without_losing_writes(client: EngramClient, redis_url: str) -> None:
-    from services.cli import main
+    from engram_ledger.services.cli import main
 
     await mixed_workload(client, steps=30)
     redis = aioredis.Redis.from_url(redis_url)

@@ -7,10 +7,10 @@ import asyncio
 import msgspec
 import pytest
 
-from contracts.commands import RequestForget, SaveNote, UpdateNote
-from contracts.errors import EngramError, ErrorCode
-from contracts.queries import ForgetReply, NoteWritten
-from services.bus.client import EngramClient
+from engram_ledger.contracts.commands import RequestForget, SaveNote, UpdateNote
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.queries import ForgetReply, NoteWritten
+from engram_ledger.services.bus.client import EngramClient
 from tests.support import log_events
 
 
@@ -125,7 +125,7 @@ async def test_concurrent_updates_without_expected_version_all_land_in_order(
 
 
 async def test_batch_save_is_atomic_and_idempotent(client: EngramClient, redis_url: str) -> None:
-    from contracts.commands import NoteDraft
+    from engram_ledger.contracts.commands import NoteDraft
 
     drafts = [NoteDraft(content=c) for c in ("Likes black coffee", "Allergic to peanuts", "Works as software engineer")]
     first = await client.save_many("alice", drafts, command_id="batch-1")

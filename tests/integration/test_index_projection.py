@@ -7,12 +7,12 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from contracts.commands import MessageDraft
-from projections.index import IndexProjection, live_index_generation
-from projections.qdrant_edge import QdrantEdgeIndex
-from projections.vector_index import DENSE, NearestQuery
-from services.adapters.event_store import RedisEventStore
-from services.bus.client import EngramClient
+from engram_ledger.contracts.commands import MessageDraft
+from engram_ledger.projections.index import IndexProjection, live_index_generation
+from engram_ledger.projections.qdrant_edge import QdrantEdgeIndex
+from engram_ledger.projections.vector_index import DENSE, NearestQuery
+from engram_ledger.services.adapters.event_store import RedisEventStore
+from engram_ledger.services.bus.client import EngramClient
 from tests.builders import mixed_workload
 from tests.conftest import RunningService
 from tests.support import POINT_FIELDS, master_key_for_tests, shape

@@ -7,8 +7,8 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from contracts import channels
-from services.bootstrap import ConfigurationError
+from engram_ledger.contracts import channels
+from engram_ledger.services.bootstrap import ConfigurationError
 from tests.builders import saved
 from tests.conftest import RunningService, service_settings
 

@@ -18,16 +18,16 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from contracts import channels
-from contracts.errors import EngramError, ErrorCode
-from services.adapters.crypto import load_master_key, wrapped_generation
-from services.adapters.event_store import RedisEventStore
-from services.adapters.keyring import read_state
-from services.bootstrap import ConfigurationError
-from services.bus.client import EngramClient
-from services.ops import keys
-from services.ops.portable import export_log, import_log
-from services.ops.rebuild import rebuild_history
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.adapters.crypto import load_master_key, wrapped_generation
+from engram_ledger.services.adapters.event_store import RedisEventStore
+from engram_ledger.services.adapters.keyring import read_state
+from engram_ledger.services.bootstrap import ConfigurationError
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.ops import keys
+from engram_ledger.services.ops.portable import export_log, import_log
+from engram_ledger.services.ops.rebuild import rebuild_history
 from tests.conftest import RunningService, service_settings
 
 OLD, NEW = os.urandom(32), os.urandom(32)

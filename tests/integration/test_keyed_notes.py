@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from contracts.errors import EngramError, ErrorCode
-from services.bus.client import EngramClient
-from services.config import ROLES
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.config import ROLES
 from tests.conftest import RunningService, service_settings
 from tests.support import leaked
 

@@ -15,12 +15,12 @@ import pytest
 import redis.asyncio as aioredis
 import uvicorn
 
-from contracts import channels
-from contracts.errors import EngramError
-from services.adapters.redis_server import free_port
-from services.agents.mcp_server import MAX_DISPATCHERS, USER_HEADER, Dispatchers, build_server, http_app
-from services.agents.tokens import EngramTokenVerifier, GatewayVerifier, TokenRegistry
-from services.bus.client import EngramClient
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.errors import EngramError
+from engram_ledger.services.adapters.redis_server import free_port
+from engram_ledger.services.agents.mcp_server import MAX_DISPATCHERS, USER_HEADER, Dispatchers, build_server, http_app
+from engram_ledger.services.agents.tokens import EngramTokenVerifier, GatewayVerifier, TokenRegistry
+from engram_ledger.services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
 
 pytestmark = pytest.mark.integration

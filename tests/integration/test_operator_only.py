@@ -6,10 +6,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from contracts import channels
-from contracts.commands import RequestForget
-from contracts.errors import EngramError, ErrorCode
-from services.bus.client import EngramClient
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.commands import RequestForget
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.bus.client import EngramClient
 from tests.conftest import RunningService
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from contracts import channels
-from services.bootstrap import ConfigurationError
-from services.bus.client import EngramClient
+from engram_ledger.contracts import channels
+from engram_ledger.services.bootstrap import ConfigurationError
+from engram_ledger.services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from services.adapters import redis_server
-from services.adapters.redis_server import RedisServer
+from engram_ledger.services.adapters import redis_server
+from engram_ledger.services.adapters.redis_server import RedisServer
 
 
 def test_without_redis_server_on_path_the_wheels_binary_is_used(

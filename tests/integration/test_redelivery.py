@@ -9,12 +9,12 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from contracts import channels
-from contracts.channels import PARTITIONS_KEY
-from contracts.commands import SaveNote
-from contracts.errors import EngramError, ErrorCode
-from services.bus.client import EngramClient
-from services.bus.reclaimer import ATTEMPT_FIELD, DEAD_LETTERS_KEPT, PendingReclaimer
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.channels import PARTITIONS_KEY
+from engram_ledger.contracts.commands import SaveNote
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.bus.reclaimer import ATTEMPT_FIELD, DEAD_LETTERS_KEPT, PendingReclaimer
 from tests.conftest import RunningService, service_settings
 from tests.support import log_events
 

@@ -21,14 +21,14 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoPermissionError
 
-from contracts import channels
-from contracts.channels import HistoryKeys
-from contracts.errors import EngramError, ErrorCode
-from projections.history import live_generation
-from services.adapters.redis_server import find_redis_server, free_port
-from services.agents.tokens import EngramTokenVerifier, TokenRegistry
-from services.bus.client import EngramClient
-from services.ops import acl
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.channels import HistoryKeys
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.projections.history import live_generation
+from engram_ledger.services.adapters.redis_server import find_redis_server, free_port
+from engram_ledger.services.agents.tokens import EngramTokenVerifier, TokenRegistry
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.ops import acl
 from tests.cluster import LocalCluster
 from tests.conftest import RunningService, service_settings
 from tests.support import ServeProcess, cli, engram_env, wait_until

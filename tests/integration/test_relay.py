@@ -18,11 +18,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from contracts import channels
-from services.adapters.crypto import load_master_key
-from services.adapters.redis_server import free_port
-from services.bus.client import EngramClient
-from services.ops.relay import (
+from engram_ledger.contracts import channels
+from engram_ledger.services.adapters.crypto import load_master_key
+from engram_ledger.services.adapters.redis_server import free_port
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.ops.relay import (
     ATTEMPT_HEADER,
     EVENT_ID_HEADER,
     REDELIVERED_HEADER,

@@ -3,7 +3,7 @@ note for an exact duplicate (requirements §5), through the real bus and index."
 
 from __future__ import annotations
 
-from services.bus.client import EngramClient
+from engram_ledger.services.bus.client import EngramClient
 
 
 async def test_a_save_names_the_similar_notes_it_may_outdate(client: EngramClient) -> None:

@@ -13,14 +13,14 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from contracts import channels
-from contracts.channels import HistoryKeys
-from contracts.commands import MessageDraft
-from contracts.errors import EngramError, ErrorCode
-from contracts.model import Origin
-from projections.history import HistoryProjection, HistoryReader, live_generation
-from services.adapters.event_store import RedisEventStore
-from services.bus.client import EngramClient
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.channels import HistoryKeys
+from engram_ledger.contracts.commands import MessageDraft
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.model import Origin
+from engram_ledger.projections.history import HistoryProjection, HistoryReader, live_generation
+from engram_ledger.services.adapters.event_store import RedisEventStore
+from engram_ledger.services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
 from tests.support import dump, every_value, master_key_for_tests
 

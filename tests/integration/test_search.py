@@ -8,8 +8,8 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from contracts.errors import EngramError, ErrorCode
-from services.bus.client import EngramClient, ReadYourWrites
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.bus.client import EngramClient, ReadYourWrites
 from tests.conftest import TEST_REDIS_URL, RunningService
 
 FACTS = [
@@ -117,8 +117,8 @@ async def test_bad_search_input_is_invalid_parameter(client: EngramClient) -> No
 
 
 async def test_a_changed_model_is_detected_at_start(redis_url: str) -> None:
-    from contracts.channels import model_key
-    from projections.index_runtime import ModelMismatch
+    from engram_ledger.contracts.channels import model_key
+    from engram_ledger.projections.index_runtime import ModelMismatch
     from tests.conftest import service_settings
 
     redis = aioredis.Redis.from_url(redis_url)
@@ -216,8 +216,8 @@ async def _log_length(client: EngramClient) -> int:
 async def test_a_note_is_indexed_with_its_subject_and_again_when_renamed(
     service: RunningService, client: EngramClient
 ) -> None:
-    from projections.index import sparse_query
-    from projections.vector_index import SPARSE, NearestQuery
+    from engram_ledger.projections.index import sparse_query
+    from engram_ledger.projections.vector_index import SPARSE, NearestQuery
 
     written = await client.save("alice", "Loves omakase and always orders the uni", subject="Priya", advise=False)
     other = await client.save("alice", "Prefers window seats on long flights", advise=False)

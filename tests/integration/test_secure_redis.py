@@ -18,9 +18,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from contracts.errors import EngramError, ErrorCode
-from services.adapters.redis_server import find_redis_server, free_port
-from services.bus.client import EngramClient
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.adapters.redis_server import find_redis_server, free_port
+from engram_ledger.services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
 from tests.support import redis_with_password
 

@@ -12,15 +12,15 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from contracts import channels
-from contracts.errors import EngramError, ErrorCode
-from contracts.events import AnyEvent, NoteForgotten, NoteSaved, NoteUpdated, UserForgotten
-from services.adapters.crypto import MasterKey
-from services.adapters.event_store import decode_event
-from services.adapters.redis_server import RedisServer
-from services.bus.client import EngramClient
-from services.bus.reclaimer import group_info
-from services.bus.subscription import ContentState, Delivery, Subscription
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.events import AnyEvent, NoteForgotten, NoteSaved, NoteUpdated, UserForgotten
+from engram_ledger.services.adapters.crypto import MasterKey
+from engram_ledger.services.adapters.event_store import decode_event
+from engram_ledger.services.adapters.redis_server import RedisServer
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.bus.reclaimer import group_info
+from engram_ledger.services.bus.subscription import ContentState, Delivery, Subscription
 from tests.cluster import LocalCluster
 from tests.conftest import RunningService, service_settings
 from tests.support import master_key_for_tests

@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from services.adapters.redis_conn import subscription_messages
+from engram_ledger.services.adapters.redis_conn import subscription_messages
 from tests.conftest import TEST_REDIS_URL
 from tests.support import longest_stall
 

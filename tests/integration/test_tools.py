@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from contracts.commands import NoteDraft
-from contracts.limits import LIST_NOTES_MAX, LIST_NOTES_PAGE
-from services.agents.tools import PROFILES, ToolDispatcher, profile
-from services.bus.client import EngramClient
+from engram_ledger.contracts.commands import NoteDraft
+from engram_ledger.contracts.limits import LIST_NOTES_MAX, LIST_NOTES_PAGE
+from engram_ledger.services.agents.tools import PROFILES, ToolDispatcher, profile
+from engram_ledger.services.bus.client import EngramClient
 
 pytestmark = pytest.mark.integration
 

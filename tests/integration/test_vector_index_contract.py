@@ -13,9 +13,9 @@ import msgspec
 import pytest
 from qdrant_edge import Bm25
 
-from projections.qdrant_edge import QdrantEdgeIndex
-from projections.qdrant_server import QdrantServerIndex
-from projections.vector_index import (
+from engram_ledger.projections.qdrant_edge import QdrantEdgeIndex
+from engram_ledger.projections.qdrant_server import QdrantServerIndex
+from engram_ledger.projections.vector_index import (
     DENSE,
     SPARSE,
     IndexHit,

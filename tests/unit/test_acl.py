@@ -14,12 +14,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from contracts import channels
-from contracts.errors import EngramError, ErrorCode
-from services import cli
-from services.bus.client import EngramClient
-from services.config import SettingError, Settings
-from services.ops import acl
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services import cli
+from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.config import SettingError, Settings
+from engram_ledger.services.ops import acl
 
 
 def test_every_role_starts_from_nothing_so_a_setuser_replaces_what_was_there() -> None:

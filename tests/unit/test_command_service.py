@@ -8,12 +8,12 @@ from datetime import UTC, datetime
 import msgspec
 import pytest
 
-from contracts.commands import NoteDraft, PutNote, SaveNote, SaveNotes, SupersedeNote, UpdateNote
-from contracts.errors import EngramError, ErrorCode
-from services.application.commands import CommandService
-from services.domain.decider import decide
-from services.domain.ids import new_note_id
-from services.domain.note import ABSENT
+from engram_ledger.contracts.commands import NoteDraft, PutNote, SaveNote, SaveNotes, SupersedeNote, UpdateNote
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.application.commands import CommandService
+from engram_ledger.services.domain.decider import decide
+from engram_ledger.services.domain.ids import new_note_id
+from engram_ledger.services.domain.note import ABSENT
 from tests.fakes import InMemoryEventStore
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
@@ -162,7 +162,7 @@ async def test_an_exact_duplicate_of_an_active_note_makes_no_new_note(
 async def test_a_batch_maps_every_draft_to_a_note_and_replays_the_same(
     service: CommandService, store: InMemoryEventStore
 ) -> None:
-    from contracts.commands import NoteDraft, SaveNotes
+    from engram_ledger.contracts.commands import NoteDraft, SaveNotes
 
     existing = await service.execute(SaveNote(command_id="c0", user_id="u", content="Has a dog named Max"))
     batch = SaveNotes(
@@ -188,7 +188,7 @@ async def test_a_batch_maps_every_draft_to_a_note_and_replays_the_same(
 
 
 async def test_content_is_released_by_an_update_or_a_supersede(service: CommandService) -> None:
-    from contracts.commands import SupersedeNote
+    from engram_ledger.contracts.commands import SupersedeNote
 
     a = await service.execute(SaveNote(command_id="a", user_id="u", content="Lives in Seattle"))
     b = await service.execute(SaveNote(command_id="b", user_id="u", content="Lives in Austin"))

@@ -7,13 +7,20 @@ from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
-from contracts.errors import EngramError, ErrorCode
-from contracts.events import ACCOUNT, ForgetExpired, ForgetRequested, NoteForgotten, NoteSaved, UserForgotten
-from contracts.model import NoteKind, NoteSource, NoteStatus, NoteView, Origin, VersionView
-from services.console import auth
-from services.console.app import grouped, timeline
-from services.console.auth import ConsoleAuth, check_token, safe_next
-from services.console.live import LogEvent, LogWatch
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.events import (
+    ACCOUNT,
+    ForgetExpired,
+    ForgetRequested,
+    NoteForgotten,
+    NoteSaved,
+    UserForgotten,
+)
+from engram_ledger.contracts.model import NoteKind, NoteSource, NoteStatus, NoteView, Origin, VersionView
+from engram_ledger.services.console import auth
+from engram_ledger.services.console.app import grouped, timeline
+from engram_ledger.services.console.auth import ConsoleAuth, check_token, safe_next
+from engram_ledger.services.console.live import LogEvent, LogWatch
 
 TOKEN = "unit-console-token-0123456789"
 NOW = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)

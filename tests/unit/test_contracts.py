@@ -7,14 +7,14 @@ import typing
 import msgspec
 import pytest
 
-from contracts.commands import AnyCommand
-from contracts.errors import EngramError, ErrorCode
-from contracts.events import AnyEvent
-from contracts.limits import MAX_CONTENT_CHARS
-from contracts.queries import AnyQuery, AnyReply
-from contracts.schema import json_schema
-from services.application.commands import decode_command
-from services.application.queries import decode_query
+from engram_ledger.contracts.commands import AnyCommand
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.events import AnyEvent
+from engram_ledger.contracts.limits import MAX_CONTENT_CHARS
+from engram_ledger.contracts.queries import AnyQuery, AnyReply
+from engram_ledger.contracts.schema import json_schema
+from engram_ledger.services.application.commands import decode_command
+from engram_ledger.services.application.queries import decode_query
 
 ALL = [t for union in (AnyCommand, AnyEvent, AnyQuery, AnyReply) for t in typing.get_args(union)]
 
@@ -106,8 +106,8 @@ def test_json_schema_covers_every_contract() -> None:
 def test_blended_ranking_mixes_relevance_recency_and_importance() -> None:
     from datetime import UTC, datetime, timedelta
 
-    from contracts.model import NoteKind, NoteSource, NoteStatus, NoteView
-    from services.application.search import BlendPolicy
+    from engram_ledger.contracts.model import NoteKind, NoteSource, NoteStatus, NoteView
+    from engram_ledger.services.application.search import BlendPolicy
 
     now = datetime(2026, 6, 1, tzinfo=UTC)
 
@@ -129,10 +129,10 @@ def test_blended_ranking_mixes_relevance_recency_and_importance() -> None:
 def test_the_asyncapi_document_names_every_channel_and_message() -> None:
     from typing import get_args
 
-    from contracts.asyncapi import asyncapi
-    from contracts.commands import AnyCommand
-    from contracts.events import AnyEvent
-    from contracts.queries import AnyQuery, AnyReply
+    from engram_ledger.contracts.asyncapi import asyncapi
+    from engram_ledger.contracts.commands import AnyCommand
+    from engram_ledger.contracts.events import AnyEvent
+    from engram_ledger.contracts.queries import AnyQuery, AnyReply
 
     doc = asyncapi()
     assert doc["asyncapi"] == "3.0.0"

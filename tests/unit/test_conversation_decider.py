@@ -7,12 +7,18 @@ from datetime import UTC, datetime
 
 import pytest
 
-from contracts.commands import MessageDraft, RecordMessages, RequestForgetSession
-from contracts.errors import EngramError, ErrorCode
-from contracts.events import ForgetRequested, MessageRecorded, NoteForgotten, SessionForgotten, session_stream
-from services.domain.decider import decide, decide_forget_session, note_ids_for
-from services.domain.ids import new_note_id
-from services.domain.note import ABSENT, fold
+from engram_ledger.contracts.commands import MessageDraft, RecordMessages, RequestForgetSession
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.events import (
+    ForgetRequested,
+    MessageRecorded,
+    NoteForgotten,
+    SessionForgotten,
+    session_stream,
+)
+from engram_ledger.services.domain.decider import decide, decide_forget_session, note_ids_for
+from engram_ledger.services.domain.ids import new_note_id
+from engram_ledger.services.domain.note import ABSENT, fold
 from tests.builders import NOW, USER
 
 EARLIER = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)

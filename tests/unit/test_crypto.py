@@ -9,8 +9,8 @@ import msgspec
 import pytest
 from cryptography.exceptions import InvalidTag
 
-from contracts.events import NoteUpdated
-from services.adapters.crypto import (
+from engram_ledger.contracts.events import NoteUpdated
+from engram_ledger.services.adapters.crypto import (
     KeyedFields,
     MasterKey,
     MasterKeyError,

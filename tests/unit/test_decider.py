@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.commands import NoteDraft, SaveNote, SaveNotes, SupersedeNote, UpdateNote
-from contracts.errors import EngramError, ErrorCode
-from contracts.events import AnyEvent, NoteSaved, NoteSuperseded, NoteUpdated
-from contracts.model import NoteKind, NoteStatus
-from services.domain.decider import IdCollision, StreamAppend, decide, note_ids_for
-from services.domain.ids import new_note_id
-from services.domain.note import ABSENT, NoteState, fold
+from engram_ledger.contracts.commands import NoteDraft, SaveNote, SaveNotes, SupersedeNote, UpdateNote
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.events import AnyEvent, NoteSaved, NoteSuperseded, NoteUpdated
+from engram_ledger.contracts.model import NoteKind, NoteStatus
+from engram_ledger.services.domain.decider import IdCollision, StreamAppend, decide, note_ids_for
+from engram_ledger.services.domain.ids import new_note_id
+from engram_ledger.services.domain.note import ABSENT, NoteState, fold
 from tests.builders import NOW, USER, saved
 
 

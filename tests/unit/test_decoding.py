@@ -7,10 +7,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from contracts.errors import EngramError, ErrorCode
-from services.application.commands import decode_command
-from services.application.decoding import check_user_id
-from services.application.queries import decode_query
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.application.commands import decode_command
+from engram_ledger.services.application.decoding import check_user_id
+from engram_ledger.services.application.queries import decode_query
 
 
 def save(**fields: object) -> bytes:

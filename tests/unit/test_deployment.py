@@ -33,7 +33,7 @@ def test_compose_runs_redis_with_a_user_per_role_and_gives_the_service_its_url_a
     secret; no password sits in compose.yaml or in a container's environment."""
     import yaml
 
-    from services.ops import acl
+    from engram_ledger.services.ops import acl
 
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
     secret_files = {name: Path(secret["file"]).name for name, secret in compose["secrets"].items()}

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from services.adapters.embedder import MiniLMEmbedder
+from engram_ledger.services.adapters.embedder import MiniLMEmbedder
 
 pytestmark = pytest.mark.unit
 
@@ -85,7 +85,7 @@ async def test_callers_arriving_while_the_model_loads_share_that_one_load(monkey
     (twice 6-9 s: past a client's 10 s timeout)."""
     import time
 
-    from services.adapters import embedder as module
+    from engram_ledger.services.adapters import embedder as module
 
     loads: list[str] = []
 
@@ -140,7 +140,7 @@ async def test_a_query_never_waits_behind_the_index_projections_batch() -> None:
 def test_the_encoder_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     from pathlib import Path
 
-    from services.config import SettingError, Settings
+    from engram_ledger.services.config import SettingError, Settings
 
     monkeypatch.delenv("ENGRAM_MODEL_CACHE", raising=False)
     monkeypatch.setenv("ENGRAM_DATA_DIR", "/srv/engram")

@@ -8,7 +8,7 @@ import json
 import pytest
 from faststream.redis.parser import BinaryMessageFormatV1
 
-from services.bus.envelope import ENVELOPE_ERROR, EnvelopeFormat, JSONEnvelopeFormat, is_binary
+from engram_ledger.services.bus.envelope import ENVELOPE_ERROR, EnvelopeFormat, JSONEnvelopeFormat, is_binary
 
 
 async def test_a_json_reply_is_the_request_envelope_read_by_both_parsers() -> None:

@@ -6,11 +6,11 @@ from datetime import timedelta
 
 import pytest
 
-from contracts.commands import ExpireForget, RequestForget
-from contracts.errors import EngramError, ErrorCode
-from contracts.events import AnyEvent, ForgetExpired, ForgetRequested, NoteForgotten
-from services.domain.decider import content_digest, decide, note_ids_for
-from services.domain.note import fold
+from engram_ledger.contracts.commands import ExpireForget, RequestForget
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.events import AnyEvent, ForgetExpired, ForgetRequested, NoteForgotten
+from engram_ledger.services.domain.decider import content_digest, decide, note_ids_for
+from engram_ledger.services.domain.note import fold
 from tests.builders import NOW, USER, saved
 
 TTL = timedelta(seconds=300)

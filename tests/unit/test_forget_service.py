@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from contracts.commands import (
+from engram_ledger.contracts.commands import (
     MessageDraft,
     RecordMessages,
     RequestForget,
@@ -20,12 +20,12 @@ from contracts.commands import (
     RequestForgetUser,
     SaveNote,
 )
-from contracts.errors import EngramError, ErrorCode
-from contracts.events import ACCOUNT, session_stream
-from contracts.model import NoteStatus
-from contracts.queries import ForgetReply
-from services.application.commands import CommandService
-from services.application.forget import PREVIEW_CHARS, ForgetService
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.events import ACCOUNT, session_stream
+from engram_ledger.contracts.model import NoteStatus
+from engram_ledger.contracts.queries import ForgetReply
+from engram_ledger.services.application.commands import CommandService
+from engram_ledger.services.application.forget import PREVIEW_CHARS, ForgetService
 from tests.fakes import (
     InMemoryAccess,
     InMemoryEventStore,
@@ -368,7 +368,7 @@ async def test_counts_in_the_replies_agree_in_number(world: World) -> None:
 
 
 def test_forget_candidates_are_close_matches_or_keyword_only_hits() -> None:
-    from services.application.forget import close_enough
+    from engram_ledger.services.application.forget import close_enough
 
     # the best, one close to it, one far below it, one under the floor, one the keywords alone found
     assert close_enough([0.62, 0.50, 0.30, 0.15, 0.0]) == [True, True, False, False, True]

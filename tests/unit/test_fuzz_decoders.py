@@ -9,8 +9,8 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from services.application.commands import CommandService
-from services.application.queries import QueryService
+from engram_ledger.services.application.commands import CommandService
+from engram_ledger.services.application.queries import QueryService
 from tests.builders import bodies
 from tests.fakes import InMemoryEventStore, InMemoryHistory
 
@@ -39,7 +39,7 @@ async def test_any_query_body_gets_a_reply_not_an_exception(body: bytes) -> None
 
 
 async def test_an_oversized_body_is_refused_before_it_is_parsed() -> None:
-    from contracts.limits import MAX_MESSAGE_BYTES
+    from engram_ledger.contracts.limits import MAX_MESSAGE_BYTES
 
     content = "x" * (MAX_MESSAGE_BYTES + 1)
     body = json.dumps({"type": "save_note", "command_id": "c1", "user_id": "u", "content": content}).encode()

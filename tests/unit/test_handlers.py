@@ -9,13 +9,13 @@ from datetime import UTC, datetime
 import msgspec
 from faststream.redis import TestRedisBroker
 
-from contracts import channels
-from contracts.commands import AnyCommand
-from contracts.queries import NotesWritten, NoteWritten
-from services.application.commands import CommandService
-from services.application.queries import QueryService
-from services.bootstrap import _subscribe, make_broker
-from services.config import Settings
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.commands import AnyCommand
+from engram_ledger.contracts.queries import NotesWritten, NoteWritten
+from engram_ledger.services.application.commands import CommandService
+from engram_ledger.services.application.queries import QueryService
+from engram_ledger.services.bootstrap import _subscribe, make_broker
+from engram_ledger.services.config import Settings
 from tests.fakes import InMemoryEventStore, InMemoryHistory
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)

@@ -7,12 +7,19 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from contracts.errors import EngramError, ErrorCode
-from contracts.events import MessageRecorded, NoteForgotten, NoteSaved
-from contracts.model import NoteStatus, NoteView, Origin
-from projections.history_model import evolve_view, message_view, tombstone, version_entry
-from projections.history_records import MESSAGES, NOTES, VERSIONS, message_label, note_label, version_label
-from services.adapters.crypto import MasterKey, RecordKey
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.events import MessageRecorded, NoteForgotten, NoteSaved
+from engram_ledger.contracts.model import NoteStatus, NoteView, Origin
+from engram_ledger.projections.history_model import evolve_view, message_view, tombstone, version_entry
+from engram_ledger.projections.history_records import (
+    MESSAGES,
+    NOTES,
+    VERSIONS,
+    message_label,
+    note_label,
+    version_label,
+)
+from engram_ledger.services.adapters.crypto import MasterKey, RecordKey
 from tests.builders import NOW, saved
 
 MASTER = MasterKey(bytes(32))

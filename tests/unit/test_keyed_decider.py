@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from contracts.commands import (
+from engram_ledger.contracts.commands import (
     ExpireNote,
     PutNote,
     RenewNote,
@@ -17,8 +17,8 @@ from contracts.commands import (
     SupersedeNote,
     UpdateNote,
 )
-from contracts.errors import EngramError, ErrorCode
-from contracts.events import (
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.events import (
     MessageRecorded,
     MessageRetracted,
     NoteForgotten,
@@ -26,9 +26,9 @@ from contracts.events import (
     NoteSaved,
     NoteUpdated,
 )
-from services.domain.decider import decide, decide_put, identity_claim
-from services.domain.note import ABSENT, fold
-from services.domain.values import check_where, key_claim, matches, text_of, value_json
+from engram_ledger.services.domain.decider import decide, decide_put, identity_claim
+from engram_ledger.services.domain.note import ABSENT, fold
+from engram_ledger.services.domain.values import check_where, key_claim, matches, text_of, value_json
 from tests.builders import NOW, USER, saved
 
 

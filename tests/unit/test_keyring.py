@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from services.adapters.crypto import (
+from engram_ledger.services.adapters.crypto import (
     KEYED_FIELD_LABEL,
     SUBJECT_MATCH_LABEL,
     KeyedFields,

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from langgraph.store.base import InvalidNamespaceError, ListNamespacesOp, MatchCondition, PutOp
 from langgraph.store.memory import InMemoryStore
 
-from contracts.limits import CATEGORY_PATTERN, MAX_CATEGORY_CHARS
-from services.integrations.langgraph import (
+from engram_ledger.contracts.limits import CATEGORY_PATTERN, MAX_CATEGORY_CHARS
+from engram_ledger.services.integrations.langgraph import (
     EngramStore,
     category_to_namespace,
     decode_segment,

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from services.adapters.crypto import NoteCipher
-from services.adapters.event_store import _LoadedKeys
+from engram_ledger.services.adapters.crypto import NoteCipher
+from engram_ledger.services.adapters.event_store import _LoadedKeys
 
 pytestmark = pytest.mark.unit
 

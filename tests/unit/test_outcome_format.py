@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
-from services.adapters.event_store import decode_outcome
-from services.application.ports import ErasureStep, HeldDraft, NoteForgetStep, Outcome, OutcomeDetail
+from engram_ledger.services.adapters.event_store import decode_outcome
+from engram_ledger.services.application.ports import ErasureStep, HeldDraft, NoteForgetStep, Outcome, OutcomeDetail
 
 
 def test_an_outcome_round_trips_with_its_typed_detail() -> None:

@@ -11,11 +11,11 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 import pytest
 
-from contracts.commands import RequestForget, SaveNote, SupersedeNote, UpdateNote
-from contracts.errors import EngramError, ErrorCode, ErrorReply
-from contracts.limits import MAX_MESSAGE_BYTES
-from contracts.model import NoteStatus
-from contracts.queries import (
+from engram_ledger.contracts.commands import RequestForget, SaveNote, SupersedeNote, UpdateNote
+from engram_ledger.contracts.errors import EngramError, ErrorCode, ErrorReply
+from engram_ledger.contracts.limits import MAX_MESSAGE_BYTES
+from engram_ledger.contracts.model import NoteStatus
+from engram_ledger.contracts.queries import (
     GetHistory,
     GetNote,
     HistoryReply,
@@ -26,9 +26,9 @@ from contracts.queries import (
     QueryReply,
     SearchNotes,
 )
-from services.application.commands import CommandService
-from services.application.forget import ForgetService
-from services.application.queries import QueryService
+from engram_ledger.services.application.commands import CommandService
+from engram_ledger.services.application.forget import ForgetService
+from engram_ledger.services.application.queries import QueryService
 from tests.fakes import InMemoryAccess, InMemoryEventStore, InMemoryHistory, InMemoryPendingDeletions, RecordingScrub
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

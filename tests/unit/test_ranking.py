@@ -5,8 +5,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from projections.vector_index import IndexHit
-from services.application.ranking import DEFAULT_POLICY, RankingPolicy, boost_named, context_text, fuse, names_in, words
+from engram_ledger.projections.vector_index import IndexHit
+from engram_ledger.services.application.ranking import (
+    DEFAULT_POLICY,
+    RankingPolicy,
+    boost_named,
+    context_text,
+    fuse,
+    names_in,
+    words,
+)
 
 
 def hit(note_id: str, score: float, context: bool = False) -> IndexHit:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.adapters.redis_conn import redact_url
+from engram_ledger.services.adapters.redis_conn import redact_url
 
 
 @pytest.mark.parametrize(

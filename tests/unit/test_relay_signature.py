@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-from contracts.events import AnyEvent, NoteForgotten, NoteSaved
-from contracts.model import NoteKind, NoteSource
-from services.ops.relay import RetryPolicy, WebhookRelay, sign, verify
+from engram_ledger.contracts.events import AnyEvent, NoteForgotten, NoteSaved
+from engram_ledger.contracts.model import NoteKind, NoteSource
+from engram_ledger.services.ops.relay import RetryPolicy, WebhookRelay, sign, verify
 
 pytestmark = pytest.mark.unit
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from contracts.model import MessageView, NoteKind, NoteSource, NoteStatus, NoteView, VersionView
-from contracts.queries import (
+from engram_ledger.contracts.model import MessageView, NoteKind, NoteSource, NoteStatus, NoteView, VersionView
+from engram_ledger.contracts.queries import (
     ForgetReply,
     HistoryReply,
     NoteWritten,
@@ -21,7 +21,7 @@ from contracts.queries import (
     SearchReply,
     SimilarNote,
 )
-from services import cli_render as render
+from engram_ledger.services import cli_render as render
 
 T0 = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 T1 = datetime(2026, 5, 2, 8, 30, tzinfo=UTC)
@@ -251,7 +251,7 @@ def test_colour_only_on_a_terminal() -> None:
 def test_a_bad_setting_is_one_line_naming_it(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from services.cli import main
+    from engram_ledger.services.cli import main
 
     monkeypatch.setenv("ENGRAM_PARTITIONS", "x")
     assert main(["health", "--json"]) == 1

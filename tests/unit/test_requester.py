@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from services.bus.requester import BusRequester
+from engram_ledger.services.bus.requester import BusRequester
 
 
 class ClosedTransportRedis:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.bootstrap import ConfigurationError, build, check_roles
-from services.config import ROLES, Settings, parse_roles
+from engram_ledger.services.bootstrap import ConfigurationError, build, check_roles
+from engram_ledger.services.config import ROLES, Settings, parse_roles
 
 
 def test_roles_parse_from_a_comma_list_and_all() -> None:

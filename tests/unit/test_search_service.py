@@ -15,7 +15,7 @@ from typing import cast
 
 import pytest
 
-from contracts.commands import (
+from engram_ledger.contracts.commands import (
     MessageDraft,
     RecordMessages,
     RequestForget,
@@ -23,16 +23,16 @@ from contracts.commands import (
     SupersedeNote,
     UpdateNote,
 )
-from contracts.errors import EngramError, ErrorCode
-from contracts.model import NoteStatus
-from contracts.queries import SearchNotes, SearchReply
-from projections.index import sparse_query
-from projections.index_runtime import IndexRuntime
-from projections.qdrant_edge import QdrantEdgeIndex
-from projections.vector_index import CONVERSATION, MEMORY, SPARSE, NearestQuery
-from services.application.commands import CommandService
-from services.application.forget import ForgetService
-from services.application.search import SearchService
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.model import NoteStatus
+from engram_ledger.contracts.queries import SearchNotes, SearchReply
+from engram_ledger.projections.index import sparse_query
+from engram_ledger.projections.index_runtime import IndexRuntime
+from engram_ledger.projections.qdrant_edge import QdrantEdgeIndex
+from engram_ledger.projections.vector_index import CONVERSATION, MEMORY, SPARSE, NearestQuery
+from engram_ledger.services.application.commands import CommandService
+from engram_ledger.services.application.forget import ForgetService
+from engram_ledger.services.application.search import SearchService
 from tests.fakes import (
     HashEmbedder,
     InMemoryEventStore,

@@ -8,9 +8,9 @@ import socket
 
 import pytest
 
-from services.adapters.redis_conn import UNACKNOWLEDGED_LIMIT_MS, serving_options
-from services.bootstrap import build
-from services.config import SettingError, Settings
+from engram_ledger.services.adapters.redis_conn import UNACKNOWLEDGED_LIMIT_MS, serving_options
+from engram_ledger.services.bootstrap import build
+from engram_ledger.services.config import SettingError, Settings
 from tests.conftest import service_settings
 
 linux_tcp = pytest.mark.skipif(

@@ -9,8 +9,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from contracts.errors import EngramError, ErrorCode
-from contracts.events import (
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.events import (
     ForgetRequested,
     MessageRecorded,
     NoteForgotten,
@@ -20,9 +20,9 @@ from contracts.events import (
     SessionForgotten,
     UserForgotten,
 )
-from contracts.model import NoteKind, NoteSource
-from services.adapters.crypto import MasterKey, NoteCipher
-from services.bus.subscription import (
+from engram_ledger.contracts.model import NoteKind, NoteSource
+from engram_ledger.services.adapters.crypto import MasterKey, NoteCipher
+from engram_ledger.services.bus.subscription import (
     EVENT_TYPES,
     ContentState,
     Subscription,
@@ -165,7 +165,7 @@ def test_bad_options_are_refused_before_anything_is_read(options: dict[str, Any]
 
 
 def test_the_asyncapi_document_says_how_to_subscribe_and_what_a_forget_asks() -> None:
-    from contracts.asyncapi import asyncapi
+    from engram_ledger.contracts.asyncapi import asyncapi
 
     doc = asyncapi()
     log = doc["channels"]["log"]["description"]
@@ -178,8 +178,8 @@ def test_the_asyncapi_document_says_how_to_subscribe_and_what_a_forget_asks() ->
 
 
 def test_tail_lines_say_what_happened_and_show_content_only_when_opened() -> None:
-    from services.bus.subscription import Delivery
-    from services.cli_render import event_line
+    from engram_ledger.services.bus.subscription import Delivery
+    from engram_ledger.services.cli_render import event_line
 
     owner = Subscription(None, "g")
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from contracts.errors import EngramError, ErrorCode
-from contracts.limits import NOTE_ID_PATTERN
-from contracts.model import NoteKind
-from contracts.queries import NoteWritten
-from services.agents.tools import PROFILES, ToolDispatcher
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.limits import NOTE_ID_PATTERN
+from engram_ledger.contracts.model import NoteKind
+from engram_ledger.contracts.queries import NoteWritten
+from engram_ledger.services.agents.tools import PROFILES, ToolDispatcher
 
 
 class NoBus:

@@ -3,12 +3,12 @@ and ``memory_updated`` telling the host to reload the memory block."""
 
 from __future__ import annotations
 
-from contracts.commands import NoteDraft
-from contracts.limits import MAX_BATCH_NOTES, MAX_FORGET_IDS
-from contracts.model import NoteStatus
-from services.agents.profiles.forget import request_forget
-from services.agents.session import AgentSession
-from services.agents.specs import (
+from engram_ledger.contracts.commands import NoteDraft
+from engram_ledger.contracts.limits import MAX_BATCH_NOTES, MAX_FORGET_IDS
+from engram_ledger.contracts.model import NoteStatus
+from engram_ledger.services.agents.profiles.forget import request_forget
+from engram_ledger.services.agents.session import AgentSession
+from engram_ledger.services.agents.specs import (
     CATEGORY,
     CONTENT,
     ID,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import msgspec
 
-from contracts.errors import ErrorCode
-from contracts.limits import MAX_CONTEXT_TOKENS, MAX_FORGET_IDS, parse_time
-from contracts.model import NoteKind, NoteSource
-from services.agents.profiles.forget import request_forget
-from services.agents.session import AgentSession
-from services.agents.specs import (
+from engram_ledger.contracts.errors import ErrorCode
+from engram_ledger.contracts.limits import MAX_CONTEXT_TOKENS, MAX_FORGET_IDS, parse_time
+from engram_ledger.contracts.model import NoteKind, NoteSource
+from engram_ledger.services.agents.profiles.forget import request_forget
+from engram_ledger.services.agents.session import AgentSession
+from engram_ledger.services.agents.specs import (
     CATEGORY,
     CONTENT,
     ID,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from contracts.errors import ErrorCode
-from contracts.limits import MAX_FORGET_IDS
-from contracts.queries import ForgetReply
-from services.agents.session import AgentSession
-from services.agents.specs import ID, QUERY, Arguments, Result, Tool, ToolSpec, error, schema
+from engram_ledger.contracts.errors import ErrorCode
+from engram_ledger.contracts.limits import MAX_FORGET_IDS
+from engram_ledger.contracts.queries import ForgetReply
+from engram_ledger.services.agents.session import AgentSession
+from engram_ledger.services.agents.specs import ID, QUERY, Arguments, Result, Tool, ToolSpec, error, schema
 
 FORGET = ToolSpec(
     "forget",

@@ -3,11 +3,11 @@ supersede to call; Memory objects in every answer."""
 
 from __future__ import annotations
 
-from contracts.commands import NoteDraft
-from contracts.limits import LIST_RECENT_DEFAULT, LIST_RECENT_MAX
-from contracts.model import NoteSource, NoteView
-from services.agents.session import AgentSession
-from services.agents.specs import (
+from engram_ledger.contracts.commands import NoteDraft
+from engram_ledger.contracts.limits import LIST_RECENT_DEFAULT, LIST_RECENT_MAX
+from engram_ledger.contracts.model import NoteSource, NoteView
+from engram_ledger.services.agents.session import AgentSession
+from engram_ledger.services.agents.specs import (
     CONTENT,
     ID,
     QUERY,

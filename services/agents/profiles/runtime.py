@@ -3,9 +3,9 @@ conversation searchable with include_conversation."""
 
 from __future__ import annotations
 
-from services.agents.profiles.forget import request_forget
-from services.agents.session import AgentSession
-from services.agents.specs import (
+from engram_ledger.services.agents.profiles.forget import request_forget
+from engram_ledger.services.agents.session import AgentSession
+from engram_ledger.services.agents.specs import (
     CONTENT,
     ID,
     QUERY,

@@ -3,10 +3,10 @@ subjects, a known subject pointing to update_memory, updates reporting old -> ne
 
 from __future__ import annotations
 
-from contracts.limits import LIST_NOTES_MAX
-from contracts.model import NoteView
-from services.agents.session import AgentSession
-from services.agents.specs import ID, SUBJECT, Arguments, Result, Tool, ToolSpec, given, schema, text
+from engram_ledger.contracts.limits import LIST_NOTES_MAX
+from engram_ledger.contracts.model import NoteView
+from engram_ledger.services.agents.session import AgentSession
+from engram_ledger.services.agents.specs import ID, SUBJECT, Arguments, Result, Tool, ToolSpec, given, schema, text
 
 # Requirements §3's bounds, checked by the schema before a handler runs.
 CONTENT = text(500, min_length=5)

@@ -1,0 +1,59 @@
+"""Engram installs as one import package, engram_ledger, so an application with packages of its
+own named like our folders (contracts, services, projections) imports both."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+from importlib import metadata
+from pathlib import Path
+
+from tests.support import ROOT
+
+FOLDERS = ("contracts", "services", "projections")
+
+
+def test_every_module_imports_beside_an_application_with_its_own_services_package(tmp_path: Path) -> None:
+    for folder in FOLDERS:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text(f"OWNER = 'the application: {folder}'\n")
+    script = textwrap.dedent(
+        """
+        import importlib, pkgutil
+        import engram_ledger.contracts, engram_ledger.services, engram_ledger.projections
+        count = 0
+        for root in (engram_ledger.contracts, engram_ledger.services, engram_ledger.projections):
+            for module in pkgutil.walk_packages(root.__path__, root.__name__ + "."):
+                importlib.import_module(module.name)
+                count += 1
+        owners = [importlib.import_module(name).OWNER for name in ("contracts", "services", "projections")]
+        print(count, *owners)
+        """
+    )
+    # `python -c` puts the working directory first on sys.path, as an application's own entry
+    # point does: its services/ comes before anything installed.
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    count, *owners = done.stdout.split(maxsplit=1)
+    assert int(count) > 80
+    assert owners == ["the application: contracts the application: services the application: projections\n"]
+
+
+def test_the_distribution_is_engram_ledger_and_installs_only_that_import_name() -> None:
+    dist = metadata.distribution("engram-ledger")
+    assert dist.entry_points.select(group="console_scripts", name="engram")
+    assert [ep.value for ep in dist.entry_points if ep.name == "engram"] == ["engram_ledger.services.cli:main"]
+
+
+def test_no_file_in_the_repository_imports_the_folders_as_top_level_packages() -> None:
+    old = re.compile(r"^\s*(from|import)\s+(contracts|services|projections)\b", re.MULTILINE)
+    offenders = [
+        str(path.relative_to(ROOT))
+        for path in ROOT.rglob("*.py")
+        if ".venv" not in path.parts and old.search(path.read_text(encoding="utf-8"))
+    ]
+    assert offenders == []
