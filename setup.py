@@ -5,9 +5,4 @@ from setuptools import find_packages, setup
 
 FOLDERS = ("contracts", "services", "projections")
 
-setup(
-    packages=[
-        f"engram_ledger.{name}"
-        for name in find_packages(include=[f"{folder}*" for folder in FOLDERS])
-    ]
-)
+setup(packages=[f"engram_ledger.{name}" for name in find_packages(include=[f"{folder}*" for folder in FOLDERS])])

@@ -31,8 +31,8 @@ import numpy as np
 
 from bench.locomo import Conversation, load
 from engram_ledger.projections.index import indexed_text
-from engram_ledger.projections.vector_index import IndexHit
 from engram_ledger.services.application.ranking import RankingPolicy, boost_named, context_text, context_vector, fuse
+from engram_ledger.services.application.vector_index import IndexHit
 
 LIMIT = 50  # candidates per signal, as the search service asks the index for
 

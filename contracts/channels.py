@@ -22,7 +22,7 @@ PARTITIONS_KEY = f"{PREFIX}:partitions"
 # A counter of forgets whose scrub has not yet been made in a quiet moment (see the Scrubber).
 SCRUB_OWED_KEY = f"{PREFIX}:scrub:owed"
 # Every running worker's report of its readiness (consumer name -> JSON, refreshed every few
-# seconds; services/ops/health.py): what `engram health` reads, since the model lives in-process.
+# seconds; services/observability/health.py): what `engram health` reads, since the model lives in-process.
 WORKERS_KEY = f"{PREFIX}:workers"
 # The MCP front door's bearer tokens: SHA-256 of the token -> its record (services/agents/tokens.py).
 TOKENS_KEY = f"{PREFIX}:tokens"

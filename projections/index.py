@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from qdrant_edge import Bm25
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
@@ -39,11 +38,18 @@ from engram_ledger.contracts.events import (
     is_control_stream,
 )
 from engram_ledger.projections.tracking import GenerationalProjection, read_generation
-from engram_ledger.projections.vector_index import CONVERSATION, MEMORY, IndexPoint, Sparse, VectorIndex
 from engram_ledger.services.adapters.crypto import SubjectMatcher
-from engram_ledger.services.adapters.embedder import Embedder
 from engram_ledger.services.application.ports import EventStore, LogEntry
 from engram_ledger.services.application.ranking import CONTEXT_TURNS, context_text, context_vector
+from engram_ledger.services.application.terms import sparse_document
+from engram_ledger.services.application.vector_index import (
+    CONVERSATION,
+    MEMORY,
+    Embedder,
+    IndexPoint,
+    Sparse,
+    VectorIndex,
+)
 
 _POINT_NAMESPACE = uuid.UUID("0b6d7c55-5c7e-4b0e-8d6f-6a2f4e1c9b21")
 
@@ -112,24 +118,6 @@ def category_path(category: str) -> list[str]:
 
 _meta_decoder = msgspec.json.Decoder(NoteMeta)
 _tail_decoder = msgspec.json.Decoder(list[str])
-_bm25: Bm25 | None = None
-
-
-def bm25() -> Bm25:
-    global _bm25
-    if _bm25 is None:
-        _bm25 = Bm25()
-    return _bm25
-
-
-def sparse_document(text: str) -> Sparse:
-    vector = bm25().embed_document(text)
-    return Sparse(list(vector.indices), list(vector.values))
-
-
-def sparse_query(text: str) -> Sparse:
-    vector = bm25().embed_query(text)
-    return Sparse(list(vector.indices), list(vector.values))
 
 
 class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):

@@ -20,10 +20,9 @@ from redis.asyncio.cluster import RedisCluster
 from engram_ledger.contracts.channels import IndexKeys, model_key
 from engram_ledger.projections.index import live_index_generation
 from engram_ledger.projections.tracking import CheckpointReader, read_position
-from engram_ledger.projections.vector_index import VectorIndex
 from engram_ledger.services.adapters.crypto import SubjectMatcher
-from engram_ledger.services.adapters.embedder import Embedder
-from engram_ledger.services.ops.periodic import every
+from engram_ledger.services.application.vector_index import Embedder, VectorIndex
+from engram_ledger.services.common.periodic import every
 
 log = logging.getLogger("engram.index")
 
@@ -51,7 +50,8 @@ async def record_model(redis: Redis, generation: int, embedder: Embedder) -> Non
 
 class IndexRuntime:
     """The live index and what its writers and readers must agree on: the embedding model, and
-    ``subjects``, how a subject becomes the ``subject_key`` its points are filtered by."""
+    ``subjects``, how a subject becomes the ``subject_key`` its points are filtered by. Searching
+    sees it through the application's ``SearchableIndex`` port."""
 
     def __init__(
         self,
@@ -71,9 +71,16 @@ class IndexRuntime:
         self._index: VectorIndex | None = None
         self.error: Exception | None = None
         self._lock = asyncio.Lock()
-        # What `engram health` reports for this process (services/ops/health.py).
+        # What `engram health` reports for this process (services/observability/health.py).
         self.model_state: ModelState = "loading"
         self.model_load_seconds: float | None = None
+        self._reader = IndexReader(self)
+
+    def subject_key(self, user_id: str, subject: str) -> str:
+        return self.subjects.match_key(user_id, subject)
+
+    async def wait_for(self, token: str, timeout: float) -> bool:
+        return await self._reader.wait_for(token, timeout)
 
     @property
     def index(self) -> VectorIndex:

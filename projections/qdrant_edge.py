@@ -34,7 +34,7 @@ from qdrant_edge import (
     UpdateOperation,
 )
 
-from engram_ledger.projections.vector_index import (
+from engram_ledger.services.application.vector_index import (
     ANY_TIME,
     DENSE,
     FLOAT_FIELDS,

@@ -11,7 +11,7 @@ from typing import Any
 
 from qdrant_client import AsyncQdrantClient, models
 
-from engram_ledger.projections.vector_index import (
+from engram_ledger.services.application.vector_index import (
     ANY_TIME,
     DENSE,
     FLOAT_FIELDS,

@@ -50,10 +50,13 @@ from engram_ledger.projections.runner import ProjectionRunner, forget_saga_runne
 from engram_ledger.services.adapters.crypto import MasterKey, MasterKeyError, SubjectMatcher, load_master_key
 from engram_ledger.services.adapters.event_store import RedisEventStore
 from engram_ledger.services.adapters.keyring import KeyringWatcher, attach_keyring
+from engram_ledger.services.adapters.layout import OldLayout, check_layout
+from engram_ledger.services.adapters.minilm import count_tokens_many
 from engram_ledger.services.adapters.redis_conn import close_redis, open_redis, redact_url, serving_options
 from engram_ledger.services.adapters.scrub import Scrubber
 from engram_ledger.services.application.advice import SaveAdvisor
 from engram_ledger.services.application.commands import CommandService, utc_now
+from engram_ledger.services.application.context import ContextService
 from engram_ledger.services.application.forget import ForgetService
 from engram_ledger.services.application.forget_timer import ForgetExpiryTimer
 from engram_ledger.services.application.queries import QueryService
@@ -62,9 +65,8 @@ from engram_ledger.services.bus.envelope import EnvelopeFormat, ReplyInKind
 from engram_ledger.services.bus.handled import DeleteHandled
 from engram_ledger.services.bus.reclaimer import PendingReclaimer
 from engram_ledger.services.config import Settings
-from engram_ledger.services.ops.health import WorkerReport
-from engram_ledger.services.ops.layout import OldLayout, check_layout
-from engram_ledger.services.ops.metrics import EngramGauges
+from engram_ledger.services.observability.health import WorkerReport
+from engram_ledger.services.observability.metrics import EngramGauges
 
 log = logging.getLogger("engram")
 
@@ -242,7 +244,7 @@ class Engram:
     async def _check_partitions(self) -> None:
         """The partition count routes every user; changing it under existing data would split a
         user's history across partitions, so a mismatch refuses to start. So does a key layout
-        this release cannot read (``services/ops/layout.py``)."""
+        this release cannot read (``services/adapters/layout.py``)."""
         try:
             await check_layout(self.redis, self.settings.partitions)
         except OldLayout as e:
@@ -322,7 +324,8 @@ def build(settings: Settings) -> Engram:
     if "saga" in roles:
         runners += [forget_saga_runner(redis, store, p, owner, lease_ms) for p in partitions]
     timer = ForgetExpiryTimer(pending, settings.partitions, commands.execute, utc_now) if "saga" in roles else None
-    queries = QueryService(history, settings.read_wait_seconds, search, access=access)
+    context = ContextService(history, search, count_tokens_many)
+    queries = QueryService(history, settings.read_wait_seconds, search, context, access=access)
     _subscribe(broker, settings, commands, queries)
     reclaimers = [
         PendingReclaimer(redis, stream(p), group, settings.claim_idle_ms, settings.max_deliveries, owner)

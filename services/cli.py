@@ -552,7 +552,7 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    from engram_ledger.services.ops.health import health
+    from engram_ledger.services.observability.health import health
 
     async def go() -> dict[str, Any]:
         settings = Settings.from_env()

@@ -32,8 +32,8 @@ from engram_ledger.projections.history_model import (
     version_entry,
 )
 from engram_ledger.projections.index import IndexProjection
+from engram_ledger.projections.index_runtime import IndexReader
 from engram_ledger.projections.tracking import CheckpointReader
-from engram_ledger.projections.vector_index import VectorIndex
 from engram_ledger.services.adapters.crypto import MasterKey, SubjectMatcher
 from engram_ledger.services.adapters.event_store import decode_event, decode_outcome
 from engram_ledger.services.application.ports import (
@@ -45,6 +45,7 @@ from engram_ledger.services.application.ports import (
     Outcome,
     OutcomeDetail,
 )
+from engram_ledger.services.application.vector_index import VectorIndex
 from engram_ledger.services.domain.decider import StreamAppend
 from engram_ledger.services.domain.note import ABSENT, NoteState, fold
 
@@ -413,8 +414,9 @@ class _ProjectionKeys:
 
 
 class InMemoryIndexRuntime:
-    """What ``SearchService`` and ``SaveAdvisor`` use of ``IndexRuntime``: ``index``, ``embedder``
-    and ``redis`` (where ``IndexReader.wait_for`` reads the checkpoint), over a real vector index.
+    """The application's ``SearchableIndex`` port as ``IndexRuntime`` offers it (``index``,
+    ``embedder``, ``subject_key``, and ``wait_for`` through the real ``IndexReader``, which reads
+    the checkpoint from ``redis``), over a real vector index.
     ``catch_up()`` runs the real ``IndexProjection``'s plan over the store's logs, so the points
     and payloads are the production ones; its state and checkpoint are kept in a dict."""
 
@@ -429,6 +431,12 @@ class InMemoryIndexRuntime:
             IndexProjection(self.redis, index, embedder, p, 0, store=store, subjects=self.subjects)  # type: ignore[arg-type]
             for p in range(store.partitions)
         ]
+
+    def subject_key(self, user_id: str, subject: str) -> str:
+        return self.subjects.match_key(user_id, subject)
+
+    async def wait_for(self, token: str, timeout: float) -> bool:
+        return await IndexReader(self).wait_for(token, timeout)  # type: ignore[arg-type]
 
     async def catch_up(self) -> int:
         """Index every event not indexed yet; returns how many."""

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from engram_ledger.services.adapters.minilm import (
     DIMENSION,
@@ -30,23 +29,7 @@ from engram_ledger.services.adapters.minilm import (
     word_piece_offsets,
 )
 
-__all__ = ["MODEL_NAME", "ChunkPolicy", "Embedder", "MiniLMEmbedder", "load_model", "model_path"]
-
-
-class Embedder(Protocol):
-    model_name: str
-    dimension: int
-
-    async def start(self) -> None:
-        """Load the model, once (later calls wait for that load or return at once)."""
-
-    async def embed(self, texts: Sequence[str], *, background: bool = False) -> list[list[float]]:
-        """Unit-length vectors, one per text. ``background``: bulk work (the index projection's
-        batches), encoded after every waiting query and in slices, so that a query's embedding
-        never waits behind a batch."""
-
-    def chunks(self, text: str) -> list[str]:
-        """The text cut into pieces that fit the model's window (one piece for short text)."""
+__all__ = ["MODEL_NAME", "ChunkPolicy", "MiniLMEmbedder", "load_model", "model_path"]
 
 
 @dataclass(frozen=True)

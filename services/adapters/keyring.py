@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.services.adapters.crypto import KEYS_VARIABLE, MasterKey, MasterKeyError
-from engram_ledger.services.ops.periodic import every
+from engram_ledger.services.common.periodic import every
 
 log = logging.getLogger("engram.keyring")
 

@@ -203,3 +203,16 @@ async def unlink_prefix(redis: Redis, prefix: str) -> int:
     if batch:
         dropped += await redis.unlink(*batch)
     return dropped
+
+
+async def group_info(redis: Redis, stream: str, group: str) -> dict[str, Any] | None:
+    """XINFO GROUPS' entry for ``group`` on ``stream`` (None if either does not exist)."""
+    try:
+        groups = await redis.xinfo_groups(stream)
+    except ResponseError:
+        return None  # no such stream yet
+    for info in groups:
+        name = info["name"]
+        if (name.decode() if isinstance(name, bytes) else name) == group:
+            return dict(info)
+    return None

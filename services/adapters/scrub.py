@@ -10,10 +10,9 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from engram_ledger.contracts import channels
-from engram_ledger.services.adapters.redis_conn import servers
+from engram_ledger.services.adapters.redis_conn import group_info, servers
 from engram_ledger.services.application.ports import EventStore, NoteHistory
-from engram_ledger.services.bus.reclaimer import group_info
-from engram_ledger.services.ops.periodic import every
+from engram_ledger.services.common.periodic import every
 
 log = logging.getLogger("engram.scrub")
 

@@ -9,9 +9,8 @@ import logging
 
 from engram_ledger.contracts.model import NoteStatus
 from engram_ledger.contracts.queries import NoteWritten, SimilarNote
-from engram_ledger.projections.index_runtime import IndexReader, IndexRuntime
-from engram_ledger.projections.vector_index import DENSE, MEMORY, NearestQuery
 from engram_ledger.services.application.ports import NoteHistory
+from engram_ledger.services.application.vector_index import DENSE, MEMORY, NearestQuery, SearchableIndex
 
 log = logging.getLogger("engram.advice")
 
@@ -23,7 +22,7 @@ DEFAULT_SIMILAR_THRESHOLD = 0.5
 class SaveAdvisor:
     def __init__(
         self,
-        runtime: IndexRuntime,
+        runtime: SearchableIndex,
         history: NoteHistory,
         threshold: float = DEFAULT_SIMILAR_THRESHOLD,
         limit: int = 5,
@@ -47,7 +46,7 @@ class SaveAdvisor:
     async def _advise(self, reply: NoteWritten, user_id: str, content: str, subject: str | None) -> NoteWritten:
         # Embed while the index catches up with this save (and so with every write before it).
         embedding = asyncio.create_task(self._runtime.embedder.embed([content]))
-        await IndexReader(self._runtime).wait_for(reply.token, self._timeout)
+        await self._runtime.wait_for(reply.token, self._timeout)
         (dense,) = await embedding
         index = self._runtime.index
         active: dict[str, str | list[str]] = {"record": MEMORY, "status": "active"}
@@ -86,7 +85,7 @@ class SaveAdvisor:
         same_subject: list[str] = []
         if subject is not None:
             # By its keyed hash, case and spacing aside: the index holds no subject text.
-            subject_key = self._runtime.subjects.match_key(user_id, subject)
+            subject_key = self._runtime.subject_key(user_id, subject)
             about = await index.nearest(
                 NearestQuery(
                     user_id=user_id,

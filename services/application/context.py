@@ -20,7 +20,6 @@ and tokenizing run on a worker thread, lines tokenized in batches, so the event 
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from xml.sax.saxutils import escape, quoteattr
@@ -166,41 +165,11 @@ def select(
     return chosen
 
 
-# Held while the tokenizer is loaded and while it runs: blocks are built on worker threads, and
-# one fast tokenizer is not to be called from two threads at once.
-_tokenizer_lock = threading.Lock()
-_tokenizer = None
-
-
-def count_tokens_many(texts: Sequence[str]) -> list[int]:
-    """Word pieces of MiniLM's tokenizer (the model package's own files, offline), of each text;
-    one call for them all, which the tokenizer runs far faster than one call each."""
-    global _tokenizer
-    if not texts:
-        return []
-    with _tokenizer_lock:
-        if _tokenizer is None:
-            from tokenizers import Tokenizer
-
-            from engram_ledger.services.adapters.minilm import model_path
-
-            # The model's own tokenizer file, without the truncation and padding it ships with.
-            _tokenizer = Tokenizer.from_file(f"{model_path()}/tokenizer.json")
-            _tokenizer.no_truncation()
-            _tokenizer.no_padding()
-        encoded = [e.ids for e in _tokenizer.encode_batch(list(texts), add_special_tokens=False)]
-    return [len(ids) for ids in encoded]
-
-
-def count_tokens(text: str) -> int:
-    (count,) = count_tokens_many([text])
-    return count
-
-
 class ContextService:
     """Answers ``BuildContext`` from the history read model (and the search, for relevance)."""
 
-    def __init__(self, history: NoteHistory, search: SearchService | None, count: Counter = count_tokens_many) -> None:
+    def __init__(self, history: NoteHistory, search: SearchService | None, count: Counter) -> None:
+        # count: word pieces of each text, by the embedding model's tokenizer (an adapter's).
         self._history = history
         self._search = search
         self._count_many = count

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from engram_ledger.contracts.commands import ExpireForget, ExpireNote
 from engram_ledger.services.application.ports import PendingDeletions
-from engram_ledger.services.ops.periodic import every
+from engram_ledger.services.common.periodic import every
 
 log = logging.getLogger("engram.forget")
 

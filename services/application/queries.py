@@ -61,7 +61,7 @@ class QueryService:
         self._history = history
         self._wait = read_wait_seconds
         self._search = search
-        self._context = context or ContextService(history, search)
+        self._context = context
 
     async def handle(self, body: bytes) -> bytes:
         try:
@@ -143,5 +143,7 @@ class QueryService:
             live = [n for n in notes if not lapsed(n, now)]
             return NotesReply(notes=live, total=total - (len(notes) - len(live)))
         if isinstance(query, BuildContext):
+            if self._context is None:
+                raise EngramError(ErrorCode.UNAVAILABLE, "this service builds no memory blocks")
             return await self._context.build(query)
         raise TypeError(f"unknown query {type(query).__name__}")

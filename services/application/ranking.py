@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from engram_ledger.projections.vector_index import IndexHit
+from engram_ledger.services.application.vector_index import IndexHit
 
 # How many turns before a conversation turn are indexed with it (its context).
 CONTEXT_TURNS = 2

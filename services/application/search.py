@@ -15,19 +15,19 @@ from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.limits import SEARCH_DEPTH_MAX
 from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView
 from engram_ledger.contracts.queries import SearchHit, SearchNotes, SearchReply
-from engram_ledger.projections.index import sparse_query
-from engram_ledger.projections.index_runtime import IndexReader, IndexRuntime
-from engram_ledger.projections.vector_index import (
+from engram_ledger.services.application.ports import AccessStats, NoteHistory
+from engram_ledger.services.application.ranking import DEFAULT_POLICY, RankingPolicy, best_per_note, boost_named, fuse
+from engram_ledger.services.application.terms import sparse_query
+from engram_ledger.services.application.vector_index import (
     CONVERSATION,
     DENSE,
     MEMORY,
     SPARSE,
     NearestQuery,
+    SearchableIndex,
     TimeWindow,
     VectorIndex,
 )
-from engram_ledger.services.application.ports import AccessStats, NoteHistory
-from engram_ledger.services.application.ranking import DEFAULT_POLICY, RankingPolicy, best_per_note, boost_named, fuse
 from engram_ledger.services.domain.values import matches
 
 
@@ -91,7 +91,7 @@ def _scopes(query: SearchNotes, subject_key: Callable[[str, str], str]) -> list[
 class SearchService:
     def __init__(
         self,
-        runtime: IndexRuntime,
+        runtime: SearchableIndex,
         history: NoteHistory,
         read_wait_seconds: float,
         policy: RankingPolicy = DEFAULT_POLICY,
@@ -100,7 +100,6 @@ class SearchService:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._runtime = runtime
-        self._index_reader = IndexReader(runtime)
         self._history = history
         self._wait = read_wait_seconds
         self._policy = policy
@@ -117,7 +116,7 @@ class SearchService:
                 f"offset + top_k is {depth}; a search pages at most {SEARCH_DEPTH_MAX} results deep",
             )
         if query.after is not None:
-            caught_up = await self._index_reader.wait_for(query.after, self._wait) and await self._history.wait_for(
+            caught_up = await self._runtime.wait_for(query.after, self._wait) and await self._history.wait_for(
                 query.after, self._wait
             )
             if not caught_up:
@@ -134,7 +133,7 @@ class SearchService:
         # is a slice of one ranking, which the fusion's scaling over the candidates would not be
         # if a deeper page fetched more of them. A page past them comes back short.
         limit = max(CANDIDATES, query.top_k * (20 if query.where or query.keyed_only else 10))
-        scopes = _scopes(query, self._runtime.subjects.match_key)
+        scopes = _scopes(query, self._runtime.subject_key)
         asked = [
             NearestQuery(
                 user_id=query.user_id, using=DENSE, dense=dense, match=m, limit=limit, window=window, fields=FIELDS

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.limits import REQUEST_STREAM_BYTES
-from engram_ledger.services.ops.periodic import every
+from engram_ledger.services.common.periodic import every
 
 log = logging.getLogger("engram.reclaimer")
 
@@ -128,16 +126,3 @@ class PendingReclaimer:
     async def run(self, stop: asyncio.Event, interval: float | None = None) -> None:
         interval = interval if interval is not None else max(self._idle_ms / 4000, 0.05)
         await every(interval, stop, self.sweep, f"reclaiming {self.stream}", log)
-
-
-async def group_info(redis: Redis, stream: str, group: str) -> dict[str, Any] | None:
-    """XINFO GROUPS' entry for ``group`` on ``stream`` (None if either does not exist)."""
-    try:
-        groups = await redis.xinfo_groups(stream)
-    except ResponseError:
-        return None  # no such stream yet
-    for info in groups:
-        name = info["name"]
-        if (name.decode() if isinstance(name, bytes) else name) == group:
-            return dict(info)
-    return None

@@ -41,7 +41,7 @@ from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.services.adapters.crypto import MasterKey, MasterKeyError, load_master_key, wrapped_generation
 from engram_ledger.services.adapters.keyring import KEYRING_KEY, KeyringState, attach_keyring, read_state, root_field
 from engram_ledger.services.config import Settings
-from engram_ledger.services.ops.health import live_workers
+from engram_ledger.services.observability.health import live_workers
 from engram_ledger.services.ops.operator import operator_redis
 
 # (what, how many log entries or None) -> a context manager whose ``update(n)`` counts entries.

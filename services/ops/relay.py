@@ -44,9 +44,9 @@ from redis.asyncio import Redis
 
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.events import AnyEvent
-from engram_ledger.services.bus.reclaimer import group_info
+from engram_ledger.services.adapters.redis_conn import group_info
 from engram_ledger.services.bus.subscription import ERASURES
-from engram_ledger.services.ops.periodic import every
+from engram_ledger.services.common.periodic import every
 
 log = logging.getLogger("engram.relay")
 

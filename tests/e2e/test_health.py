@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from engram_ledger.contracts.commands import NoteDraft
 from engram_ledger.services.bus.client import EngramClient
-from engram_ledger.services.ops.health import LAG_ENTRIES_LIMIT, health
+from engram_ledger.services.observability.health import LAG_ENTRIES_LIMIT, health
 from tests.support import ServeProcess, cli, engram_env, wait_until
 
 # Notes the index has to embed when it starts: more than "caught up" allows, and more than the lag

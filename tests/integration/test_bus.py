@@ -336,7 +336,7 @@ async def test_a_request_stream_keeps_big_requests_within_its_byte_budget(redis_
 async def test_health_reports_lag_groups_and_pending_deletions(client: EngramClient, redis_url: str) -> None:
     import redis.asyncio as aioredis
 
-    from engram_ledger.services.ops.health import health
+    from engram_ledger.services.observability.health import health
 
     written = await client.save("alice", "health check note")
     await client.get_note("alice", written.note_id, after=written.token)

@@ -11,11 +11,11 @@ import pytest
 from engram_ledger.contracts.commands import NoteDraft
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.model import NoteKind
+from engram_ledger.services.adapters.minilm import count_tokens
 from engram_ledger.services.application.context import (
     MARKDOWN_HEADER,
     MAX_CONTEXT_CHARS,
     MAX_CONTEXT_NOTES,
-    count_tokens,
 )
 from engram_ledger.services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings

@@ -10,8 +10,8 @@ import redis.asyncio as aioredis
 from engram_ledger.contracts.commands import MessageDraft
 from engram_ledger.projections.index import IndexProjection, live_index_generation
 from engram_ledger.projections.qdrant_edge import QdrantEdgeIndex
-from engram_ledger.projections.vector_index import DENSE, NearestQuery
 from engram_ledger.services.adapters.event_store import RedisEventStore
+from engram_ledger.services.application.vector_index import DENSE, NearestQuery
 from engram_ledger.services.bus.client import EngramClient
 from tests.builders import mixed_workload
 from tests.conftest import RunningService

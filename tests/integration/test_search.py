@@ -216,8 +216,8 @@ async def _log_length(client: EngramClient) -> int:
 async def test_a_note_is_indexed_with_its_subject_and_again_when_renamed(
     service: RunningService, client: EngramClient
 ) -> None:
-    from engram_ledger.projections.index import sparse_query
-    from engram_ledger.projections.vector_index import SPARSE, NearestQuery
+    from engram_ledger.services.application.terms import sparse_query
+    from engram_ledger.services.application.vector_index import SPARSE, NearestQuery
 
     written = await client.save("alice", "Loves omakase and always orders the uni", subject="Priya", advise=False)
     other = await client.save("alice", "Prefers window seats on long flights", advise=False)

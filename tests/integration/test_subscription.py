@@ -17,9 +17,9 @@ from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.events import AnyEvent, NoteForgotten, NoteSaved, NoteUpdated, UserForgotten
 from engram_ledger.services.adapters.crypto import MasterKey
 from engram_ledger.services.adapters.event_store import decode_event
+from engram_ledger.services.adapters.redis_conn import group_info
 from engram_ledger.services.adapters.redis_server import RedisServer
 from engram_ledger.services.bus.client import EngramClient
-from engram_ledger.services.bus.reclaimer import group_info
 from engram_ledger.services.bus.subscription import ContentState, Delivery, Subscription
 from tests.cluster import LocalCluster
 from tests.conftest import RunningService, service_settings

@@ -15,7 +15,7 @@ from qdrant_edge import Bm25
 
 from engram_ledger.projections.qdrant_edge import QdrantEdgeIndex
 from engram_ledger.projections.qdrant_server import QdrantServerIndex
-from engram_ledger.projections.vector_index import (
+from engram_ledger.services.application.vector_index import (
     DENSE,
     SPARSE,
     IndexHit,

@@ -9,7 +9,9 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from engram_ledger.services.adapters.minilm import count_tokens_many
 from engram_ledger.services.application.commands import CommandService
+from engram_ledger.services.application.context import ContextService
 from engram_ledger.services.application.queries import QueryService
 from tests.builders import bodies
 from tests.fakes import InMemoryEventStore, InMemoryHistory
@@ -31,7 +33,8 @@ async def test_any_command_body_gets_a_reply_not_an_exception(body: bytes) -> No
 @settings(max_examples=200, deadline=None)
 @given(body=bodies)
 async def test_any_query_body_gets_a_reply_not_an_exception(body: bytes) -> None:
-    service = QueryService(InMemoryHistory(InMemoryEventStore()), 0.01)
+    history = InMemoryHistory(InMemoryEventStore())
+    service = QueryService(history, 0.01, context=ContextService(history, None, count_tokens_many))
     reply = msgspec.json.decode(await service.handle(body))
     assert isinstance(reply, dict) and reply.get("type") in {"error", "notes", "context"}
     if reply["type"] == "error":

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engram_ledger.projections.vector_index import IndexHit
 from engram_ledger.services.application.ranking import (
     DEFAULT_POLICY,
     RankingPolicy,
@@ -15,6 +14,7 @@ from engram_ledger.services.application.ranking import (
     names_in,
     words,
 )
+from engram_ledger.services.application.vector_index import IndexHit
 
 
 def hit(note_id: str, score: float, context: bool = False) -> IndexHit:

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import cast
 
 import pytest
 
@@ -26,13 +25,12 @@ from engram_ledger.contracts.commands import (
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.model import NoteStatus
 from engram_ledger.contracts.queries import SearchNotes, SearchReply
-from engram_ledger.projections.index import sparse_query
-from engram_ledger.projections.index_runtime import IndexRuntime
 from engram_ledger.projections.qdrant_edge import QdrantEdgeIndex
-from engram_ledger.projections.vector_index import CONVERSATION, MEMORY, SPARSE, NearestQuery
 from engram_ledger.services.application.commands import CommandService
 from engram_ledger.services.application.forget import ForgetService
 from engram_ledger.services.application.search import SearchService
+from engram_ledger.services.application.terms import sparse_query
+from engram_ledger.services.application.vector_index import CONVERSATION, MEMORY, SPARSE, NearestQuery
 from tests.fakes import (
     HashEmbedder,
     InMemoryEventStore,
@@ -76,8 +74,7 @@ def make_world(index: QdrantEdgeIndex, read_wait_seconds: float = 1.0) -> World:
     history = InMemoryHistory(store)
     runtime = InMemoryIndexRuntime(store, index, HashEmbedder())
     clock = ManualClock(NOW)
-    # The service is typed to the Redis-backed runtime; the fake offers what it reads of it.
-    search = SearchService(cast(IndexRuntime, runtime), history, read_wait_seconds, clock=clock)
+    search = SearchService(runtime, history, read_wait_seconds, clock=clock)
     forget = ForgetService(
         store, history, InMemoryPendingDeletions(store), search, RecordingScrub(), clock, timedelta(minutes=5)
     )

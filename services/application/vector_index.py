@@ -1,4 +1,6 @@
-"""The vector index port: what the index projection and the search responder need from Qdrant.
+"""The index ports: what the index projection and the search responder need from Qdrant
+(``VectorIndex``), from the embedding model (``Embedder``), and from the running index as a whole
+(``SearchableIndex``).
 
 Points are chunks of notes (or conversation messages). Their payload holds ids, version, status
 and filter fields, never the text: deleting a point in Qdrant does not erase its payload from
@@ -8,6 +10,7 @@ Adapters: ``QdrantEdgeIndex`` (embedded, in-process) and ``QdrantServerIndex`` (
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -105,3 +108,35 @@ class VectorIndex(Protocol):
         """Every point's payload (for rebuild checks and diagnostics; reads the whole index)."""
 
     async def close(self) -> None: ...
+
+
+class Embedder(Protocol):
+    model_name: str
+    dimension: int
+
+    async def start(self) -> None:
+        """Load the model, once (later calls wait for that load or return at once)."""
+
+    async def embed(self, texts: Sequence[str], *, background: bool = False) -> list[list[float]]:
+        """Unit-length vectors, one per text. ``background``: bulk work (the index projection's
+        batches), encoded after every waiting query and in slices, so that a query's embedding
+        never waits behind a batch."""
+
+    def chunks(self, text: str) -> list[str]:
+        """The text cut into pieces that fit the model's window (one piece for short text)."""
+
+
+class SearchableIndex(Protocol):
+    """The live index as searching sees it: the index, the model that embeds queries, how a
+    subject becomes the ``subject_key`` points are filtered by, and the wait for a write's token."""
+
+    @property
+    def index(self) -> VectorIndex: ...
+
+    @property
+    def embedder(self) -> Embedder: ...
+
+    def subject_key(self, user_id: str, subject: str) -> str: ...
+
+    async def wait_for(self, token: str, timeout: float) -> bool:
+        """True once the live index has applied the write ``token`` names; False after ``timeout``."""

@@ -31,8 +31,8 @@ from engram_ledger.projections.history import live_generation
 from engram_ledger.projections.index import live_index_generation
 from engram_ledger.projections.tracking import position_key
 from engram_ledger.services.adapters.keyring import read_state
-from engram_ledger.services.bus.reclaimer import group_info
-from engram_ledger.services.ops.periodic import every
+from engram_ledger.services.adapters.redis_conn import group_info
+from engram_ledger.services.common.periodic import every
 
 if TYPE_CHECKING:
     from engram_ledger.projections.index_runtime import IndexRuntime

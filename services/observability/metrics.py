@@ -11,8 +11,8 @@ import logging
 from prometheus_client import CollectorRegistry, Gauge
 from redis.asyncio import Redis
 
-from engram_ledger.services.ops.health import health
-from engram_ledger.services.ops.periodic import every
+from engram_ledger.services.common.periodic import every
+from engram_ledger.services.observability.health import health
 
 log = logging.getLogger("engram.metrics")
 

@@ -1,0 +1,1 @@
+"""Helpers with no dependency on any layer of Engram, for every layer to use."""

@@ -1,0 +1,1 @@
+"""What a running worker tells about itself: its health report and its Prometheus gauges."""
