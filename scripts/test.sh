@@ -4,6 +4,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ENGRAM_EXTRAS=dev,langgraph,openai-agents,autogen,integrations-test bash scripts/setup.sh || exit 1
 export HF_HUB_OFFLINE=1
+# The layers (pyproject.toml, [tool.importlinter]) and the linter first: both take seconds.
+.venv/bin/lint-imports --no-cache --quiet || exit 1
+.venv/bin/ruff check --quiet . || exit 1
 .venv/bin/python -m pytest "$@"
 rc=$?
 # pytest exits 5 when it collected no test; that is a failure of the suite, not a pass.
