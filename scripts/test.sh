@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 ENGRAM_EXTRAS=dev,langgraph,openai-agents,autogen,integrations-test bash scripts/setup.sh || exit 1
 export HF_HUB_OFFLINE=1
 # The layers (pyproject.toml, [tool.importlinter]) and the linter first: both take seconds.
-.venv/bin/lint-imports --no-cache --quiet || exit 1
+.venv/bin/lint-imports --no-cache --no-logo || exit 1
 .venv/bin/ruff check --quiet . || exit 1
 .venv/bin/python -m pytest "$@"
 rc=$?
