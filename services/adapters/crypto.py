@@ -44,6 +44,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDFExpand
 
 from engram_ledger.contracts.events import AnyEvent
 from engram_ledger.services.adapters.private_files import private_dir, write_private
+from engram_ledger.services.domain.values import normalize_subject
 
 log = logging.getLogger("engram.crypto")
 
@@ -456,11 +457,6 @@ def shredded(event: AnyEvent) -> AnyEvent:
 
 def needs_key(event: AnyEvent) -> bool:
     return any(isinstance(getattr(event, f, None), str) for f in SEALED_FIELDS)
-
-
-def normalize_subject(subject: str) -> str:
-    """How subjects compare: case and spacing aside ("Sarah  Smith" is "sarah smith")."""
-    return " ".join(subject.casefold().split())
 
 
 def keyed_hash(key: bytes, *parts: str) -> str:

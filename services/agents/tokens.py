@@ -19,7 +19,8 @@ import hashlib
 import hmac
 import secrets
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import msgspec
 from mcp.server.auth.provider import AccessToken
@@ -155,3 +156,43 @@ class GatewayVerifier:
 
     def matches(self, presented: str) -> bool:
         return hmac.compare_digest(presented.encode(), self._secret)
+
+
+async def manage_tokens(
+    registry: TokenRegistry,
+    action: str,
+    *,
+    user_id: str | None = None,
+    operator: bool = False,
+    label: str = "",
+    expires_in_days: float | None = None,
+    token_id: str | None = None,
+) -> dict[str, Any]:
+    """`engram tokens create|list|revoke`: a new token (shown once), every token's record, or the
+    record of the one revoked."""
+    if action == "create":
+        if bool(user_id) == operator:
+            raise EngramError(ErrorCode.INVALID_PARAMETER, "give --user USER, or --operator for the operator role")
+        if expires_in_days is not None and expires_in_days <= 0:
+            raise EngramError(ErrorCode.INVALID_PARAMETER, "--expires-in-days must be positive")
+        lifetime = timedelta(days=expires_in_days) if expires_in_days is not None else None
+        token, record = await registry.create(user_id=user_id, label=label, expires_in=lifetime)
+        return {"token": token, **msgspec.to_builtins(record)}
+    if action == "revoke":
+        revoked = await registry.revoke(token_id or "")
+        if revoked is None:
+            raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"no token has the id {token_id!r}")
+        return {"revoked": msgspec.to_builtins(revoked)}
+    return {"tokens": [msgspec.to_builtins(r) for r in await registry.records()]}
+
+
+def token_verifier(redis: Redis, gateway_secret_file: str | None) -> EngramTokenVerifier:
+    """The MCP server's check of bearer tokens: the registry in Redis, and the gateway's shared
+    secret when one is given (read from a file: a secret on the command line shows in ps)."""
+    gateway = None
+    if gateway_secret_file:
+        try:
+            gateway = GatewayVerifier(Path(gateway_secret_file).read_text())
+        except OSError as e:
+            raise EngramError(ErrorCode.INVALID_PARAMETER, f"--gateway-secret-file: {e.strerror}") from None
+    return EngramTokenVerifier(TokenRegistry(redis), gateway)

@@ -128,3 +128,8 @@ def _compare(found: Any, op: str, operand: Any) -> bool:
     if op == "$lt":
         return bool(found < operand)
     return bool(found <= operand)
+
+
+def normalize_subject(subject: str) -> str:
+    """How subjects compare: case and spacing aside ("Sarah  Smith" is "sarah smith")."""
+    return " ".join(subject.casefold().split())

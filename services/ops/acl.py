@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.errors import EngramError, ErrorCode
@@ -238,3 +240,34 @@ def write_deployment(directory: Path, host: str, *, database: int = 0, cluster: 
         # token_urlsafe needs no quoting in a URL.
         write_private(paths[role], f"redis://{DEFAULT_USERS[role]}:{passwords[role]}@{host}/{database}\n")
     return paths
+
+
+def describe(role: str | None, name: str | None, *, cluster: bool = False) -> list[dict[str, Any]]:
+    """Each role's user (or ``role``'s alone, named ``name``): who it is for, what it can and
+    cannot do, and the ``ACL SETUSER`` that makes it."""
+    if name and not role:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, "--name names the user of one ROLE: give the ROLE too")
+    described = []
+    for each in [role] if role else list(ROLES):
+        user = name or DEFAULT_USERS[each]
+        about = ROLES[each]
+        described.append(
+            {
+                "role": each,
+                "user": user,
+                "for": about.who,
+                "can": about.can,
+                "cannot": about.cannot,
+                "setuser": setuser(each, user, cluster=cluster),
+            }
+        )
+    return described
+
+
+def as_redis_cli(roles: list[dict[str, Any]]) -> str:
+    """``describe``'s roles as commented redis-cli lines, with the password still to set."""
+    return "\n\n".join(
+        f"# {r['role']}: {r['for']}\n# can: {r['can']}\n# cannot: {r['cannot']}\n"
+        f"redis-cli {shlex.join(r['setuser'])}\nredis-cli ACL SETUSER {r['user']} '>PASSWORD'"
+        for r in roles
+    )

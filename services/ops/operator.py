@@ -4,8 +4,9 @@ however the command ends (following the event log is services/bus/subscription.p
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -15,6 +16,9 @@ from engram_ledger.services.adapters.private_files import NotPrivate, check_priv
 from engram_ledger.services.adapters.redis_conn import close_redis, open_redis, redact_url
 from engram_ledger.services.adapters.redis_server import answers
 from engram_ledger.services.config import Settings
+
+if TYPE_CHECKING:
+    from engram_ledger.services.adapters.crypto import MasterKey
 
 # `engram serve` leaves the URL of the private redis-server it started here, in the data dir
 # (0600: the URL holds the password, kept in PASSWORD_FILE for the next start).
@@ -71,3 +75,25 @@ async def operator_redis(settings: Settings, **options: Any) -> AsyncIterator[tu
         yield redis, partitions
     finally:
         await close_redis(redis)
+
+
+def subscriber_key(settings: Settings, key_file: str | None, content: bool) -> MasterKey | None:
+    """The master key a reader of the log opens content with: the one in ``key_file``, else (for
+    ``content``) the one `engram serve` finds, never a generated one; None: metadata only."""
+    from engram_ledger.services.adapters.crypto import MasterKeyError, load_master_key
+
+    try:
+        if key_file:
+            return load_master_key(settings.data_dir, {"ENGRAM_MASTER_KEY_FILE": key_file})
+        if not content:
+            return None
+        configured = any(v for k, v in os.environ.items() if k.startswith("ENGRAM_MASTER_KEY"))
+        if not configured and not (settings.data_dir / "master.key").exists():
+            raise EngramError(
+                ErrorCode.INVALID_PARAMETER,
+                f"--content: no master key here (ENGRAM_MASTER_KEY, ENGRAM_MASTER_KEY_FILE or "
+                f"{settings.data_dir / 'master.key'}); give the service's with --key-file",
+            )
+        return load_master_key(settings.data_dir)
+    except MasterKeyError as e:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, f"the master key: {e}") from None

@@ -30,10 +30,12 @@ import hmac
 import logging
 import math
 import random
+import secrets
 import time
 import zlib
 from collections.abc import AsyncIterable, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
@@ -43,7 +45,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.asyncio import Redis
 
 from engram_ledger.contracts import channels
+from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.events import AnyEvent
+from engram_ledger.services.adapters.private_files import write_private
 from engram_ledger.services.adapters.redis_conn import group_info
 from engram_ledger.services.bus.subscription import ERASURES
 from engram_ledger.services.common.periodic import every
@@ -417,3 +421,20 @@ async def run_relay(redis_url: str, cluster: bool, options: RelayOptions, stop: 
         if metrics_server is not None:
             metrics_server.shutdown()
         await close_redis(redis)
+
+
+def relay_secret(data_dir: Path, secret_file: str | None) -> tuple[bytes, Path]:
+    """The signing secret and the file it is in: ``secret_file``, or DATA_DIR/relay.secret,
+    generated once beside the master key for the receiver to be given as it is (no newline: a
+    receiver that signs with the file's bytes agrees too)."""
+    path = Path(secret_file) if secret_file else data_dir / "relay.secret"
+    if not secret_file:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        write_private(path, secrets.token_urlsafe(32), replace=False)
+    try:
+        secret = signing_key(path.read_bytes())
+    except OSError as e:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, f"--secret-file {path}: {e.strerror}") from None
+    if len(secret) < 16:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, f"the secret in {path} is shorter than 16 characters")
+    return secret, path

@@ -26,8 +26,9 @@ def test_every_module_imports_beside_an_application_with_its_own_services_packag
         count = 0
         for root in (engram_ledger.contracts, engram_ledger.services, engram_ledger.projections):
             for module in pkgutil.walk_packages(root.__path__, root.__name__ + "."):
-                importlib.import_module(module.name)
-                count += 1
+                if not module.name.endswith(".__main__"):  # that one runs the CLI
+                    importlib.import_module(module.name)
+                    count += 1
         owners = [importlib.import_module(name).OWNER for name in ("contracts", "services", "projections")]
         print(count, *owners)
         """

@@ -1,4 +1,4 @@
-"""What `engram` prints for a person (services/cli_render.py): the facts of each reply, in words."""
+"""What `engram` prints for a person (services/cli/render.py): the facts of each reply, in words."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from engram_ledger.contracts.queries import (
     SearchReply,
     SimilarNote,
 )
-from engram_ledger.services import cli_render as render
+from engram_ledger.services.cli import render
 
 T0 = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 T1 = datetime(2026, 5, 2, 8, 30, tzinfo=UTC)

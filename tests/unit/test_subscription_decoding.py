@@ -179,7 +179,7 @@ def test_the_asyncapi_document_says_how_to_subscribe_and_what_a_forget_asks() ->
 
 def test_tail_lines_say_what_happened_and_show_content_only_when_opened() -> None:
     from engram_ledger.services.bus.subscription import Delivery
-    from engram_ledger.services.cli_render import event_line
+    from engram_ledger.services.cli.render import event_line
 
     owner = Subscription(None, "g")
 

@@ -7,6 +7,7 @@ from engram_ledger.contracts.limits import LIST_NOTES_MAX
 from engram_ledger.contracts.model import NoteView
 from engram_ledger.services.agents.session import AgentSession
 from engram_ledger.services.agents.specs import ID, SUBJECT, Arguments, Result, Tool, ToolSpec, given, schema, text
+from engram_ledger.services.domain.values import normalize_subject
 
 # Requirements §3's bounds, checked by the schema before a handler runs.
 CONTENT = text(500, min_length=5)
@@ -30,12 +31,14 @@ ADD_TO_MEMORY = ToolSpec(
 
 
 async def about(s: AgentSession, subject: str) -> NoteView | None:
-    """The first of the user's active notes about ``subject`` (case aside), read a page of the
+    """The first of the user's active notes about ``subject`` (case and spacing aside, as searches
+    compare subjects), read a page of the
     listing at a time, so no one reply holds the whole memory."""
     offset = 0
     while True:
         page = await s.client.list_notes(s.user_id, offset=offset, limit=LIST_NOTES_MAX, after=s.last_token)
-        found = next((n for n in page.notes if (n.subject or "").casefold() == subject.casefold()), None)
+        wanted = normalize_subject(subject)
+        found = next((n for n in page.notes if normalize_subject(n.subject or "") == wanted), None)
         offset += len(page.notes)
         if found is not None or not page.notes or offset >= page.total:
             return found

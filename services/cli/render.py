@@ -453,3 +453,22 @@ def _event_details(event: AnyEvent) -> list[str]:
     if isinstance(event, NoteForgotten):
         return [f"forgotten ({event.reason or 'requested'})"]
     return []
+
+
+def token_created(outcome: Mapping[str, Any]) -> str:
+    """What a new MCP token is (the token itself goes to stdout alone)."""
+    whom = f"user {outcome['user_id']}" if outcome["user_id"] else "the operator role"
+    return f"token {outcome['id']} for {whom}: shown once, keep it secret (Redis keeps only its hash)\n"
+
+
+def tokens(outcome: Mapping[str, Any]) -> str:
+    """``engram tokens list`` (one line each) or ``revoke``."""
+    if "revoked" in outcome:
+        return f"revoked {outcome['revoked']['id']}\n"
+    lines = []
+    for r in outcome["tokens"]:
+        whom = f"user {r['user_id']}" if r["user_id"] else "operator"
+        expires = f" expires {r['expires_at']}" if r["expires_at"] else ""
+        label = f" {r['label']!r}" if r["label"] else ""
+        lines.append(f"{r['id']}  {whom}  created {r['created_at']}{expires}{label}\n")
+    return "".join(lines)

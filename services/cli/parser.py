@@ -1,0 +1,379 @@
+"""The arguments of every subcommand, and the function each runs. Options of a command take the
+contract's names, defaults and limits (``NoteDraft``, ``contracts/limits.py``)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import msgspec
+
+from engram_ledger.contracts.commands import NoteDraft
+from engram_ledger.contracts.errors import EngramError
+from engram_ledger.contracts.limits import LIST_NOTES_MAX, LIST_NOTES_PAGE, parse_time
+from engram_ledger.contracts.model import NoteKind, NoteSource
+from engram_ledger.services.adapters.minilm import ENCODER_KINDS
+from engram_ledger.services.cli.agents import cmd_mcp, cmd_tokens, cmd_tools
+from engram_ledger.services.cli.notes import (
+    cmd_context,
+    cmd_forget,
+    cmd_get,
+    cmd_history,
+    cmd_list,
+    cmd_memory,
+    cmd_recent,
+    cmd_save,
+    cmd_search,
+    cmd_supersede,
+    cmd_update,
+    with_client,
+)
+from engram_ledger.services.cli.operator import (
+    cmd_acl,
+    cmd_console,
+    cmd_docs,
+    cmd_export,
+    cmd_health,
+    cmd_import,
+    cmd_keys,
+    cmd_model,
+    cmd_rebuild,
+    cmd_relay,
+    cmd_schema,
+    cmd_serve,
+    cmd_tail,
+)
+from engram_ledger.services.config import ROLES
+
+Run = Callable[[argparse.Namespace], int]
+
+
+class UsageError(Exception):
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+        self.message = message
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors raised to ``main``: under ``--json`` they are an error object and
+    exit status 1 like every other error; without, argparse's usage line and status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self, message)
+
+
+class Commands:
+    """The subcommands being declared: each has ``--json``; a user's commands also ``--user`` and
+    ``--timeout``; a write ``--command-id``."""
+
+    def __init__(self, sub: Any) -> None:
+        self._sub = sub
+
+    @staticmethod
+    def _common(p: argparse.ArgumentParser, run: Run, user: bool) -> None:
+        p.set_defaults(run=run)
+        p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+        if user:
+            p.add_argument("--user", required=True, help="the user whose memory this is")
+            p.add_argument("--timeout", type=float, default=None, help="seconds to wait for a reply")
+
+    @staticmethod
+    def writes(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument(
+            "--command-id",
+            help="the command's idempotency key (default: a new one); a command that timed out, sent again "
+            "with the id its error gave, is applied once",
+        )
+        return p
+
+    def add(self, name: str, run: Run, help: str, user: bool = False) -> argparse.ArgumentParser:
+        p = self._sub.add_parser(name, help=help, description=help)
+        self._common(p, run, user)
+        return p
+
+    def add_actions(
+        self, name: str, run: Run, help: str, actions: dict[str, str], user: bool = False
+    ) -> dict[str, argparse.ArgumentParser]:
+        """A command of several actions (`engram NAME ACTION`), each with ``--json``; their parsers, to add to."""
+        group = self._sub.add_parser(name, help=help).add_subparsers(dest="action", required=True)
+        parsers: dict[str, argparse.ArgumentParser] = {}
+        for action, action_help in actions.items():
+            parsers[action] = group.add_parser(action, help=action_help, description=action_help)
+            self._common(parsers[action], run, user)
+        return parsers
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="engram", description="Engram: long-term memory for LLM agents.")
+    cli = Commands(parser.add_subparsers(dest="command", required=True))
+    _serve(cli)
+    _memory(cli)
+    _log_readers(cli)
+    _agents(cli)
+    _operations(cli)
+    return parser
+
+
+def _serve(cli: Commands) -> None:
+    p = cli.add("serve", cmd_serve, "run the workers (command handler, projections, query responders, forget saga)")
+    p.add_argument(
+        "--role",
+        action="append",
+        metavar="ROLE",
+        help=f"run only these workers: all (default) or any of {', '.join(ROLES)}; repeat or comma-separate "
+        "(also ENGRAM_ROLES). Processes with the same roles share the work and take over from a dead one.",
+    )
+
+
+def _memory(cli: Commands) -> None:
+    """The commands over one user's memory."""
+    p = cli.writes(cli.add("save", with_client(cmd_save), "save a new note", user=True))
+    p.add_argument("text")
+    # Unset options take the contract's defaults (NoteDraft), which the help shows.
+    p.add_argument("--category", help=f"default {_draft_default('category')}")
+    p.add_argument("--subject")
+    p.add_argument("--confidence", type=float, help=f"default {_draft_default('confidence')}")
+    p.add_argument("--importance", type=float, help=f"default {_draft_default('importance')}")
+    p.add_argument("--source", choices=[s.value for s in NoteSource], help=f"default {_draft_default('source')}")
+
+    p = cli.writes(cli.add("update", with_client(cmd_update), "change a note (new version, same id)", user=True))
+    p.add_argument("note_id")
+    p.add_argument("text", nargs="?")
+    p.add_argument("--category")
+    p.add_argument("--subject")
+    p.add_argument("--expected-version", type=int)
+
+    p = cli.writes(cli.add("supersede", with_client(cmd_supersede), "mark OLD_ID as replaced by NEW_ID", user=True))
+    p.add_argument("old_id")
+    p.add_argument("new_id")
+
+    p = cli.writes(
+        cli.add(
+            "forget",
+            with_client(cmd_forget),
+            "forget notes in two calls: --query finds candidates; ids ask for confirmation, then delete",
+            user=True,
+        )
+    )
+    p.add_argument("note_ids", nargs="*", metavar="NOTE_ID")
+    p.add_argument("--query", help="find candidates (deletes nothing)")
+    p.add_argument("--all", action="store_true", help="erase every note and message of the user")
+    p.add_argument("--session", help="erase every message of this conversation")
+    p.add_argument("--yes", action="store_true", help="operator: delete at once, without the second call")
+
+    for name, fn, help in (
+        ("get", cmd_get, "show one note"),
+        ("history", cmd_history, "show every version of a note"),
+    ):
+        p = cli.add(name, with_client(fn), help, user=True)
+        p.add_argument("note_id")
+        p.add_argument("--after", help="consistency token to wait for")
+
+    p = cli.add("list", with_client(cmd_list), "list notes by category, then creation time", user=True)
+    p.add_argument("--category")
+    p.add_argument("--include-superseded", action="store_true")
+    p.add_argument("--limit", type=int, default=LIST_NOTES_PAGE, help=f"notes a page (1-{LIST_NOTES_MAX})")
+    p.add_argument("--offset", type=int, default=0, help="where the page starts (the listing's order)")
+    p.add_argument("--after")
+
+    p = cli.add("recent", with_client(cmd_recent), "most recently created notes", user=True)
+    p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--after")
+
+    p = cli.add("search", with_client(cmd_search), "hybrid search of a user's notes", user=True)
+    p.add_argument("query")
+    p.add_argument("--session", help="also search this conversation's recorded messages")
+    p.add_argument("--conversations", action="store_true", help="also search every past conversation")
+    p.add_argument("--since", type=_time_argument, help="only what happened from this time (ISO 8601; UTC if no zone)")
+    p.add_argument("--until", type=_time_argument, help="only what happened up to this time (ISO 8601; UTC if no zone)")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--category")
+    p.add_argument("--kind", choices=[k.value for k in NoteKind])
+    p.add_argument("--ranking", choices=["relevance", "blended"], default="relevance")
+    p.add_argument("--subject")
+    p.add_argument("--include-superseded", action="store_true")
+    p.add_argument("--after")
+
+    p = cli.add("context", with_client(cmd_context), "the user's memory as a prompt block", user=True)
+    p.add_argument("--format", choices=["markdown", "xml"], default="markdown")
+    p.add_argument("--query", help="focus: the most relevant notes and episodes")
+    p.add_argument("--max-tokens", type=int, help="token budget (MiniLM word pieces)")
+    p.add_argument("--after", help="consistency token to wait for")
+
+    memory = cli.add_actions(
+        "memory",
+        with_client(cmd_memory),
+        "requirements §3's /memory: list, or delete ID at once",
+        {"list": "the user's memories, by category", "delete": "delete one memory at once"},
+        user=True,
+    )
+    cli.writes(memory["delete"]).add_argument("note_id")
+
+
+def _log_readers(cli: Commands) -> None:
+    """The commands that follow the event log, and the one that rebuilds from it."""
+    p = cli.add("tail", cmd_tail, "follow the event log: typed events, one line each (content only with the key)")
+    p.add_argument("--from-start", action="store_true", help="start at the beginning of the log (a new --group too)")
+    p.add_argument("--count", type=int, help="stop after this many events")
+    p.add_argument(
+        "--group", help="read through this consumer group: created on first use, each line acked once written"
+    )
+    _event_filters(p, "erasures are always shown")
+    p.add_argument("--content", action="store_true", help="open content with the master key as `engram serve` finds it")
+    p.add_argument("--key-file", help="open content with the master key in this file")
+
+    p = cli.add("relay", cmd_relay, "post every event of the log to a webhook URL, signed (HMAC-SHA256), at least once")
+    p.add_argument("--url", required=True, help="where to POST each event as JSON")
+    p.add_argument("--group", required=True, help="the relay's consumer group: its position is kept in Redis")
+    p.add_argument("--secret-file", help="the signing secret (default: generated once as DATA_DIR/relay.secret)")
+    _event_filters(p, "erasures always come")
+    p.add_argument("--from-start", action="store_true", help="a new group starts at the log's beginning")
+    p.add_argument("--content", action="store_true", help="post the content of notes not forgotten (the master key)")
+    p.add_argument("--key-file", help="the master key file to open content with (implies --content)")
+    p.add_argument(
+        "--give-up-after",
+        type=float,
+        default=3600.0,
+        help="seconds an event is retried before it is dead-lettered (erasures never are; default 3600)",
+    )
+    p.add_argument("--metrics-port", type=int, help="Prometheus metrics on 127.0.0.1:PORT (lag, failures)")
+
+    p = cli.add("rebuild", cmd_rebuild, "rebuild a projection from the event log, then switch to it")
+    p.add_argument("projection", choices=["history", "index"])
+
+
+def _agents(cli: Commands) -> None:
+    from engram_ledger.services.agents.tools import PROFILE_NAMES
+
+    p = cli.add("tools", cmd_tools, "the tool definitions of a profile, for an LLM API")
+    p.add_argument("--profile", choices=PROFILE_NAMES)
+    p.add_argument("--format", choices=["openai", "anthropic", "engram"], default="engram")
+
+    p = cli.add("mcp", cmd_mcp, "serve a tool profile over MCP (stdio for one user, or streamable HTTP)")
+    p.add_argument("--profile", choices=PROFILE_NAMES, default="engram")
+    p.add_argument("--user", help="the user (stdio)")
+    p.add_argument("--session", help="the conversation, for include_conversation")
+    p.add_argument("--http", type=int, metavar="PORT", help="streamable HTTP on this port (bearer tokens)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (loopback by default)")
+    p.add_argument("--tls-cert", help="HTTPS: the certificate chain file (PEM)")
+    p.add_argument("--tls-key", help="HTTPS: the private key file (PEM)")
+    p.add_argument(
+        "--gateway-secret-file",
+        help="also accept this shared secret as the bearer token of a gateway that authenticates users "
+        "itself and names the user in X-Engram-User",
+    )
+
+    tokens = cli.add_actions(
+        "tokens",
+        cmd_tokens,
+        "bearer tokens of the MCP server over HTTP: create, list, revoke",
+        {
+            "create": "a new token for one user (or the operator role), printed once",
+            "list": "every token: id, user or role, when made, when it expires",
+            "revoke": "refuse a token from its next request on",
+        },
+    )
+    p = tokens["create"]
+    p.add_argument("--user", help="the user the token acts as")
+    p.add_argument("--operator", action="store_true", help="a token that may name any user per request")
+    p.add_argument("--label", default="", help="what the token is for (shown by list)")
+    p.add_argument("--expires-in-days", type=float, help="refused after this many days (default: never)")
+    tokens["revoke"].add_argument("token_id", help="the id `engram tokens list` shows")
+
+
+def _operations(cli: Commands) -> None:
+    p = cli.add("console", cmd_console, "the memory console in a browser: users, search, timelines, forgetting, live")
+    p.add_argument("--port", type=_bounded(int, 1, 65_535), default=8780, help="port to listen on (default 8780)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (loopback by default)")
+
+    cli.add("health", cmd_health, "bus reachable? projection and request-group lag, pending deletions")
+
+    p = cli.add("model", cmd_model, "prepare the embedding model: export it to ONNX under the model cache (once)")
+    p.add_argument("--encoder", choices=ENCODER_KINDS, help="default: ENGRAM_ENCODER (onnx)")
+
+    keys = cli.add_actions(
+        "keys",
+        cmd_keys,
+        "the master key's generations: rotate, status, retire",
+        {
+            "rotate": "re-wrap every note's data key under a new master-key generation; resumes one in progress",
+            "status": "the master-key generation in use, a rotation in progress, each worker's generations",
+            "retire": "after a rotation: take the older generations out of the keyring file",
+        },
+    )
+    for p in (keys["rotate"], keys["retire"]):
+        p.add_argument(
+            "--wait",
+            dest="wait_seconds",
+            type=_bounded(float, 0, 86_400),
+            default=60.0,
+            help="seconds to wait for every worker to hold and use the new generation (default 60)",
+        )
+        p.add_argument("--batch", type=_bounded(int, 1, 10_000), default=500, help="log entries a round (default 500)")
+    keys["rotate"].add_argument(
+        "--pause",
+        type=_bounded(float, 0, 60),
+        default=0.0,
+        help="seconds between rounds, to spare a busy Redis",
+    )
+
+    p = cli.add("export", cmd_export, "write the raw event log (sealed) and data keys as JSON lines")
+    p.add_argument("--out", required=True)
+    p = cli.add("import", cmd_import, "replay an export into an empty store (same master key)")
+    p.add_argument("source")
+
+    p = cli.add("docs", cmd_docs, "write the AsyncAPI 3.0 document of every channel and message")
+    p.add_argument("--out", help="file to write (default: stdout)")
+
+    p = cli.add("schema", cmd_schema, "write the JSON Schema of every contract")
+    p.add_argument("--out", help="file to write (default: stdout)")
+
+    from engram_ledger.services.ops.acl import ROLES as ACL_ROLES
+
+    p = cli.add("acl", cmd_acl, "Redis ACL users with least privilege, one per role: print them, or --write files")
+    p.add_argument("role", nargs="?", choices=list(ACL_ROLES), help="one role (default: all)")
+    p.add_argument("--name", help="the ACL user's name (default engram-ROLE); an agent's replies are bound to it")
+    p.add_argument("--cluster", action="store_true", help="also what a Redis Cluster client needs")
+    p.add_argument("--write", metavar="DIR", help="write an ACL file and each role's URL (fresh passwords, 0600)")
+    p.add_argument("--host", default="redis:6379", help="HOST:PORT in the URLs --write makes (default redis:6379)")
+    p.add_argument("--database", type=int, default=0, help="the database in the URLs --write makes")
+
+
+def _draft_default(field: str) -> str:
+    default = next(f.default for f in msgspec.structs.fields(NoteDraft) if f.name == field)
+    return str(getattr(default, "value", default))
+
+
+def _time_argument(text: str) -> Any:
+    try:
+        return parse_time(text)
+    except EngramError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
+
+
+def _event_filters(p: argparse.ArgumentParser, what: str) -> None:
+    """``--kinds`` and ``--user``, the same for every command that reads the log."""
+    p.add_argument(
+        "--kinds",
+        action="append",
+        metavar="KIND[,KIND...]",
+        help=f"only these event types, comma-separated or repeated ({what})",
+    )
+    p.add_argument("--user", action="append", metavar="USER", help="only this user's events (repeat for several)")
+
+
+def _bounded(kind: Callable[[str], Any], low: float, high: float) -> Callable[[str], Any]:
+    """An argument of type ``kind`` from ``low`` to ``high``, refused with its range otherwise."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is not from {low:g} to {high:g}")
+        return value
+
+    return parse

@@ -1,0 +1,87 @@
+"""The users page (who has memories, found by id) and one user's memories with their activity."""
+
+from __future__ import annotations
+
+import contextlib
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from engram_ledger.contracts.errors import EngramError
+from engram_ledger.contracts.events import ACCOUNT
+from engram_ledger.contracts.model import NoteKind, NoteView
+from engram_ledger.services.console.web import PAGE, Console, Pages, flag_of, int_of, text_of, token_of, user_of
+
+
+def routes(console: Console, pages: Pages) -> list[Route]:
+    async def home(request: Request) -> Response:
+        q = request.query_params
+        find = text_of(q, "q") or ""
+        offset = int_of(q, "offset", 0, 0, 10**9) or 0
+        users, total = console.log.users(find, offset, PAGE)
+        exact = None
+        if find and not total:
+            with contextlib.suppress(EngramError):
+                exact = user_of(find)
+        return pages.page(
+            request,
+            "users.html",
+            users=users,
+            total=total,
+            find=find,
+            offset=offset,
+            page_size=PAGE,
+            exact=exact,
+            watch=console.log,
+        )
+
+    async def user_page(request: Request) -> Response:
+        q = request.query_params
+        user = user_of(text_of(q, "u"))
+        category = text_of(q, "category")
+        superseded = flag_of(q, "superseded")
+        offset = int_of(q, "offset", 0, 0, 10**9) or 0
+        after = token_of(q)
+        listed = await console.bus.list_notes(
+            user, category=category, include_superseded=superseded, offset=offset, limit=PAGE, after=after
+        )
+        categories = (await console.bus.list_categories(user)).categories
+        await console.log.reached(after)
+        return pages.page(
+            request,
+            "user.html",
+            user_id=user,
+            section="memories",
+            groups=grouped(listed.notes),
+            shown=len(listed.notes),
+            total=listed.total,
+            offset=offset,
+            page_size=PAGE,
+            category=category,
+            categories=categories,
+            superseded=superseded,
+            activity=console.log.user(user),
+            chart=console.log.chart(user),
+            pending=console.log.pending(user),
+            account=ACCOUNT,
+        )
+
+    async def activity(request: Request) -> Response:
+        q = request.query_params
+        user = user_of(text_of(q, "u"))
+        await console.log.reached(token_of(q))
+        return pages.page(request, "_chart.html", user_id=user, chart=console.log.chart(user))
+
+    return [Route("/", home), Route("/user", user_page), Route("/user/activity", activity)]
+
+
+def grouped(notes: list[NoteView]) -> list[tuple[str, list[tuple[str, list[NoteView]]]]]:
+    """A page of the listing (already in category order) by category, then by kind."""
+    by_category: dict[str, dict[str, list[NoteView]]] = {}
+    for note in notes:
+        by_category.setdefault(note.category, {}).setdefault(note.kind.value, []).append(note)
+    order = [k.value for k in NoteKind]
+    return [
+        (category, [(kind, kinds[kind]) for kind in order if kind in kinds]) for category, kinds in by_category.items()
+    ]
