@@ -32,7 +32,7 @@ from engram_ledger.services.adapters.redis_server import RedisServer
 from engram_ledger.services.bus.client import EngramClient
 from tests.support import TEST_MASTER_KEY_B64, ServeProcess, engram_env, master_key_for_tests
 
-AIM = 5_000  # events/s per subscriber (issue 17)
+AIM = 5_000  # events/s per subscriber
 
 
 async def write(url: str, events: int) -> None:

@@ -55,11 +55,11 @@ from engram_ledger.services.adapters.minilm import count_tokens_many
 from engram_ledger.services.adapters.redis_conn import close_redis, open_redis, redact_url, serving_options
 from engram_ledger.services.adapters.scrub import Scrubber
 from engram_ledger.services.application.advice import SaveAdvisor
-from engram_ledger.services.application.commands import CommandService, utc_now
+from engram_ledger.services.application.commands import CommandService, command_handlers, utc_now
 from engram_ledger.services.application.context import ContextService
 from engram_ledger.services.application.forget import ForgetService
 from engram_ledger.services.application.forget_timer import ForgetExpiryTimer
-from engram_ledger.services.application.queries import QueryService
+from engram_ledger.services.application.queries import QueryService, query_handlers
 from engram_ledger.services.application.search import BlendPolicy, SearchService
 from engram_ledger.services.bus.envelope import EnvelopeFormat, ReplyInKind
 from engram_ledger.services.bus.handled import DeleteHandled
@@ -320,12 +320,12 @@ def build(settings: Settings) -> Engram:
         confirmation=settings.forget_confirmation,
         access=access,
     )
-    commands = CommandService(store, advisor=advisor, forget=forget)
+    commands = CommandService(command_handlers(store, advisor=advisor, forget=forget))
     if "saga" in roles:
         runners += [forget_saga_runner(redis, store, p, owner, lease_ms) for p in partitions]
     timer = ForgetExpiryTimer(pending, settings.partitions, commands.execute, utc_now) if "saga" in roles else None
     context = ContextService(history, search, count_tokens_many)
-    queries = QueryService(history, settings.read_wait_seconds, search, context, access=access)
+    queries = QueryService(query_handlers(history, settings.read_wait_seconds, search, context, access=access))
     _subscribe(broker, settings, commands, queries)
     reclaimers = [
         PendingReclaimer(redis, stream(p), group, settings.claim_idle_ms, settings.max_deliveries, owner)

@@ -43,10 +43,29 @@ def redis_url() -> Iterator[str]:
     client.close()
 
 
+# Every in-process service's data dir is made under one folder, removed when the session ends
+# (a test that fails before it stops its service leaves nothing behind).
+_DATA_ROOT: Path | None = None
+
+
+def _service_data_dir() -> Path:
+    global _DATA_ROOT
+    if _DATA_ROOT is None:
+        _DATA_ROOT = Path(tempfile.mkdtemp(prefix="engram-tests-"))
+    return Path(tempfile.mkdtemp(prefix="service-", dir=_DATA_ROOT))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_service_data_dirs() -> Iterator[None]:
+    yield
+    if _DATA_ROOT is not None:
+        shutil.rmtree(_DATA_ROOT, ignore_errors=True)
+
+
 def service_settings(url: str, **overrides: object) -> Settings:
     values: dict[str, object] = {
         "redis_url": url,
-        "data_dir": Path(tempfile.mkdtemp(prefix="engram-test-")),
+        "data_dir": _service_data_dir(),
         "redis_url_configured": True,
         "claim_idle_ms": 1_000,
         "max_deliveries": 3,
@@ -81,7 +100,7 @@ class RunningService:
         self.engram.stopping.set()
         if self._task is not None:
             await asyncio.wait_for(self._task, 15)
-        if self.settings.data_dir.name.startswith("engram-test-"):
+        if _DATA_ROOT is not None and self.settings.data_dir.parent == _DATA_ROOT:
             shutil.rmtree(self.settings.data_dir, ignore_errors=True)
 
 

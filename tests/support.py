@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import io
 import json
 import os
 import queue
@@ -103,30 +105,64 @@ class ServeProcess:
         return self.process.returncode if self.process else 0
 
 
+# In-process calls of the CLI share the process's environment and standard streams: one at a time.
+_IN_PROCESS = threading.Lock()
+
+
+def run_cli(env: dict[str, str], args: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`engram ARGS` through its ``main(argv)`` in this process, as the subprocess would run it:
+    with exactly ``env`` as its environment, stdout and stderr captured, the exit status as
+    ``returncode``. It runs on a thread of its own, with an event loop of its own (``main`` calls
+    ``asyncio.run``), so async tests may call it too. A few tests run the real executable
+    (``ENGRAM_CLI``) for what only a process shows: argv bytes, a closed pipe, start-up."""
+    from engram_ledger.services.cli import main
+
+    outcome: dict[str, Any] = {}
+
+    def call() -> None:
+        out, err = io.StringIO(), io.StringIO()
+        saved = dict(os.environ)
+        try:
+            os.environ.clear()
+            os.environ.update(env)
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    outcome["code"] = main(list(args))
+                except SystemExit as e:  # --help, --version
+                    outcome["code"] = e.code if isinstance(e.code, int) else int(e.code is not None)
+        except BaseException as e:  # reported by the caller's thread
+            outcome["error"] = e
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+            outcome["out"], outcome["err"] = out.getvalue(), err.getvalue()
+
+    if not _IN_PROCESS.acquire(timeout=timeout):
+        raise subprocess.TimeoutExpired(["engram", *args], timeout)
+    worker = threading.Thread(target=call, name="engram-cli", daemon=True)
+    try:
+        worker.start()
+        worker.join(timeout)
+        if worker.is_alive():
+            raise subprocess.TimeoutExpired(["engram", *args], timeout)
+    finally:
+        if not worker.is_alive():  # a call still running keeps the lock: the next one times out
+            _IN_PROCESS.release()
+    if "error" in outcome:
+        raise outcome["error"]
+    return subprocess.CompletedProcess(["engram", *args], outcome["code"], outcome["out"], outcome["err"])
+
+
 def cli(env: dict[str, str], *args: str, timeout: float = 60) -> tuple[int, Any, str]:
     """Run `engram ARGS --json`; returns (exit code, parsed stdout, stderr)."""
-    done = subprocess.run(
-        [*ENGRAM_CLI, *args, "--json"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    done = run_cli(env, [*args, "--json"], timeout)
     out = done.stdout.strip()
     return done.returncode, (json.loads(out) if out else None), done.stderr
 
 
 def cli_text(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run `engram ARGS` for its human output (no --json)."""
-    return subprocess.run(
-        [*ENGRAM_CLI, *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_cli(env, list(args), timeout)
 
 
 async def longest_stall(stop: asyncio.Event) -> float:

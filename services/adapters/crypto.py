@@ -476,7 +476,7 @@ def _when_needed(key: bytes | Callable[[], bytes]) -> Callable[[], bytes]:
 
 class SubjectMatcher:
     """Keyed hashes of subjects: what the vector index filters by subject on, so its payloads
-    (which stay in the shard's files after a point is deleted, FIELD-NOTES) never hold the text.
+    (which stay in the shard's files after a point is deleted) never hold the text.
     Keyed by a key derived from the master key, so a guess cannot be checked without it; the
     user is part of the hash, so one user's subjects cannot be linked to another's."""
 

@@ -7,9 +7,9 @@ explicit ``expected_version`` is then refused by the decider with ``VERSION_CONF
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -42,6 +42,7 @@ from engram_ledger.services.application.ports import (
 )
 from engram_ledger.services.application.unit_of_work import Decision, Work
 from engram_ledger.services.domain.decider import (
+    RULES,
     IdCollision,
     creates_notes,
     decide,
@@ -70,70 +71,116 @@ def decode_command(body: bytes) -> AnyCommand:
     return decode_request(body, _command_decoder, "command")
 
 
+Handler = Callable[[Any], Awaitable[CommandReply]]
+
+# The forget commands: the forget service's (their events come with the saga's deadlines and
+# the scrub of what a forget leaves); a deployment without it answers them UNAVAILABLE.
+FORGETTING = (RequestForget, RequestForgetUser, RequestForgetSession, ExpireNote)
+# The confirmed ones delete at once: only an operator's stream takes them.
+CONFIRMABLE = (RequestForget, RequestForgetUser, RequestForgetSession)
+
+
 class CommandService:
-    def __init__(
-        self,
-        store: EventStore,
-        clock: Callable[[], datetime] = utc_now,
-        advisor: SaveAdvisor | None = None,
-        forget: ForgetService | None = None,
-    ) -> None:
-        self._store = store
-        self._clock = clock
-        self._advisor = advisor
-        self._forget = forget
+    """Bus entry point of the command handler: decode, check who may ask it, answer through the
+    handler of the command's type (the table ``command_handlers`` builds, in the composition
+    root), reply. Domain refusals become error replies; infrastructure failures propagate so the
+    message stays pending and is retried."""
+
+    def __init__(self, handlers: Mapping[type, Handler]) -> None:
+        self._handlers = handlers
 
     async def handle(self, body: bytes, operator: bool = False) -> bytes:
-        """Bus entry point: raw JSON in, JSON reply out. Domain refusals become error replies;
-        infrastructure failures propagate so the message stays pending and is retried.
-        ``operator``: the command came on the operators' stream, the one place a confirmed
+        """``operator``: the command came on the operators' stream, the one place a confirmed
         forget (no second call) is taken from."""
         try:
             command = decode_command(body)
-            if isinstance(command, RequestForget | RequestForgetUser | RequestForgetSession):
-                if command.confirmed and not operator:
-                    raise EngramError(
-                        ErrorCode.INVALID_PARAMETER,
-                        "confirmed deletes at once, without the second call: only an operator may ask that "
-                        "(engram forget --yes, or EngramClient(..., operator=True)); ask without it and "
-                        "confirm with the same request again",
-                    )
-                if self._forget is None:
-                    raise EngramError(ErrorCode.UNAVAILABLE, "forgetting is not served here")
-                if isinstance(command, RequestForget):
-                    return _encoder.encode(await self._forget.request(command))
-                if isinstance(command, RequestForgetSession):
-                    return _encoder.encode(await self._forget.request_session(command))
-                return _encoder.encode(await self._forget.request_user(command))
-            reply: CommandReply = await self.execute(command)
-            advise = isinstance(command, SaveNote) and command.advise
-            if (
-                self._advisor is not None
-                and advise
-                and isinstance(command, SaveNote)
-                and isinstance(reply, NoteWritten)
-            ):
-                reply = await self._advisor.advise(reply, command.user_id, command.content, command.subject)
+            if isinstance(command, CONFIRMABLE) and command.confirmed and not operator:
+                raise EngramError(
+                    ErrorCode.INVALID_PARAMETER,
+                    "confirmed deletes at once, without the second call: only an operator may ask that "
+                    "(engram forget --yes, or EngramClient(..., operator=True)); ask without it and "
+                    "confirm with the same request again",
+                )
+            reply = await self.execute(command)
         except EngramError as e:
             reply = e.reply()
         return _encoder.encode(reply)
 
-    async def execute(self, command: AnyCommand) -> NoteWritten | NotesWritten:
-        if isinstance(command, ExpireNote):  # a forget: scrubbed after, as every forget is
-            if self._forget is None:
-                raise EngramError(ErrorCode.UNAVAILABLE, "forgetting is not served here")
-            return await self._forget.expire(command)
-        work: Work[NoteWritten | NotesWritten]
-        work = _Put(self, command) if isinstance(command, PutNote) else _Write(self, command)
-        return await unit_of_work.run(self._store, command, work)
+    async def execute(self, command: AnyCommand) -> CommandReply:
+        handler = self._handlers.get(type(command))
+        if handler is None:
+            served = "forgetting is" if isinstance(command, FORGETTING) else f"{type(command).__name__} is"
+            raise EngramError(ErrorCode.UNAVAILABLE, f"{served} not served here")
+        return await handler(command)
+
+
+def command_handlers(
+    store: EventStore,
+    clock: Callable[[], datetime] = utc_now,
+    *,
+    advisor: SaveAdvisor | None = None,
+    forget: ForgetService | None = None,
+) -> dict[type, Handler]:
+    """Which handler answers each command: the decider's commands and puts as units of work over
+    the store, the forget commands by the forget service, and a save that asks for advice
+    followed by the advisor."""
+    writer = Writer(store, clock, expire=forget.expire if forget is not None else None)
+    handlers: dict[type, Handler] = {command: writer.write for command in RULES if command not in FORGETTING}
+    handlers[PutNote] = writer.put
+    if forget is not None:
+        handlers |= {
+            RequestForget: forget.request,
+            RequestForgetSession: forget.request_session,
+            RequestForgetUser: forget.request_user,
+            ExpireNote: forget.expire,
+        }
+    if advisor is not None:
+        handlers[SaveNote] = _advised(writer.write, advisor)
+    return handlers
+
+
+def _advised(write: Handler, advisor: SaveAdvisor) -> Handler:
+    async def save(command: SaveNote) -> CommandReply:
+        reply = await write(command)
+        if command.advise and isinstance(reply, NoteWritten):
+            reply = await advisor.advise(reply, command.user_id, command.content, command.subject)
+        return reply
+
+    return save
+
+
+class Writer:
+    """The decider's commands, and puts by key, each as one unit of work over the event store."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        clock: Callable[[], datetime] = utc_now,
+        expire: Callable[[ExpireNote], Awaitable[NoteWritten]] | None = None,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self._expire = expire
+
+    async def write(self, command: AnyCommand) -> NoteWritten | NotesWritten:
+        return await unit_of_work.run(self.store, command, _Write(self, command))
+
+    async def put(self, command: PutNote) -> NoteWritten | NotesWritten:
+        return await unit_of_work.run(self.store, command, _Put(self, command))
+
+    async def expire(self, command: ExpireNote) -> NoteWritten:
+        """A note whose time ran out, forgotten as the saga's timer would (a put meeting it)."""
+        if self._expire is None:
+            raise EngramError(ErrorCode.UNAVAILABLE, "forgetting is not served here")
+        return await self._expire(command)
 
 
 class _Write(Work[NoteWritten | NotesWritten]):
     """Any command the decider's table handles, as one unit of work."""
 
-    def __init__(self, service: CommandService, command: AnyCommand) -> None:
-        self._store = service._store
-        self._clock = service._clock
+    def __init__(self, writer: Writer, command: AnyCommand) -> None:
+        self._store = writer.store
+        self._clock = writer.clock
         self._command = command
         self._partition = self._store.partition_of(command.user_id)
         self._salt = 0
@@ -211,10 +258,10 @@ class _Put(Work[NoteWritten | NotesWritten]):
 
     replay_first = True  # it forgets an expired holder before deciding
 
-    def __init__(self, service: CommandService, command: PutNote) -> None:
-        self._service = service
-        self._store = service._store
-        self._clock = service._clock
+    def __init__(self, writer: Writer, command: PutNote) -> None:
+        self._writer = writer
+        self._store = writer.store
+        self._clock = writer.clock
         self._command = command
         self._partition = self._store.partition_of(command.user_id)
         self._salt = 0
@@ -232,7 +279,7 @@ class _Put(Work[NoteWritten | NotesWritten]):
                 # Its time ran out and the saga's timer has not come by yet: forget it as the
                 # timer would, so this put makes a new note instead of reviving the old one.
                 expire = ExpireNote(command_id=expiry_command_id(holder, held.state), user_id=user_id, note_id=holder)
-                await self._service.execute(expire)
+                await self._writer.expire(expire)
                 continue
             if held.state.status is NoteStatus.ACTIVE and held.state.key == command.key:
                 return self._decided(holder, held)

@@ -3,18 +3,19 @@ history read model, reply. Another user's note answers MEMORY_NOT_FOUND, exactly
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 import msgspec
 
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.limits import LIST_NOTES_MAX
-from engram_ledger.contracts.model import NoteStatus
+from engram_ledger.contracts.model import NoteStatus, NoteView
 from engram_ledger.contracts.queries import (
     AnyQuery,
     BuildContext,
     CategoriesReply,
-    ContextReply,
     GetHistory,
     GetNote,
     GetNoteByKey,
@@ -28,7 +29,6 @@ from engram_ledger.contracts.queries import (
     NotesReply,
     QueryReply,
     SearchNotes,
-    SearchReply,
 )
 from engram_ledger.services.application.context import ContextService
 from engram_ledger.services.application.decoding import decode_request
@@ -48,20 +48,21 @@ def _not_found(note_id: str) -> EngramError:
     return EngramError(ErrorCode.MEMORY_NOT_FOUND, f"Memory with ID {note_id} not found")
 
 
+Handler = Callable[[Any], Awaitable[QueryReply]]
+
+# What a deployment that serves no such query answers it with.
+NOT_SERVED = {
+    SearchNotes: "search is off in this deployment (ENGRAM_INDEX=off)",
+    BuildContext: "this service builds no memory blocks",
+}
+
+
 class QueryService:
-    def __init__(
-        self,
-        history: NoteHistory,
-        read_wait_seconds: float,
-        search: SearchService | None = None,
-        context: ContextService | None = None,
-        access: AccessStats | None = None,
-    ) -> None:
-        self._access = access
-        self._history = history
-        self._wait = read_wait_seconds
-        self._search = search
-        self._context = context
+    """Bus entry point of the query responders: decode, answer through the handler of the
+    query's type (the table ``query_handlers`` builds, in the composition root), reply."""
+
+    def __init__(self, handlers: Mapping[type, Handler]) -> None:
+        self._handlers = handlers
 
     async def handle(self, body: bytes) -> bytes:
         try:
@@ -70,80 +71,133 @@ class QueryService:
             reply = e.reply()
         return _encoder.encode(reply)
 
-    async def ask(
-        self, query: AnyQuery
-    ) -> NoteReply | HistoryReply | NotesReply | CategoriesReply | MessagesReply | SearchReply | ContextReply:
-        if isinstance(query, ListNotes | SearchNotes) and query.where:
+    async def ask(self, query: AnyQuery) -> QueryReply:
+        handler = self._handlers.get(type(query))
+        if handler is None:
+            message = NOT_SERVED.get(type(query), f"{type(query).__name__} is not served here")
+            raise EngramError(ErrorCode.UNAVAILABLE, message)
+        return await handler(query)
+
+
+def query_handlers(
+    history: NoteHistory,
+    read_wait_seconds: float,
+    search: SearchService | None = None,
+    context: ContextService | None = None,
+    access: AccessStats | None = None,
+) -> dict[type, Handler]:
+    """Which handler answers each query. The read model's queries (and the memory block) first
+    wait for the caller's token; a search waits for the index and the read model itself."""
+    reads = ReadModelQueries(history, read_wait_seconds, access)
+    handlers: dict[type, Handler] = {
+        GetNote: reads.caught_up(reads.get_note),
+        GetNoteByKey: reads.caught_up(reads.get_by_key),
+        GetHistory: reads.caught_up(reads.history),
+        ListNotes: _checked_where(reads.caught_up(reads.list_notes)),
+        ListCategories: reads.caught_up(reads.list_categories),
+        ListMessages: reads.caught_up(reads.list_messages),
+        ListRecent: reads.caught_up(reads.list_recent),
+    }
+    if search is not None:
+        handlers[SearchNotes] = _checked_where(search.search)
+    if context is not None:
+        handlers[BuildContext] = reads.caught_up(context.build)
+    return handlers
+
+
+def _checked_where(handler: Handler) -> Handler:
+    async def checked(query: ListNotes | SearchNotes) -> QueryReply:
+        if query.where:
             check_where(query.where)
-        if isinstance(query, SearchNotes):
-            if self._search is None:
-                raise EngramError(ErrorCode.UNAVAILABLE, "search is off in this deployment (ENGRAM_INDEX=off)")
-            return await self._search.search(query)
-        if query.after is not None and not await self._history.wait_for(query.after, self._wait):
-            raise EngramError(
-                ErrorCode.TIMEOUT,
-                f"the read model has not reached token {query.after} within {self._wait:g} s; retry later",
-            )
-        history = self._history
-        if isinstance(query, GetNote | GetNoteByKey):
-            if isinstance(query, GetNote):
-                view = await history.get_note(query.user_id, query.note_id)
-                if view is None:
-                    raise _not_found(query.note_id)
-            else:
-                view = await history.get_by_key(query.user_id, query.category, query.key)
-                if view is None or lapsed(view, datetime.now(UTC)):
-                    raise EngramError(
-                        ErrorCode.MEMORY_NOT_FOUND, f"No memory holds key {query.key!r} in category {query.category}"
-                    )
-            if self._access is not None and view.status is not NoteStatus.FORGOTTEN:
-                (view,) = await self._access.annotate(query.user_id, [view])
-                await self._access.touch(query.user_id, [view.id], datetime.now(UTC))
-            return NoteReply(note=view)
-        if isinstance(query, GetHistory):
-            found = await history.history(query.user_id, query.note_id)
-            if found is None:
-                raise _not_found(query.note_id)
-            view, versions = found
-            return HistoryReply(note_id=view.id, status=view.status.value, versions=versions)
-        if isinstance(query, ListNotes):
-            # A page, never the whole listing: without a limit, the largest one a query may ask for.
-            limit = query.limit if query.limit is not None else LIST_NOTES_MAX
-            now = datetime.now(UTC)
-            if not query.where and not query.keyed_only:
-                # Only the page is read when the listing alone says which notes are on it.
-                page = await history.list_page(
-                    query.user_id,
-                    query.category,
-                    query.include_superseded,
-                    query.category_prefix,
-                    query.offset,
-                    limit,
-                    now,
+        return await handler(query)
+
+    return checked
+
+
+class ReadModelQueries:
+    """The queries the history read model answers. Another user's note answers
+    MEMORY_NOT_FOUND, exactly like a missing one."""
+
+    def __init__(self, history: NoteHistory, read_wait_seconds: float, access: AccessStats | None = None) -> None:
+        self._history = history
+        self._wait = read_wait_seconds
+        self._access = access
+
+    def caught_up(self, handler: Handler) -> Handler:
+        """``handler``, once the read model has reached the query's ``after`` token."""
+
+        async def after_token(query: Any) -> QueryReply:
+            if query.after is not None and not await self._history.wait_for(query.after, self._wait):
+                raise EngramError(
+                    ErrorCode.TIMEOUT,
+                    f"the read model has not reached token {query.after} within {self._wait:g} s; retry later",
                 )
-                if page is not None:
-                    return NotesReply(notes=page[0], total=page[1])
-            notes = await history.list_notes(
-                query.user_id, query.category, query.include_superseded, query.category_prefix
+            return await handler(query)
+
+        return after_token
+
+    async def get_note(self, query: GetNote) -> NoteReply:
+        view = await self._history.get_note(query.user_id, query.note_id)
+        if view is None:
+            raise _not_found(query.note_id)
+        return await self._seen(query.user_id, view)
+
+    async def get_by_key(self, query: GetNoteByKey) -> NoteReply:
+        view = await self._history.get_by_key(query.user_id, query.category, query.key)
+        if view is None or lapsed(view, datetime.now(UTC)):
+            raise EngramError(
+                ErrorCode.MEMORY_NOT_FOUND, f"No memory holds key {query.key!r} in category {query.category}"
             )
-            notes = [n for n in notes if not lapsed(n, now)]
-            if query.keyed_only:
-                notes = [n for n in notes if n.key is not None]
-            if query.where:
-                notes = [n for n in notes if matches(n.value, query.where)]
-            return NotesReply(notes=notes[query.offset : query.offset + limit], total=len(notes))
-        if isinstance(query, ListCategories):
-            return CategoriesReply(categories=await history.categories(query.user_id, query.prefix, query.keyed_only))
-        if isinstance(query, ListMessages):
-            messages, total = await history.messages(query.user_id, query.session_id, query.limit)
-            return MessagesReply(messages=messages, total=total)
-        if isinstance(query, ListRecent):
-            notes, total = await history.list_recent(query.user_id, query.limit)
-            now = datetime.now(UTC)
-            live = [n for n in notes if not lapsed(n, now)]
-            return NotesReply(notes=live, total=total - (len(notes) - len(live)))
-        if isinstance(query, BuildContext):
-            if self._context is None:
-                raise EngramError(ErrorCode.UNAVAILABLE, "this service builds no memory blocks")
-            return await self._context.build(query)
-        raise TypeError(f"unknown query {type(query).__name__}")
+        return await self._seen(query.user_id, view)
+
+    async def _seen(self, user_id: str, view: NoteView) -> NoteReply:
+        if self._access is not None and view.status is not NoteStatus.FORGOTTEN:
+            (view,) = await self._access.annotate(user_id, [view])
+            await self._access.touch(user_id, [view.id], datetime.now(UTC))
+        return NoteReply(note=view)
+
+    async def history(self, query: GetHistory) -> HistoryReply:
+        found = await self._history.history(query.user_id, query.note_id)
+        if found is None:
+            raise _not_found(query.note_id)
+        view, versions = found
+        return HistoryReply(note_id=view.id, status=view.status.value, versions=versions)
+
+    async def list_notes(self, query: ListNotes) -> NotesReply:
+        history = self._history
+        # A page, never the whole listing: without a limit, the largest one a query may ask for.
+        limit = query.limit if query.limit is not None else LIST_NOTES_MAX
+        now = datetime.now(UTC)
+        if not query.where and not query.keyed_only:
+            # Only the page is read when the listing alone says which notes are on it.
+            page = await history.list_page(
+                query.user_id,
+                query.category,
+                query.include_superseded,
+                query.category_prefix,
+                query.offset,
+                limit,
+                now,
+            )
+            if page is not None:
+                return NotesReply(notes=page[0], total=page[1])
+        notes = await history.list_notes(query.user_id, query.category, query.include_superseded, query.category_prefix)
+        notes = [n for n in notes if not lapsed(n, now)]
+        if query.keyed_only:
+            notes = [n for n in notes if n.key is not None]
+        if query.where:
+            notes = [n for n in notes if matches(n.value, query.where)]
+        return NotesReply(notes=notes[query.offset : query.offset + limit], total=len(notes))
+
+    async def list_categories(self, query: ListCategories) -> CategoriesReply:
+        return CategoriesReply(categories=await self._history.categories(query.user_id, query.prefix, query.keyed_only))
+
+    async def list_messages(self, query: ListMessages) -> MessagesReply:
+        messages, total = await self._history.messages(query.user_id, query.session_id, query.limit)
+        return MessagesReply(messages=messages, total=total)
+
+    async def list_recent(self, query: ListRecent) -> NotesReply:
+        notes, total = await self._history.list_recent(query.user_id, query.limit)
+        now = datetime.now(UTC)
+        live = [n for n in notes if not lapsed(n, now)]
+        return NotesReply(notes=live, total=total - (len(notes) - len(live)))

@@ -4,7 +4,8 @@
 
 Points are chunks of notes (or conversation messages). Their payload holds ids, version, status
 and filter fields, never the text: deleting a point in Qdrant does not erase its payload from
-disk (FIELD-NOTES), so text lives only in the read model, which can really delete it.
+disk (Qdrant keeps it in its segment files until they are rewritten), so text lives only in the
+read model, which can really delete it.
 Adapters: ``QdrantEdgeIndex`` (embedded, in-process) and ``QdrantServerIndex`` (qdrant-client).
 """
 

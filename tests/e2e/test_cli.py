@@ -236,7 +236,7 @@ def test_tools_context_and_the_memory_command(env: dict[str, str]) -> None:
     assert deleted.stdout == "Deleted: 'User prefers Thursday due dates'\n", deleted.stderr
 
 
-# Never a traceback (issue 13, item 4) ------------------------------------------------------------
+# Never a traceback ------------------------------------------------------------------------
 
 
 def engram_raw(env: dict[str, str], *args: str | bytes, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
@@ -334,7 +334,7 @@ def test_argument_errors_under_json_are_one_error_object(tmp_path: Path) -> None
     assert plain.returncode == 2 and plain.stderr.startswith("usage: engram save")
 
 
-# Output for a person (issue 13, item 5) ----------------------------------------------------------
+# Output for a person ----------------------------------------------------------------------
 
 ANSI = "\x1b["
 
@@ -452,7 +452,7 @@ def test_list_pages_and_says_how_many_more(env: dict[str, str]) -> None:
 
 
 def test_the_readme_puts_engram_on_path() -> None:
-    """Issue 13, item 11: README's examples call `engram`; the lines before them put it on PATH."""
+    """README's examples call `engram`; the lines before them put it on PATH."""
     import os
 
     readme = (ROOT / "README.md").read_text()

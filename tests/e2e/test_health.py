@@ -1,4 +1,4 @@
-"""`engram health` as a deployment waits on it (issue 13, item 10): a real `engram serve`, the real
+"""`engram health` as a deployment waits on it: a real `engram serve`, the real
 CLI, real Redis. It exits 0 only once the model is loaded and the index has caught up with the
 log, says which of the two it is waiting for, and says when no worker is running at all."""
 

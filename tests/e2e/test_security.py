@@ -1,4 +1,4 @@
-"""Issue 19 through the command line: no Redis password in any message or log line; the embedded
+"""Security through the command line: no Redis password in any message or log line; the embedded
 default's private Redis asks for a password and its files (and an export) are the user's alone;
 `engram import` refuses a tampered file before writing anything."""
 

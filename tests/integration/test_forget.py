@@ -1,4 +1,4 @@
-"""Forgetting (requirements §1 and issue 4) through the real bus: every edge-case row of the seed,
+"""Forgetting (docs/requirements.md §1) through the real bus: every edge-case row of the seed,
 expiry (also across a restart), isolation, and that the plaintext is gone from every Redis key
 and every file under the data dir, while rebuilds still agree with the live read models."""
 

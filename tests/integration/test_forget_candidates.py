@@ -1,4 +1,4 @@
-"""Forget by query through the real bus (issue 13, item 9): a note far below the relevance floor
+"""Forget by query through the real bus: a note far below the relevance floor
 (bench/bench_forget_floor.py) is not a candidate, a query that matches nothing says so, and the
 count is worded in the right number."""
 

@@ -158,7 +158,8 @@ async def test_the_same_text_saved_concurrently_under_different_command_ids_is_o
 
 
 async def test_ids_holding_colons_never_share_a_key(client: EngramClient) -> None:
-    """Every key joining caller-chosen parts keeps them apart (issue 19: a cross-user write lost)."""
+    """Every key joining caller-chosen parts keeps them apart (a cross-user write was lost when two
+    parts ran into each other)."""
     bob = await client.save("bob", "Bob's note", command_id="x:1", advise=False)
     bob_x = await client.save("bob:x", "Bob X's note", command_id="1", advise=False)
     assert not bob_x.replayed and bob_x.note_id != bob.note_id

@@ -190,7 +190,7 @@ async def test_keyed_lookups_and_subject_filters_match_with_the_new_key_alone(
             about = await client.save("carol", "Sarah Smith runs the Lisbon office", subject="Sarah Smith")
             put = await client.put("carol", "contacts", "sarah@example.com", {"content": "prefers email"})
             gone = await client.save("carol", "My locker code is 4417", advise=False)
-            await client.get_note("carol", gone.note_id, after=put.token)
+            await client.get_note("carol", gone.note_id, after=gone.token)
             r = aioredis.Redis.from_url(redis_url)
             try:
                 rotated = await keys.rotate(r, load_master_key(settings.data_dir), 1, wait_seconds=10)

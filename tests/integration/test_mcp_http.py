@@ -16,7 +16,6 @@ import redis.asyncio as aioredis
 import uvicorn
 
 from engram_ledger.contracts import channels
-from engram_ledger.contracts.errors import EngramError
 from engram_ledger.services.adapters.redis_server import free_port
 from engram_ledger.services.agents.mcp_server import MAX_DISPATCHERS, USER_HEADER, Dispatchers, build_server, http_app
 from engram_ledger.services.agents.tokens import EngramTokenVerifier, GatewayVerifier, TokenRegistry
@@ -205,8 +204,3 @@ async def test_a_gateways_secret_names_the_user_in_the_header(front: Front) -> N
     headers = [*two.multi_items(), (USER_HEADER, "erin")]
     doubled = await front.http.post(front.url, headers=headers, json=message)
     assert doubled.status_code == 400 and "name one user" in doubled.text, doubled.text
-
-
-def test_a_gateway_secret_too_short_to_be_safe_is_refused() -> None:
-    with pytest.raises(EngramError, match="at least 32 characters"):
-        GatewayVerifier("short")

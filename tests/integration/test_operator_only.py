@@ -1,5 +1,5 @@
 """Deleting without the second call (``confirmed``) is an operator's: taken from the operators'
-stream only. An agent's request that sets it is refused and deletes nothing (issue 19)."""
+stream only. An agent's request that sets it is refused and deletes nothing."""
 
 from __future__ import annotations
 

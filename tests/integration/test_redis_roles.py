@@ -1,4 +1,4 @@
-"""Redis roles with least privilege (issue 18): a redis-server started from the ACL file `engram
+"""Redis roles with least privilege (docs/operations.md): a redis-server started from the ACL file `engram
 acl --write` makes (the password-less default user off), `engram serve` running as the service
 role from its URL file, and each role doing its work through the real code and refused, by Redis
 itself (NOPERM), what it must not do."""

@@ -1,4 +1,4 @@
-"""`engram relay`'s webhooks (issue 17, item 5), in this process: the real subscription on the real
+"""`engram relay`'s webhooks (docs/guide.md, "Webhooks"), in this process: the real subscription on the real
 log, posts over real HTTP to a receiver on loopback that refuses some and is restarted midway."""
 
 from __future__ import annotations

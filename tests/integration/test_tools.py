@@ -9,7 +9,7 @@ import pytest
 
 from engram_ledger.contracts.commands import NoteDraft
 from engram_ledger.contracts.limits import LIST_NOTES_MAX, LIST_NOTES_PAGE
-from engram_ledger.services.agents.tools import PROFILES, ToolDispatcher, profile
+from engram_ledger.services.agents.tools import PROFILES, ToolDispatcher
 from engram_ledger.services.bus.client import EngramClient
 
 pytestmark = pytest.mark.integration
@@ -17,18 +17,6 @@ pytestmark = pytest.mark.integration
 
 def tools(client: EngramClient, profile: str, user: str = "alice", session: str | None = None) -> ToolDispatcher:
     return ToolDispatcher(client, user, profile, session)
-
-
-def test_every_profile_has_schemas_marks_and_timeouts() -> None:
-    assert set(PROFILES) == {"engram", "forget", "runtime", "versioned", "memento", "assistant"}
-    assert profile("prd29") == profile("versioned"), "the old name stays an alias"
-    for specs in PROFILES.values():
-        for spec in specs:
-            assert spec.parameters["type"] == "object" and spec.description
-            assert spec.timeout == (15.0 if spec.read_only else 10.0)
-            assert spec.openai()["function"]["name"] == spec.name == spec.anthropic()["name"]
-    runtime = {t.name: t for t in PROFILES["runtime"]}
-    assert runtime["memory_search"].read_only and not runtime["memory_save"].read_only
 
 
 async def test_unknown_tools_and_bad_arguments_are_error_objects(client: EngramClient) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from engram_ledger.contracts.commands import NoteDraft, PutNote, SaveNote, SaveNotes, SupersedeNote, UpdateNote
 from engram_ledger.contracts.errors import EngramError, ErrorCode
-from engram_ledger.services.application.commands import CommandService
+from engram_ledger.services.application.commands import CommandService, command_handlers
 from engram_ledger.services.domain.decider import decide
 from engram_ledger.services.domain.ids import new_note_id
 from engram_ledger.services.domain.note import ABSENT
@@ -26,7 +26,7 @@ def store() -> InMemoryEventStore:
 
 @pytest.fixture
 def service(store: InMemoryEventStore) -> CommandService:
-    return CommandService(store, clock=lambda: NOW)
+    return CommandService(command_handlers(store, clock=lambda: NOW))
 
 
 async def test_a_replayed_command_gets_its_first_outcome(service: CommandService) -> None:

@@ -18,10 +18,10 @@ from engram_ledger.contracts.events import (
 )
 from engram_ledger.contracts.model import NoteKind, NoteSource, NoteStatus, NoteView, Origin, VersionView
 from engram_ledger.services.console import auth
-from engram_ledger.services.console.notes import timeline
-from engram_ledger.services.console.users import grouped
 from engram_ledger.services.console.auth import ConsoleAuth, check_token, safe_next
 from engram_ledger.services.console.live import LogEvent, LogWatch
+from engram_ledger.services.console.notes import timeline
+from engram_ledger.services.console.users import grouped
 
 TOKEN = "unit-console-token-0123456789"
 NOW = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)

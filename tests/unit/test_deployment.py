@@ -1,5 +1,5 @@
-"""The deployment files (issue 19): the image runs unprivileged, and compose.yaml exposes
-nothing, metrics included, beyond its internal network; (issue 18) Redis has a user per role."""
+"""The deployment files: the image runs unprivileged, and compose.yaml exposes
+nothing, metrics included, beyond its internal network; Redis has a user per role."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_compose_keeps_every_service_and_the_metrics_on_an_internal_network() ->
 
 
 def test_compose_runs_redis_with_a_user_per_role_and_gives_the_service_its_url_as_a_secret() -> None:
-    """Issue 18: no client holds the keys to everything. Redis loads the ACL file `engram acl
+    """No client holds the keys to everything. Redis loads the ACL file `engram acl
     --write secrets` makes (default user off); the workers read the service role's URL from a
     secret; no password sits in compose.yaml or in a container's environment."""
     import yaml

@@ -24,7 +24,7 @@ from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.events import ACCOUNT, session_stream
 from engram_ledger.contracts.model import NoteStatus
 from engram_ledger.contracts.queries import ForgetReply
-from engram_ledger.services.application.commands import CommandService
+from engram_ledger.services.application.commands import CommandService, command_handlers
 from engram_ledger.services.application.forget import PREVIEW_CHARS, ForgetService
 from tests.fakes import (
     InMemoryAccess,
@@ -85,7 +85,16 @@ def make_world(confirmation: bool = True) -> World:
     access = InMemoryAccess()
     clock = ManualClock(NOW)
     forget = ForgetService(store, history, pending, None, scrub, clock, TTL, confirmation=confirmation, access=access)
-    return World(store, history, pending, scrub, access, clock, CommandService(store, clock, forget=forget), forget)
+    return World(
+        store,
+        history,
+        pending,
+        scrub,
+        access,
+        clock,
+        CommandService(command_handlers(store, clock, forget=forget)),
+        forget,
+    )
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from engram_ledger.services.adapters.minilm import count_tokens_many
-from engram_ledger.services.application.commands import CommandService
+from engram_ledger.services.application.commands import CommandService, command_handlers
 from engram_ledger.services.application.context import ContextService
-from engram_ledger.services.application.queries import QueryService
+from engram_ledger.services.application.queries import QueryService, query_handlers
 from tests.builders import bodies
 from tests.fakes import InMemoryEventStore, InMemoryHistory
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.unit
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=bodies)
 async def test_any_command_body_gets_a_reply_not_an_exception(body: bytes) -> None:
-    service = CommandService(InMemoryEventStore())
+    service = CommandService(command_handlers(InMemoryEventStore()))
     raw = await service.handle(body)
     reply = msgspec.json.decode(raw)
     assert isinstance(reply, dict)
@@ -34,7 +34,7 @@ async def test_any_command_body_gets_a_reply_not_an_exception(body: bytes) -> No
 @given(body=bodies)
 async def test_any_query_body_gets_a_reply_not_an_exception(body: bytes) -> None:
     history = InMemoryHistory(InMemoryEventStore())
-    service = QueryService(history, 0.01, context=ContextService(history, None, count_tokens_many))
+    service = QueryService(query_handlers(history, 0.01, context=ContextService(history, None, count_tokens_many)))
     reply = msgspec.json.decode(await service.handle(body))
     assert isinstance(reply, dict) and reply.get("type") in {"error", "notes", "context"}
     if reply["type"] == "error":
@@ -46,6 +46,9 @@ async def test_an_oversized_body_is_refused_before_it_is_parsed() -> None:
 
     content = "x" * (MAX_MESSAGE_BYTES + 1)
     body = json.dumps({"type": "save_note", "command_id": "c1", "user_id": "u", "content": content}).encode()
-    for service in (CommandService(InMemoryEventStore()), QueryService(InMemoryHistory(InMemoryEventStore()), 0.1)):
+    for service in (
+        CommandService(command_handlers(InMemoryEventStore())),
+        QueryService(query_handlers(InMemoryHistory(InMemoryEventStore()), 0.1)),
+    ):
         reply = msgspec.json.decode(await service.handle(body))
         assert reply["code"] == "INVALID_PARAMETER" and "limit" in reply["message"]

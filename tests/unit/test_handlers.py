@@ -12,8 +12,8 @@ from faststream.redis import TestRedisBroker
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.commands import AnyCommand
 from engram_ledger.contracts.queries import NotesWritten, NoteWritten
-from engram_ledger.services.application.commands import CommandService
-from engram_ledger.services.application.queries import QueryService
+from engram_ledger.services.application.commands import CommandService, command_handlers
+from engram_ledger.services.application.queries import QueryService, query_handlers
 from engram_ledger.services.bootstrap import _subscribe, make_broker
 from engram_ledger.services.config import Settings
 from tests.fakes import InMemoryEventStore, InMemoryHistory
@@ -25,7 +25,7 @@ async def test_command_handler_replies_and_maps_errors() -> None:
     # given the real services over in-memory adapters, subscribed as bootstrap subscribes them
     broker = make_broker("redis://unused")
     store = InMemoryEventStore(partitions=2)
-    commands = CommandService(store, clock=lambda: NOW)
+    commands = CommandService(command_handlers(store, clock=lambda: NOW))
     seen: list[object] = []
     execute = commands.execute
 
@@ -34,7 +34,7 @@ async def test_command_handler_replies_and_maps_errors() -> None:
         return await execute(command)
 
     commands.execute = recording  # type: ignore[method-assign]
-    _subscribe(broker, Settings(partitions=2), commands, QueryService(InMemoryHistory(store), 1.0))
+    _subscribe(broker, Settings(partitions=2), commands, QueryService(query_handlers(InMemoryHistory(store), 1.0)))
     async with TestRedisBroker(broker) as br:
         # when
         body = b'{"type": "save_note", "command_id": "c", "user_id": "u", "content": "hello"}'
@@ -69,7 +69,12 @@ async def test_query_handler_reads_what_a_command_wrote() -> None:
     # given
     broker = make_broker("redis://unused")
     store = InMemoryEventStore(partitions=2)
-    _subscribe(broker, Settings(partitions=2), CommandService(store), QueryService(InMemoryHistory(store), 1.0))
+    _subscribe(
+        broker,
+        Settings(partitions=2),
+        CommandService(command_handlers(store)),
+        QueryService(query_handlers(InMemoryHistory(store), 1.0)),
+    )
     async with TestRedisBroker(broker) as br:
         save = b'{"type": "save_note", "command_id": "c", "user_id": "u", "content": "hello"}'
         written = msgspec.json.decode((await br.request(save, stream=channels.command_stream(0))).body)

@@ -26,9 +26,9 @@ from engram_ledger.contracts.queries import (
     QueryReply,
     SearchNotes,
 )
-from engram_ledger.services.application.commands import CommandService
+from engram_ledger.services.application.commands import CommandService, command_handlers
 from engram_ledger.services.application.forget import ForgetService
-from engram_ledger.services.application.queries import QueryService
+from engram_ledger.services.application.queries import QueryService, query_handlers
 from tests.fakes import InMemoryAccess, InMemoryEventStore, InMemoryHistory, InMemoryPendingDeletions, RecordingScrub
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -75,8 +75,8 @@ def make_world(read_wait_seconds: float = 1.0) -> World:
     forget = ForgetService(
         store, history, InMemoryPendingDeletions(store), None, RecordingScrub(), clock, timedelta(minutes=5)
     )
-    commands = CommandService(store, clock, forget=forget)
-    queries = QueryService(history, read_wait_seconds, access=access)
+    commands = CommandService(command_handlers(store, clock, forget=forget))
+    queries = QueryService(query_handlers(history, read_wait_seconds, access=access))
     return World(store, history, access, clock, commands, forget, queries)
 
 

@@ -26,7 +26,7 @@ from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.model import NoteStatus
 from engram_ledger.contracts.queries import SearchNotes, SearchReply
 from engram_ledger.projections.qdrant_edge import QdrantEdgeIndex
-from engram_ledger.services.application.commands import CommandService
+from engram_ledger.services.application.commands import CommandService, command_handlers
 from engram_ledger.services.application.forget import ForgetService
 from engram_ledger.services.application.search import SearchService
 from engram_ledger.services.application.terms import sparse_query
@@ -78,7 +78,9 @@ def make_world(index: QdrantEdgeIndex, read_wait_seconds: float = 1.0) -> World:
     forget = ForgetService(
         store, history, InMemoryPendingDeletions(store), search, RecordingScrub(), clock, timedelta(minutes=5)
     )
-    return World(store, history, runtime, clock, CommandService(store, clock, forget=forget), forget, search)
+    return World(
+        store, history, runtime, clock, CommandService(command_handlers(store, clock, forget=forget)), forget, search
+    )
 
 
 @pytest.fixture
