@@ -15,10 +15,7 @@ switches the pointer; queries keep using the old one until then.
 from __future__ import annotations
 
 import json
-import uuid
-from collections import Counter
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,90 +27,27 @@ from engram_ledger.contracts.channels import IndexKeys
 from engram_ledger.contracts.events import (
     MessageRecorded,
     MessageRetracted,
-    NoteForgotten,
-    NoteSaved,
-    NoteSuperseded,
-    NoteUpdated,
-    SessionForgotten,
-    is_control_stream,
+)
+from engram_ledger.projections.index_model import (
+    NoteMeta,
+    build_points,
+    context_firsts,
+    fold_batch,
+    indexed_text,
+    pieces_of,
 )
 from engram_ledger.projections.tracking import GenerationalProjection, read_generation
 from engram_ledger.services.adapters.crypto import SubjectMatcher
 from engram_ledger.services.application.ports import EventStore, LogEntry
-from engram_ledger.services.application.ranking import CONTEXT_TURNS, context_text, context_vector
-from engram_ledger.services.application.terms import sparse_document
+from engram_ledger.services.application.ranking import CONTEXT_TURNS
 from engram_ledger.services.application.vector_index import (
-    CONVERSATION,
-    MEMORY,
     Embedder,
-    IndexPoint,
-    Sparse,
     VectorIndex,
 )
-
-_POINT_NAMESPACE = uuid.UUID("0b6d7c55-5c7e-4b0e-8d6f-6a2f4e1c9b21")
-
-
-def point_id(user_id: str, note_id: str, chunk: int) -> str:
-    return str(uuid.uuid5(_POINT_NAMESPACE, f"{user_id}/{note_id}/{chunk}"))
 
 
 async def live_index_generation(redis: Redis, partition: int) -> int:
     return await read_generation(redis, IndexKeys(partition, 0).live)
-
-
-class NoteMeta(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """What the index knows of a note: enough to build payloads and skip old events. Its
-    subject only as ``SubjectMatcher`` hashes it: this state is in Redis (and its AOF) until
-    the projection catches up with a forget, which the AOF rewrite does not wait for."""
-
-    version: int
-    status: str
-    category: str
-    kind: str
-    subject_key: str | None = None
-    created_at: float
-    chunks: int = 0
-    record: str = MEMORY
-    session_id: str | None = None
-    # When it happened: a turn's sent_at, an episode's occurred_at, else when it was saved.
-    time: float | None = None
-    # The subject as written before subjects were hashed: read once, hashed, then dropped.
-    subject: str | None = None
-
-    def payload(self, user_id: str, note_id: str, chunk: int) -> dict[str, Any]:
-        fields: dict[str, Any] = {
-            "user_id": user_id,
-            "note_id": note_id,
-            "chunk": chunk,
-            "version": self.version,
-            "status": self.status,
-            "category": self.category,
-            # The category and each path above it, so a search can take a category with all
-            # those under it ("memories" finds "memories/alice").
-            "category_path": category_path(self.category),
-            "kind": self.kind,
-            "record": self.record,
-            "created_at": self.created_at,
-        }
-        if self.subject_key is not None:
-            fields["subject_key"] = self.subject_key
-        if self.session_id is not None:
-            fields["session_id"] = self.session_id
-        # Indexed before times were: when it was saved.
-        fields["time"] = self.time if self.time is not None else self.created_at
-        return fields
-
-    def filter_fields(self) -> dict[str, Any]:
-        fields = self.payload("", "", 0)
-        for key in ("user_id", "note_id", "chunk"):
-            del fields[key]
-        return fields
-
-
-def category_path(category: str) -> list[str]:
-    segments = category.split("/")
-    return ["/".join(segments[: i + 1]) for i in range(len(segments))]
 
 
 _meta_decoder = msgspec.json.Decoder(NoteMeta)
@@ -171,134 +105,32 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
     ) -> set[str]:
         """Fold the batch per note, then write each changed note's final state to the index:
         re-embed notes whose text changed, set payload on notes whose fields changed."""
-        texts: dict[str, tuple[str, str, str]] = {}  # note key -> (user, note, text)
-        contexts: dict[str, list[str]] = {}  # a turn's key -> the text of the turns before it
-        retext: dict[str, tuple[str, str]] = {}  # notes whose subject changed, not their content
-        # A note's subject as its latest event in the batch names it: a BM25 keyword of its
-        # chunks (the meta keeps only its hash; the store is asked for the others).
-        names: dict[str, str | None] = {}
-        forgotten: set[str] = set()
-        touched: dict[str, tuple[str, str]] = {}
-        old_chunks: dict[str, int] = {}
-        for entry in batch:
-            event = entry.event
-            if isinstance(event, SessionForgotten):
-                turns.forget(event.user_id, event.session_id)
-            if is_control_stream(event.note_id):
-                continue  # an erased user's or session's notes each had their own NoteForgotten
-            key = self.keys.note(event.user_id, event.note_id)
-            meta = metas.get(key)
-            if meta is not None and event.version <= meta.version:
-                continue
-            if meta is not None and meta.subject is not None:
-                meta.subject_key, meta.subject = self._subject_key(event.user_id, meta.subject), None
-            if key not in old_chunks:
-                old_chunks[key] = meta.chunks if meta is not None else 0
-            if isinstance(event, NoteSaved):
-                meta = NoteMeta(
-                    version=event.version,
-                    status="active",
-                    category=event.category,
-                    kind=event.kind.value,
-                    subject_key=self._subject_key(event.user_id, event.subject),
-                    created_at=_ts(event.at),
-                    time=_ts(event.occurred_at or event.at),
-                )
-                names[key] = event.subject
-                texts[key] = (event.user_id, event.note_id, event.content)
-                forgotten.discard(key)
-            elif isinstance(event, MessageRecorded):
-                meta = NoteMeta(
-                    version=event.version,
-                    status="active",
-                    category="conversation",
-                    kind="message",
-                    created_at=_ts(event.at),
-                    record=CONVERSATION,
-                    session_id=event.session_id,
-                    time=_ts(event.sent_at or event.at),
-                )
-                own = indexed_text(event.speaker, event.content)
-                texts[key] = (event.user_id, event.note_id, own)
-                before = turns.before(event)
-                if before:
-                    contexts[key] = before
-            elif meta is None:
-                continue  # an event for a note the index never saw saved: nothing to update
-            elif isinstance(event, NoteUpdated):
-                meta.version = event.version
-                meta.category = event.category or meta.category
-                renamed = False
-                if event.subject is not None:
-                    subject_key = self._subject_key(event.user_id, event.subject)
-                    renamed, meta.subject_key = subject_key != meta.subject_key, subject_key
-                    names[key] = event.subject
-                if event.content is not None:
-                    texts[key] = (event.user_id, event.note_id, event.content)
-                elif renamed:
-                    retext[key] = (event.user_id, event.note_id)
-            elif isinstance(event, NoteSuperseded):
-                meta.version = event.version
-                meta.status = "superseded"
-            elif isinstance(event, NoteForgotten | MessageRetracted):
-                if isinstance(event, MessageRetracted):
-                    turns.retract(event)
-                # A retracted turn leaves searches as a forgotten note does (its text stays in
-                # the log, sealed, until its session or user is forgotten).
-                meta.version = event.version
-                meta.status = "forgotten"
-                meta.subject_key = None
-                names.pop(key, None)
-                texts.pop(key, None)
-                forgotten.add(key)
-            else:  # a pending deletion requested or lapsed, a renewal: nothing the index shows changes
-                meta.version = event.version
-            metas[key] = meta
-            touched[key] = (event.user_id, event.note_id)
-
-        await self._from_store(retext, texts, names, forgotten, metas)
-        # A turn is indexed twice: its own words, and its words after the turns before it (so
-        # "what did she say about it?" can match); either point finds the one turn. The context
-        # point's vector is the mean of the turns' own vectors, so no text is embedded twice.
-        chunked = {t: self._embedder.chunks(t) for _, _, t in texts.values() if t}  # a tokenizer run each
-        chunked |= {t: self._embedder.chunks(t) for key in contexts for t in contexts[key] if t not in chunked}
-        pieces: list[tuple[str, int, str]] = []  # (note key, chunk, text)
-        for key, (_, _, text) in texts.items():
-            if text:  # empty when read after its note was forgotten: the content is shredded
-                pieces += [(key, i, piece) for i, piece in enumerate(chunked[text])]
-        firsts = {key: chunked[texts[key][2]][0] for key in contexts if key in texts and texts[key][2]}
-        earlier = {chunked[t][0] for key in firsts for t in contexts[key]}
-        unique = list(dict.fromkeys([p[2] for p in pieces] + sorted(earlier)))
+        changes = fold_batch(batch, metas, self.keys.note, self._subject_key, turns)
+        await self._from_store(changes.retext, changes.texts, changes.names, changes.forgotten, metas)
+        chunked = {t: self._embedder.chunks(t) for _, _, t in changes.texts.values() if t}  # a tokenizer run each
+        chunked |= {
+            t: self._embedder.chunks(t) for before in changes.contexts.values() for t in before if t not in chunked
+        }
+        firsts = context_firsts(changes, chunked)
+        earlier = {chunked[t][0] for key in firsts for t in changes.contexts[key]}
+        unique = list(dict.fromkeys([p[2] for p in pieces_of(changes, chunked)] + sorted(earlier)))
         vectors = dict(zip(unique, await self._embedder.embed(unique, background=True), strict=True)) if unique else {}
-        points = []
-        for key, chunk, piece in pieces:
-            meta = metas[key]
-            # A note's subject is a keyword of every chunk; not of its vector, where it blurs
-            # the meaning of the text (measured: README). A turn's speaker is already in its text.
-            keywords = indexed_text(names.get(key) if meta and meta.record == MEMORY else None, piece)
-            points.append(self._point(touched[key], meta, chunk, vectors[piece], sparse_document(keywords)))
-        chunk_counts = Counter(p[0] for p in pieces)
-        for key, first in firsts.items():
-            window = [vectors[chunked[t][0]] for t in contexts[key]] + [vectors[first]]
-            sparse = sparse_document(context_text(texts[key][2], contexts[key]))
-            point = self._point(touched[key], metas[key], chunk_counts[key], context_vector(window), sparse)
-            points.append(msgspec.structs.replace(point, payload=point.payload | {"context": True}))
-            chunk_counts[key] += 1
+        points, chunk_counts = build_points(changes, metas, chunked, vectors)
         await self.index.upsert(points)
-        for key, (user_id, note_id) in touched.items():
+        for key, (user_id, note_id) in changes.touched.items():
             meta = metas[key]
             assert meta is not None
-            if key in forgotten:
+            if key in changes.forgotten:
                 await self.index.delete(user_id, note_id)
                 meta.chunks = 0
-            elif key in texts:
+            elif key in changes.texts:
                 chunks = chunk_counts[key]
-                if old_chunks[key] > chunks:
+                if changes.old_chunks[key] > chunks:
                     await self.index.delete(user_id, note_id, from_chunk=chunks)
                 meta.chunks = chunks
             else:
                 await self.index.set_payload(user_id, note_id, meta.filter_fields())
-        return set(touched)
+        return set(changes.touched)
 
     def _subject_key(self, user_id: str, subject: str | None) -> str | None:
         return self._subjects.match_key(user_id, subject) if subject is not None else None
@@ -331,25 +163,6 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
                     names[key] = state.subject
                 elif state.content and metas[key] is not None:
                     texts[key] = (user_id, note_id, state.content)
-
-    @staticmethod
-    def _point(
-        ids: tuple[str, str], meta: NoteMeta | None, chunk: int, dense: list[float], sparse: Sparse
-    ) -> IndexPoint:
-        assert meta is not None
-        user_id, note_id = ids
-        payload = meta.payload(user_id, note_id, chunk)
-        return IndexPoint(id=point_id(user_id, note_id, chunk), dense=dense, sparse=sparse, payload=payload)
-
-
-def _ts(at: datetime) -> float:
-    return at.timestamp()
-
-
-def indexed_text(name: str | None, content: str) -> str:
-    """A turn as embedded (who said it, then what was said), or a note's chunk as BM25 indexes
-    it (whom it is about, then the text): names carry much of the evidence (README: LoCoMo)."""
-    return f"{name}: {content}" if name else content
 
 
 class _Turns:
