@@ -23,7 +23,7 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from engram_ledger.contracts import channels
-from engram_ledger.projections.history import HistoryReader
+from engram_ledger.projections.history_reader import HistoryReader
 from engram_ledger.services.adapters.crypto import load_master_key
 from engram_ledger.services.adapters.redis_server import RedisServer
 from engram_ledger.services.bus.client import EngramClient

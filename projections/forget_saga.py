@@ -9,7 +9,7 @@ due at once when it starts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -106,3 +106,12 @@ class SagaPendingDeletions:
 
     async def expiring(self, partition: int, now_ms: float) -> list[tuple[str, str, float]]:
         return await due(self._redis, partition, now_ms, expiries=True)
+
+
+def live_saga(redis: Redis, partition: int) -> Callable[[], Awaitable[ForgetSagaProjection]]:
+    """Opens the forget saga's projection of the partition (for its runner)."""
+
+    async def open_live() -> ForgetSagaProjection:
+        return ForgetSagaProjection(redis, partition)
+
+    return open_live

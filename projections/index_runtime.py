@@ -10,7 +10,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Literal
 
@@ -18,9 +18,10 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from engram_ledger.contracts.channels import IndexKeys, model_key
-from engram_ledger.projections.index import live_index_generation
+from engram_ledger.projections.index import IndexProjection, live_index_generation
 from engram_ledger.projections.tracking import CheckpointReader, read_position
 from engram_ledger.services.adapters.crypto import SubjectMatcher
+from engram_ledger.services.application.ports import EventStore
 from engram_ledger.services.application.vector_index import Embedder, VectorIndex
 from engram_ledger.services.common.periodic import every
 
@@ -185,3 +186,24 @@ def drop_edge_directory(data_dir: Path) -> Callable[[int], None]:
         shutil.rmtree(edge_directory(data_dir, generation), ignore_errors=True)
 
     return drop
+
+
+def live_index(
+    redis: Redis, store: EventStore, runtime: IndexRuntime, partition: int
+) -> Callable[[], Awaitable[IndexProjection]]:
+    """Opens the index projection of the partition's live generation (for its runner), after
+    following a switch of generation."""
+
+    async def open_live() -> IndexProjection:
+        await runtime.sync()
+        return IndexProjection(
+            redis,
+            runtime.index,
+            runtime.embedder,
+            partition,
+            runtime.generation,
+            store=store,
+            subjects=runtime.subjects,
+        )
+
+    return open_live

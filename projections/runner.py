@@ -7,17 +7,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from redis.asyncio import Redis
 
 from engram_ledger.contracts.channels import HistoryKeys, IndexKeys, SagaKeys
 from engram_ledger.projections.tracking import StaleProjection
 from engram_ledger.services.application.ports import EventStore, LogEntry
-
-if TYPE_CHECKING:
-    from engram_ledger.projections.index_runtime import IndexRuntime
-    from engram_ledger.services.adapters.crypto import MasterKey
 
 log = logging.getLogger("engram.projections")
 
@@ -102,69 +98,32 @@ class ProjectionRunner:
             await self._redis.delete(self._lease_key)
 
 
-def history_runner(
-    redis: Redis, store: EventStore, master: MasterKey, partition: int, owner: str, lease_ms: int
+# Each projection's lease key, by its name: the one a worker must hold to apply its batches.
+LEASES: dict[str, Callable[[int], str]] = {
+    "history": lambda p: HistoryKeys(p, 0).lease,
+    "index": lambda p: IndexKeys(p, 0).lease,
+    "forget-saga": lambda p: SagaKeys(p).lease,
+}
+
+
+def projection_runner(
+    name: str,
+    open_live: Callable[[], Awaitable[Projection]],
+    redis: Redis,
+    store: EventStore,
+    partition: int,
+    owner: str,
+    lease_ms: int,
 ) -> ProjectionRunner:
-    """``master``: the read model seals what it stores under the notes' data keys, which it wraps."""
-    from engram_ledger.projections.history import HistoryProjection, live_generation
-
-    async def open_live() -> Projection:
-        return HistoryProjection(redis, partition, await live_generation(redis, partition), master)
-
+    """The runner of one partition of the projection ``name`` (a key of ``LEASES``);
+    ``open_live`` opens the projection of the live generation, again after a switch."""
     return ProjectionRunner(
         redis,
         store,
         partition,
         owner,
-        name="history",
-        lease_key=HistoryKeys(partition, 0).lease,
-        open_live=open_live,
-        lease_ms=lease_ms,
-    )
-
-
-def index_runner(
-    redis: Redis, store: EventStore, runtime: IndexRuntime, partition: int, owner: str, lease_ms: int
-) -> ProjectionRunner:
-    from engram_ledger.projections.index import IndexProjection
-
-    async def open_live() -> Projection:
-        await runtime.sync()
-        return IndexProjection(
-            redis,
-            runtime.index,
-            runtime.embedder,
-            partition,
-            runtime.generation,
-            store=store,
-            subjects=runtime.subjects,
-        )
-
-    return ProjectionRunner(
-        redis,
-        store,
-        partition,
-        owner,
-        name="index",
-        lease_key=IndexKeys(partition, 0).lease,
-        open_live=open_live,
-        lease_ms=lease_ms,
-    )
-
-
-def forget_saga_runner(redis: Redis, store: EventStore, partition: int, owner: str, lease_ms: int) -> ProjectionRunner:
-    from engram_ledger.projections.forget_saga import ForgetSagaProjection
-
-    async def open_live() -> Projection:
-        return ForgetSagaProjection(redis, partition)
-
-    return ProjectionRunner(
-        redis,
-        store,
-        partition,
-        owner,
-        name="forget-saga",
-        lease_key=SagaKeys(partition).lease,
+        name=name,
+        lease_key=LEASES[name](partition),
         open_live=open_live,
         lease_ms=lease_ms,
     )

@@ -43,10 +43,11 @@ from redis.exceptions import ResponseError
 
 from engram_ledger.contracts import channels
 from engram_ledger.projections.access import AccessLog
-from engram_ledger.projections.forget_saga import SagaPendingDeletions
-from engram_ledger.projections.history import HistoryReader
-from engram_ledger.projections.index_runtime import IndexRuntime
-from engram_ledger.projections.runner import ProjectionRunner, forget_saga_runner, history_runner, index_runner
+from engram_ledger.projections.forget_saga import SagaPendingDeletions, live_saga
+from engram_ledger.projections.history import live_history
+from engram_ledger.projections.history_reader import HistoryReader
+from engram_ledger.projections.index_runtime import IndexRuntime, live_index
+from engram_ledger.projections.runner import ProjectionRunner, projection_runner
 from engram_ledger.services.adapters.crypto import MasterKey, MasterKeyError, SubjectMatcher, load_master_key
 from engram_ledger.services.adapters.event_store import RedisEventStore
 from engram_ledger.services.adapters.keyring import KeyringWatcher, attach_keyring
@@ -290,7 +291,10 @@ def build(settings: Settings) -> Engram:
     access = AccessLog(redis, settings.partitions)
     runners: list[ProjectionRunner] = []
     if "history" in roles:
-        runners += [history_runner(redis, store, master, p, owner, lease_ms) for p in partitions]
+        runners += [
+            projection_runner("history", live_history(redis, p, master), redis, store, p, owner, lease_ms)
+            for p in partitions
+        ]
     uses_index = settings.index_enabled and bool(roles & {"commands", "queries", "index"})
     index = build_index_runtime(redis, settings, SubjectMatcher.from_master(master)) if uses_index else None
     search = None
@@ -305,7 +309,10 @@ def build(settings: Settings) -> Engram:
             blend=BlendPolicy(relevance, recency, importance, settings.recency_half_life_days),
         )
         if "index" in roles:
-            runners += [index_runner(redis, store, index, p, owner, lease_ms) for p in partitions]
+            runners += [
+                projection_runner("index", live_index(redis, store, index, p), redis, store, p, owner, lease_ms)
+                for p in partitions
+            ]
     advisor = SaveAdvisor(index, history, settings.similar_threshold) if index is not None else None
     scrubber = Scrubber(redis, settings.partitions, history, store)
     pending = SagaPendingDeletions(redis, settings.partitions)
@@ -322,7 +329,9 @@ def build(settings: Settings) -> Engram:
     )
     commands = CommandService(command_handlers(store, advisor=advisor, forget=forget))
     if "saga" in roles:
-        runners += [forget_saga_runner(redis, store, p, owner, lease_ms) for p in partitions]
+        runners += [
+            projection_runner("forget-saga", live_saga(redis, p), redis, store, p, owner, lease_ms) for p in partitions
+        ]
     timer = ForgetExpiryTimer(pending, settings.partitions, commands.execute, utc_now) if "saga" in roles else None
     context = ContextService(history, search, count_tokens_many)
     queries = QueryService(query_handlers(history, settings.read_wait_seconds, search, context, access=access))

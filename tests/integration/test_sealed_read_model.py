@@ -18,7 +18,8 @@ from engram_ledger.contracts.channels import HistoryKeys
 from engram_ledger.contracts.commands import MessageDraft
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.model import Origin
-from engram_ledger.projections.history import HistoryProjection, HistoryReader, live_generation
+from engram_ledger.projections.history import HistoryProjection, live_generation
+from engram_ledger.projections.history_reader import HistoryReader
 from engram_ledger.services.adapters.event_store import RedisEventStore
 from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.config import ROLES
