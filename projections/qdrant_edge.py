@@ -34,6 +34,7 @@ from qdrant_edge import (
     UpdateOperation,
 )
 
+from engram_ledger.projections.qdrant_filter import Condition, conditions
 from engram_ledger.services.application.vector_index import (
     ANY_TIME,
     DENSE,
@@ -55,17 +56,13 @@ def _filter(
     from_chunk: int = 0,
     window: TimeWindow = ANY_TIME,
 ) -> Filter:
-    conditions: list[Any] = [FieldCondition(key="user_id", match=MatchValue(user_id))]
-    if note_id is not None:
-        conditions.append(FieldCondition(key="note_id", match=MatchValue(note_id)))
-    if from_chunk:
-        conditions.append(FieldCondition(key="chunk", range=RangeFloat(gte=from_chunk)))
-    if window.since is not None or window.until is not None:
-        conditions.append(FieldCondition(key="time", range=RangeFloat(gte=window.since, lte=window.until)))
-    for key, value in match.items():
-        condition = MatchAny(list(value)) if isinstance(value, list) else MatchValue(value)
-        conditions.append(FieldCondition(key=key, match=condition))
-    return Filter(must=conditions)
+    return Filter(must=[_condition(c) for c in conditions(user_id, match, note_id, from_chunk, window)])
+
+
+def _condition(c: Condition) -> Any:
+    if c.is_range:
+        return FieldCondition(key=c.key, range=RangeFloat(gte=c.gte, lte=c.lte))
+    return FieldCondition(key=c.key, match=MatchAny(c.values) if c.values is not None else MatchValue(c.value))
 
 
 def _request(query: NearestQuery) -> QueryRequest:

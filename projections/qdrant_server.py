@@ -11,6 +11,7 @@ from typing import Any
 
 from qdrant_client import AsyncQdrantClient, models
 
+from engram_ledger.projections.qdrant_filter import Condition, conditions
 from engram_ledger.services.application.vector_index import (
     ANY_TIME,
     DENSE,
@@ -32,17 +33,15 @@ def _filter(
     from_chunk: int = 0,
     window: TimeWindow = ANY_TIME,
 ) -> models.Filter:
-    conditions: list[Any] = [models.FieldCondition(key="user_id", match=models.MatchValue(value=user_id))]
-    if note_id is not None:
-        conditions.append(models.FieldCondition(key="note_id", match=models.MatchValue(value=note_id)))
-    if from_chunk:
-        conditions.append(models.FieldCondition(key="chunk", range=models.Range(gte=from_chunk)))
-    if window.since is not None or window.until is not None:
-        conditions.append(models.FieldCondition(key="time", range=models.Range(gte=window.since, lte=window.until)))
-    for key, value in match.items():
-        condition = models.MatchAny(any=list(value)) if isinstance(value, list) else models.MatchValue(value=value)
-        conditions.append(models.FieldCondition(key=key, match=condition))
-    return models.Filter(must=conditions)
+    return models.Filter(must=[_condition(c) for c in conditions(user_id, match, note_id, from_chunk, window)])
+
+
+def _condition(c: Condition) -> models.FieldCondition:
+    if c.is_range:
+        return models.FieldCondition(key=c.key, range=models.Range(gte=c.gte, lte=c.lte))
+    if c.values is not None:
+        return models.FieldCondition(key=c.key, match=models.MatchAny(any=c.values))
+    return models.FieldCondition(key=c.key, match=models.MatchValue(value=c.value))
 
 
 class QdrantServerIndex:
