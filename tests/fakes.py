@@ -46,7 +46,7 @@ from engram_ledger.services.application.ports import (
     OutcomeDetail,
 )
 from engram_ledger.services.application.vector_index import VectorIndex
-from engram_ledger.services.domain.decider import StreamAppend
+from engram_ledger.services.domain.appends import StreamAppend
 from engram_ledger.services.domain.note import ABSENT, NoteState, fold
 
 

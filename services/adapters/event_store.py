@@ -24,7 +24,7 @@ from engram_ledger.services.application.ports import (
     Outcome,
     OutcomeDetail,
 )
-from engram_ledger.services.domain.decider import StreamAppend
+from engram_ledger.services.domain.appends import StreamAppend
 from engram_ledger.services.domain.note import ABSENT, fold
 
 _APPEND = """

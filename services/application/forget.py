@@ -47,14 +47,13 @@ from engram_ledger.services.application.ports import (
 )
 from engram_ledger.services.application.search import SearchService
 from engram_ledger.services.application.unit_of_work import Decision, Work
-from engram_ledger.services.domain.decider import (
-    StreamAppend,
-    decide,
+from engram_ledger.services.domain.appends import StreamAppend
+from engram_ledger.services.domain.decider import decide, note_ids_for
+from engram_ledger.services.domain.forgetting import (
     decide_forget_session,
     decide_forget_user,
     erasable,
     forgettable,
-    note_ids_for,
     session_messages,
 )
 

@@ -15,7 +15,7 @@ import msgspec
 
 from engram_ledger.contracts.events import AnyEvent
 from engram_ledger.contracts.model import MessageView, NoteView, VersionView
-from engram_ledger.services.domain.decider import StreamAppend
+from engram_ledger.services.domain.appends import StreamAppend
 from engram_ledger.services.domain.note import NoteState
 
 # -- What an accepted command leaves behind, so that a retry gets the same reply -------------------

@@ -26,7 +26,7 @@ import msgspec
 from engram_ledger.contracts.commands import AnyCommand
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.services.application.ports import Appended, ContentTaken, EventStore, Outcome, OutcomeDetail
-from engram_ledger.services.domain.decider import StreamAppend
+from engram_ledger.services.domain.appends import StreamAppend
 
 log = logging.getLogger("engram.unit_of_work")
 

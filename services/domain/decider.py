@@ -6,7 +6,6 @@ new note ids come from ``note_ids_for`` and time is the ``now`` argument.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -24,8 +23,6 @@ from engram_ledger.contracts.commands import (
     RecordMessages,
     RenewNote,
     RequestForget,
-    RequestForgetSession,
-    RequestForgetUser,
     RetractMessage,
     SaveNote,
     SaveNotes,
@@ -34,10 +31,6 @@ from engram_ledger.contracts.commands import (
 )
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.events import (
-    ACCOUNT,
-    AnyEvent,
-    ForgetExpired,
-    ForgetRequested,
     MessageRecorded,
     MessageRetracted,
     NoteForgotten,
@@ -45,43 +38,23 @@ from engram_ledger.contracts.events import (
     NoteSaved,
     NoteSuperseded,
     NoteUpdated,
-    SessionForgotten,
-    UserForgotten,
-    session_stream,
 )
 from engram_ledger.contracts.limits import MAX_ITEM_BYTES, MAX_VALUE_BYTES
 from engram_ledger.contracts.model import NoteKind, NoteSource, NoteStatus
-from engram_ledger.services.domain.ids import event_id, new_note_id
+from engram_ledger.services.domain.appends import (
+    StreamAppend,
+    check_text,
+    check_version,
+    content_digest,
+    event_header,
+    expect_new,
+    identity_claim,
+    require_active,
+)
+from engram_ledger.services.domain.forgetting import DEFAULT_FORGET_TTL, expire_forget, request_forget
+from engram_ledger.services.domain.ids import new_note_id
 from engram_ledger.services.domain.note import NoteState
-from engram_ledger.services.domain.values import UNPRINTABLE, key_claim, same_value, text_of, value_json
-
-DEFAULT_FORGET_TTL = timedelta(seconds=300)
-
-
-class StreamAppend(msgspec.Struct, frozen=True, kw_only=True):
-    """Append ``events`` to one note's stream if it is still at ``expected_version``. An append
-    with no events only checks the version (the other note of a supersede)."""
-
-    note_id: str
-    expected_version: int
-    events: list[AnyEvent]
-    # Content digests this note takes or gives up: an active note's content is unique per user.
-    claims: list[str] = msgspec.field(default_factory=list)
-    releases: list[str] = msgspec.field(default_factory=list)
-    # Destroy the note's data key with this append (crypto-shredding: the note is forgotten).
-    shred: bool = False
-
-
-def content_digest(content: str) -> str:
-    """Case- and whitespace-insensitive identity of a text (requirements §5's duplicate detection)."""
-    normal = " ".join(content.casefold().split())
-    return hashlib.blake2b(normal.encode(), digest_size=16).hexdigest()
-
-
-def identity_claim(state: NoteState) -> str:
-    """What an active note holds in its user's memory: its key (a note put by key), else its
-    content, which no other active note may hold."""
-    return key_claim(state.category, state.key) if state.key is not None else content_digest(state.content)
+from engram_ledger.services.domain.values import key_claim, same_value, text_of, value_json
 
 
 def first_of_each_content(drafts: Sequence[NoteDraft]) -> list[int]:
@@ -131,14 +104,14 @@ def _creating(count: Callable[[Any], int], decide: Callable[..., list[StreamAppe
 
 
 def _decide_save(c: SaveNote, states: Mapping[str, NoteState], ids: list[str], w: Circumstances) -> list[StreamAppend]:
-    _expect_new(c.expected_version)
+    expect_new(c.expected_version)
     return [_save(c, c.draft(), ids[0], states[ids[0]], w.now)]
 
 
 def _decide_save_many(
     c: SaveNotes, states: Mapping[str, NoteState], ids: list[str], w: Circumstances
 ) -> list[StreamAppend]:
-    _expect_new(c.expected_version)
+    expect_new(c.expected_version)
     # The same text twice in one batch is one note: the first draft's.
     firsts = first_of_each_content(c.notes)
     return [
@@ -151,14 +124,14 @@ def _decide_save_many(
 def _decide_record(
     c: RecordMessage, states: Mapping[str, NoteState], ids: list[str], w: Circumstances
 ) -> list[StreamAppend]:
-    _expect_new(c.expected_version)
+    expect_new(c.expected_version)
     return [_record(c, c.session_id, c, ids[0], states[ids[0]], w.now)]
 
 
 def _decide_record_many(
     c: RecordMessages, states: Mapping[str, NoteState], ids: list[str], w: Circumstances
 ) -> list[StreamAppend]:
-    _expect_new(c.expected_version)
+    expect_new(c.expected_version)
     return [
         _record(c, c.session_id, turn, message_id, states[message_id], w.now)
         for turn, message_id in zip(c.messages, ids, strict=True)
@@ -167,7 +140,7 @@ def _decide_record_many(
 
 # One row per command the decider handles: what it needs and what it decides, kept together so
 # the two cannot drift apart. Erasing a user or a session needs every note of the user, so those
-# are decided by ``decide_forget_user`` / ``decide_forget_session`` on what the caller loaded.
+# are decided by ``forgetting.decide_forget_user`` / ``decide_forget_session`` on what the caller loaded.
 RULES: dict[type[AnyCommand], Rule] = {
     SaveNote: _creating(lambda c: 1, _decide_save),
     SaveNotes: _creating(lambda c: len(c.notes), _decide_save_many),
@@ -185,11 +158,9 @@ RULES: dict[type[AnyCommand], Rule] = {
     ExpireNote: Rule(ids=lambda c, _: [c.note_id], decide=lambda c, s, ids, w: _expire(c, s[c.note_id], w.now)),
     RequestForget: Rule(
         ids=lambda c, _: list(dict.fromkeys(c.note_ids)),
-        decide=lambda c, s, ids, w: _request_forget(c, ids, s, w.now, w.forget_ttl, w.pending_elsewhere),
+        decide=lambda c, s, ids, w: request_forget(c, ids, s, w.now, w.forget_ttl, w.pending_elsewhere),
     ),
-    ExpireForget: Rule(
-        ids=lambda c, _: [c.note_id], decide=lambda c, s, ids, w: _expire_forget(c, s[c.note_id], w.now)
-    ),
+    ExpireForget: Rule(ids=lambda c, _: [c.note_id], decide=lambda c, s, ids, w: expire_forget(c, s[c.note_id], w.now)),
 }
 
 
@@ -230,9 +201,9 @@ def _save(
 ) -> StreamAppend:
     if state.exists:
         raise IdCollision(note_id)
-    _check_text("content", draft.content)
+    check_text("content", draft.content)
     for field in ("subject", "summary", "narrative", "trigger", "action"):
-        _check_text(field, getattr(draft, field))
+        check_text(field, getattr(draft, field))
     if draft.kind is NoteKind.PROCEDURE and not (draft.trigger and draft.action):
         raise EngramError(ErrorCode.INVALID_PARAMETER, "a procedure needs both 'trigger' and 'action'")
     # occurred_at fits any note (when a fact was observed, e.g. the session it came from).
@@ -243,7 +214,7 @@ def _save(
     if draft.kind is not NoteKind.PROCEDURE and (draft.trigger or draft.action):
         raise EngramError(ErrorCode.INVALID_PARAMETER, "'trigger' and 'action' belong to procedures (kind='procedure')")
     event = NoteSaved(
-        **_header(command, note_id, 1, now),
+        **event_header(command, note_id, 1, now),
         kind=draft.kind,
         content=draft.content,
         category=draft.category,
@@ -271,15 +242,15 @@ def _record(
 ) -> StreamAppend:
     if state.exists:
         raise IdCollision(message_id)
-    _check_text("content", turn.content)
-    _check_text("speaker", turn.speaker)
+    check_text("content", turn.content)
+    check_text("speaker", turn.speaker)
     item = value_json(turn.item) if turn.item is not None else None
     if item is not None and len(item.encode()) > MAX_ITEM_BYTES:
         raise EngramError(
             ErrorCode.INVALID_PARAMETER, f"item is {len(item.encode())} bytes as JSON; the limit is {MAX_ITEM_BYTES}"
         )
     event = MessageRecorded(
-        **_header(command, message_id, 1, now),
+        **event_header(command, message_id, 1, now),
         session_id=session_id,
         role=turn.role,
         content=turn.content,
@@ -293,21 +264,21 @@ def _record(
 def _retract(command: RetractMessage, state: NoteState, now: datetime) -> list[StreamAppend]:
     if not state.exists or not state.is_message or state.forgotten or state.retracted:
         raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"Message with ID {command.message_id} not found")
-    _check_version(command.message_id, command.expected_version, state)
+    check_version(command.message_id, command.expected_version, state)
     event = MessageRetracted(
-        **_header(command, command.message_id, state.version + 1, now), session_id=state.session_id or ""
+        **event_header(command, command.message_id, state.version + 1, now), session_id=state.session_id or ""
     )
     return [StreamAppend(note_id=command.message_id, expected_version=state.version, events=[event])]
 
 
 def _renew(command: RenewNote, state: NoteState, now: datetime) -> list[StreamAppend]:
-    _require_active(command.note_id, state)
+    require_active(command.note_id, state)
     if expired(state, now):  # already read as gone: a renewal must not bring it back
         raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"Memory with ID {command.note_id} has expired")
     if state.ttl_seconds is None:  # it never expires: nothing to renew
         return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[])]
     event = NoteRenewed(
-        **_header(command, command.note_id, state.version + 1, now),
+        **event_header(command, command.note_id, state.version + 1, now),
         expires_at=now + timedelta(seconds=state.ttl_seconds),
     )
     return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[event])]
@@ -330,7 +301,7 @@ def _expire(command: ExpireNote, state: NoteState, now: datetime) -> list[Stream
     and its key or content given back; renewed or put again meanwhile, nothing happens."""
     if not expired(state, now) or state.is_message:
         return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[])]
-    header = _header(command, command.note_id, state.version + 1, now)
+    header = event_header(command, command.note_id, state.version + 1, now)
     return [
         StreamAppend(
             note_id=command.note_id,
@@ -353,8 +324,8 @@ def decide_put(command: PutNote, note_id: str, state: NoteState, now: datetime) 
     text = text_of(command.value, command.index)
     # Each put with a time to live starts it again; one without clears it.
     expires_at = now + timedelta(seconds=command.ttl_seconds) if command.ttl_seconds is not None else None
-    _check_text("key", command.key)
-    _check_text("content", text)
+    check_text("key", command.key)
+    check_text("content", text)
     if not state.exists:
         if command.expected_version not in (None, 0):
             raise EngramError(
@@ -362,7 +333,7 @@ def decide_put(command: PutNote, note_id: str, state: NoteState, now: datetime) 
                 f"no memory holds key {command.key!r} in {command.category}, not version {command.expected_version}",
             )
         event = NoteSaved(
-            **_header(command, note_id, 1, now),
+            **event_header(command, note_id, 1, now),
             kind=NoteKind.FACT,
             content=text,
             category=command.category,
@@ -378,13 +349,13 @@ def decide_put(command: PutNote, note_id: str, state: NoteState, now: datetime) 
         return [StreamAppend(note_id=note_id, expected_version=0, events=[event], claims=[identity_claim_of(event)])]
     if state.key != command.key or state.category != command.category or state.status is not NoteStatus.ACTIVE:
         raise AssertionError(f"{note_id} does not hold key {command.key!r} in {command.category}")
-    _check_version(note_id, command.expected_version, state)
+    check_version(note_id, command.expected_version, state)
     cleared = expires_at is None and state.expires_at is not None
     unchanged = same_value(state.value, command.value)
     if text == state.content and unchanged and expires_at is None and not cleared:
         return [StreamAppend(note_id=note_id, expected_version=state.version, events=[])]
     event_ = NoteUpdated(
-        **_header(command, note_id, state.version + 1, now),
+        **event_header(command, note_id, state.version + 1, now),
         content=text if text != state.content else None,
         value=None if unchanged else value,
         expires_at=expires_at,
@@ -399,10 +370,10 @@ def identity_claim_of(event: NoteSaved) -> str:
 
 
 def _update(command: UpdateNote, state: NoteState, now: datetime) -> list[StreamAppend]:
-    _require_active(command.note_id, state)
-    _check_version(command.note_id, command.expected_version, state)
-    _check_text("content", command.content)
-    _check_text("subject", command.subject)
+    require_active(command.note_id, state)
+    check_version(command.note_id, command.expected_version, state)
+    check_text("content", command.content)
+    check_text("subject", command.subject)
     if state.key is not None and command.category is not None and command.category != state.category:
         raise EngramError(
             ErrorCode.INVALID_PARAMETER,
@@ -426,7 +397,7 @@ def _update(command: UpdateNote, state: NoteState, now: datetime) -> list[Stream
         # Same values again: nothing happens, and the reply names the current version.
         return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[])]
     version = state.version + 1
-    event = NoteUpdated(**_header(command, command.note_id, version, now), **changes)
+    event = NoteUpdated(**event_header(command, command.note_id, version, now), **changes)
     content_moves: dict[str, Any] = {}
     if "content" in changes and state.key is None:  # a keyed note is held by its key, not its text
         content_moves = {"claims": [content_digest(changes["content"])], "releases": [content_digest(state.content)]}
@@ -436,11 +407,11 @@ def _update(command: UpdateNote, state: NoteState, now: datetime) -> list[Stream
 def _supersede(command: SupersedeNote, old: NoteState, new: NoteState, now: datetime) -> list[StreamAppend]:
     if command.note_id == command.superseded_by:
         raise EngramError(ErrorCode.INVALID_PARAMETER, "a memory cannot supersede itself")
-    _require_active(command.note_id, old)
-    _require_active(command.superseded_by, new)
-    _check_version(command.note_id, command.expected_version, old)
+    require_active(command.note_id, old)
+    require_active(command.superseded_by, new)
+    check_version(command.note_id, command.expected_version, old)
     version = old.version + 1
-    event = NoteSuperseded(**_header(command, command.note_id, version, now), superseded_by=command.superseded_by)
+    event = NoteSuperseded(**event_header(command, command.note_id, version, now), superseded_by=command.superseded_by)
     return [
         StreamAppend(
             note_id=command.note_id,
@@ -451,216 +422,3 @@ def _supersede(command: SupersedeNote, old: NoteState, new: NoteState, now: date
         # The replacement must still be active when the supersede commits.
         StreamAppend(note_id=command.superseded_by, expected_version=new.version, events=[]),
     ]
-
-
-def forgettable(state: NoteState) -> bool:
-    return state.exists and not state.is_message and not state.forgotten
-
-
-def _request_forget(
-    command: RequestForget,
-    ids: list[str],
-    states: Mapping[str, NoteState],
-    now: datetime,
-    ttl: timedelta,
-    elsewhere: Mapping[str, NoteState],
-) -> list[StreamAppend]:
-    """Requirements §1's two calls, per id: not pending -> pending (ask); pending -> forgotten; pending
-    but past its deadline -> lapsed, then pending again (ask again). A pending deletion of a
-    note this request does not name lapses: "user requests a different ID on the second call:
-    treated as a new first call for the new ID, the old pending expires"."""
-    if command.query is not None or not ids:
-        raise EngramError(ErrorCode.INVALID_PARAMETER, "give note_ids to forget (a query only finds candidates)")
-    missing = [i for i in ids if not forgettable(states[i])]
-    if missing:
-        raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"Memory with ID {', '.join(missing)} not found")
-    appends = []
-    for note_id in ids:
-        state = states[note_id]
-        version, events, pending = _lapse_if_due(command, note_id, state, now)
-        common = _header(command, note_id, version + 1, now)
-        count = (state.forget_requests if pending else 0) + 1
-        if pending or command.confirmed:
-            events.append(NoteForgotten(request_count=count, **common))
-            appends.append(
-                StreamAppend(
-                    note_id=note_id,
-                    expected_version=state.version,
-                    events=events,
-                    releases=[identity_claim(state)],
-                    shred=True,
-                )
-            )
-        else:
-            events.append(ForgetRequested(request_count=count, expires_at=now + ttl, **common))
-            appends.append(StreamAppend(note_id=note_id, expected_version=state.version, events=events))
-    for note_id, state in sorted(elsewhere.items()):
-        if note_id in ids or state.forget_expires_at is None or not forgettable(state):
-            continue
-        lapsed = _forget_expired(command, note_id, state.version + 1, now, "another memory was requested instead")
-        appends.append(StreamAppend(note_id=note_id, expected_version=state.version, events=[lapsed]))
-    return appends
-
-
-def decide_forget_user(
-    command: RequestForgetUser,
-    account: NoteState,
-    notes: Mapping[str, NoteState],
-    now: datetime,
-    ttl: timedelta = DEFAULT_FORGET_TTL,
-) -> list[StreamAppend]:
-    """Erasing a whole user, in the same two calls, pending on the user's account stream. When
-    it executes, every note and message still readable is forgotten (its key shredded) and the
-    account gets the receipt, all in one append."""
-    return _erase(
-        command, ACCOUNT, account, notes, now, ttl, lambda erased, header: UserForgotten(erased=erased, **header)
-    )
-
-
-def decide_forget_session(
-    command: RequestForgetSession,
-    control: NoteState,
-    messages: Mapping[str, NoteState],
-    now: datetime,
-    ttl: timedelta = DEFAULT_FORGET_TTL,
-) -> list[StreamAppend]:
-    """Erasing one conversation, as a user is erased: pending on the session's control stream,
-    then every message of the session forgotten (``messages``: the user's messages, any session;
-    only this session's are touched) with a receipt."""
-    mine = session_messages(command.session_id, messages)
-    if not erasable(mine):
-        raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"Conversation {command.session_id} not found")
-    return _erase(
-        command,
-        session_stream(command.session_id),
-        control,
-        mine,
-        now,
-        ttl,
-        lambda erased, header: SessionForgotten(session_id=command.session_id, erased=erased, **header),
-    )
-
-
-def session_messages(session_id: str, states: Mapping[str, NoteState]) -> dict[str, NoteState]:
-    """The user's messages said in this conversation."""
-    return {i: s for i, s in states.items() if s.is_message and s.session_id == session_id}
-
-
-def erasable(states: Mapping[str, NoteState]) -> list[str]:
-    """The notes and messages an erasure would forget: those still readable, in id order."""
-    return sorted(i for i, s in states.items() if s.exists and not s.forgotten)
-
-
-def _erase(
-    command: RequestForgetUser | RequestForgetSession,
-    control_id: str,
-    control: NoteState,
-    targets: Mapping[str, NoteState],
-    now: datetime,
-    ttl: timedelta,
-    receipt: Callable[[list[str], dict[str, Any]], AnyEvent],
-) -> list[StreamAppend]:
-    version, control_events, pending = _lapse_if_due(command, control_id, control, now)
-    header = _header(command, control_id, version + 1, now)
-    if not (pending or command.confirmed):
-        count = (control.forget_requests if pending else 0) + 1
-        control_events.append(ForgetRequested(request_count=count, expires_at=now + ttl, **header))
-        return [StreamAppend(note_id=control_id, expected_version=control.version, events=control_events)]
-    appends = []
-    erased = erasable(targets)
-    for note_id in erased:
-        state = targets[note_id]
-        event = NoteForgotten(request_count=0, **_header(command, note_id, state.version + 1, now))
-        releases = [] if state.is_message else [identity_claim(state)]
-        appends.append(
-            StreamAppend(note_id=note_id, expected_version=state.version, events=[event], releases=releases, shred=True)
-        )
-    control_events.append(receipt(erased, header))
-    appends.append(StreamAppend(note_id=control_id, expected_version=control.version, events=control_events))
-    return appends
-
-
-def _expire_forget(command: ExpireForget, state: NoteState, now: datetime) -> list[StreamAppend]:
-    """The saga's deadline: lapse the pending state if it is still pending and due (a renewed
-    or executed request leaves nothing to do)."""
-    due = state.forget_expires_at is not None and state.forget_expires_at <= now
-    if not forgettable(state) or not due:
-        return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[])]
-    event = _forget_expired(command, command.note_id, state.version + 1, now, "not confirmed in time")
-    return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[event])]
-
-
-def _header(command: AnyCommand, note_id: str, version: int, now: datetime) -> dict[str, Any]:
-    """The fields every event carries, for an event at ``version`` of ``note_id``."""
-    return {
-        "event_id": event_id(command.user_id, note_id, version),
-        "note_id": note_id,
-        "user_id": command.user_id,
-        "version": version,
-        "command_id": command.command_id,
-        "at": now,
-        "origin": command.origin,
-    }
-
-
-def _lapse_if_due(
-    command: AnyCommand, note_id: str, state: NoteState, now: datetime
-) -> tuple[int, list[AnyEvent], bool]:
-    """A pending deletion past its deadline lapses first (``ForgetExpired``). Returns the
-    version after that, the events so far, and whether a deletion is still pending."""
-    if state.forget_expires_at is None:
-        return state.version, [], False
-    if state.forget_expires_at > now:
-        return state.version, [], True
-    return (
-        state.version + 1,
-        [_forget_expired(command, note_id, state.version + 1, now, "not confirmed in time")],
-        False,
-    )
-
-
-def _forget_expired(command: AnyCommand, note_id: str, version: int, now: datetime, reason: str) -> ForgetExpired:
-    return ForgetExpired(reason=reason, **_header(command, note_id, version, now))
-
-
-def _require_active(note_id: str, state: NoteState) -> None:
-    if not state.exists or state.is_message or state.status is NoteStatus.FORGOTTEN:
-        raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"Memory with ID {note_id} not found")
-    if state.status is NoteStatus.SUPERSEDED:
-        raise EngramError(
-            ErrorCode.INVALID_PARAMETER,
-            f"Memory {note_id} is superseded by {state.superseded_by}; change {state.superseded_by} instead",
-        )
-
-
-def _check_version(note_id: str, expected: int | None, state: NoteState) -> None:
-    if expected is not None and expected != state.version:
-        raise EngramError(
-            ErrorCode.VERSION_CONFLICT,
-            f"Memory {note_id} is at version {state.version}, not the expected {expected}; read it again and retry",
-        )
-
-
-def _expect_new(expected: int | None) -> None:
-    if expected not in (None, 0):
-        raise EngramError(ErrorCode.INVALID_PARAMETER, "expected_version of a new note can only be 0")
-
-
-_FORBIDDEN = UNPRINTABLE
-
-
-def _check_text(field: str, value: str | None) -> None:
-    """Refuse what would corrupt storage or prompts: blank text (the contracts refuse it on the
-    wire; a command built in process is checked here too), NUL and other control characters, and
-    lone surrogates (not encodable as UTF-8)."""
-    if value is None:
-        return
-    if not value.strip():
-        raise EngramError(ErrorCode.INVALID_PARAMETER, f"{field} must not be blank")
-    found = _FORBIDDEN.search(value)
-    if found:
-        ch = found.group()
-        what = "an unpaired surrogate" if "\ud800" <= ch <= "\udfff" else "a control character"
-        raise EngramError(
-            ErrorCode.INVALID_PARAMETER, f"{field} contains {what} (U+{ord(ch):04X}) at position {found.start()}"
-        )

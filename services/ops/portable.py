@@ -26,7 +26,8 @@ from engram_ledger.services.adapters.crypto import MAX_GENERATION
 from engram_ledger.services.adapters.event_store import RedisEventStore, decode_event
 from engram_ledger.services.adapters.keyring import KEYRING_KEY, read_state, root_field
 from engram_ledger.services.adapters.redis_conn import transaction_client
-from engram_ledger.services.domain.decider import forgettable, identity_claim
+from engram_ledger.services.domain.appends import identity_claim
+from engram_ledger.services.domain.forgetting import forgettable
 
 FORMAT = 1
 

@@ -12,7 +12,8 @@ from engram_ledger.contracts import channels
 from engram_ledger.contracts.commands import SaveNote, SupersedeNote, UpdateNote
 from engram_ledger.services.adapters.event_store import RedisEventStore
 from engram_ledger.services.application.ports import Appended, Conflict, EventStore
-from engram_ledger.services.domain.decider import StreamAppend, decide, note_ids_for
+from engram_ledger.services.domain.appends import StreamAppend
+from engram_ledger.services.domain.decider import decide, note_ids_for
 from tests.fakes import InMemoryEventStore
 from tests.support import master_key_for_tests
 
@@ -100,7 +101,7 @@ async def test_the_log_is_partitioned_by_user_and_read_in_order(store: EventStor
 
 async def test_content_claims_are_exclusive_per_user_and_released(store: EventStore) -> None:
     from engram_ledger.services.application.ports import ContentTaken
-    from engram_ledger.services.domain.decider import content_digest
+    from engram_ledger.services.domain.appends import content_digest
 
     holder = await save(store, "alice", "c1", "Likes black coffee")
     other = SaveNote(command_id="c2", user_id="alice", content="likes black COFFEE")

@@ -16,7 +16,8 @@ from engram_ledger.contracts.events import (
     SessionForgotten,
     session_stream,
 )
-from engram_ledger.services.domain.decider import decide, decide_forget_session, note_ids_for
+from engram_ledger.services.domain.decider import decide, note_ids_for
+from engram_ledger.services.domain.forgetting import decide_forget_session
 from engram_ledger.services.domain.ids import new_note_id
 from engram_ledger.services.domain.note import ABSENT, fold
 from tests.builders import NOW, USER

@@ -8,7 +8,8 @@ from engram_ledger.contracts.commands import NoteDraft, SaveNote, SaveNotes, Sup
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.events import AnyEvent, NoteSaved, NoteSuperseded, NoteUpdated
 from engram_ledger.contracts.model import NoteKind, NoteStatus
-from engram_ledger.services.domain.decider import IdCollision, StreamAppend, decide, note_ids_for
+from engram_ledger.services.domain.appends import StreamAppend
+from engram_ledger.services.domain.decider import IdCollision, decide, note_ids_for
 from engram_ledger.services.domain.ids import new_note_id
 from engram_ledger.services.domain.note import ABSENT, NoteState, fold
 from tests.builders import NOW, USER, saved

@@ -9,7 +9,8 @@ import pytest
 from engram_ledger.contracts.commands import ExpireForget, RequestForget
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.events import AnyEvent, ForgetExpired, ForgetRequested, NoteForgotten
-from engram_ledger.services.domain.decider import content_digest, decide, note_ids_for
+from engram_ledger.services.domain.appends import content_digest
+from engram_ledger.services.domain.decider import decide, note_ids_for
 from engram_ledger.services.domain.note import fold
 from tests.builders import NOW, USER, saved
 

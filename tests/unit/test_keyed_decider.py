@@ -26,7 +26,8 @@ from engram_ledger.contracts.events import (
     NoteSaved,
     NoteUpdated,
 )
-from engram_ledger.services.domain.decider import decide, decide_put, identity_claim
+from engram_ledger.services.domain.appends import identity_claim
+from engram_ledger.services.domain.decider import decide, decide_put
 from engram_ledger.services.domain.note import ABSENT, fold
 from engram_ledger.services.domain.values import check_where, key_claim, matches, text_of, value_json
 from tests.builders import NOW, USER, saved
