@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
-from urllib.parse import unquote, urlsplit
 
 import msgspec
 from redis.exceptions import ClusterDownError, NoPermissionError, TryAgainError
@@ -60,8 +59,11 @@ from engram_ledger.contracts.queries import (
 )
 from engram_ledger.services.adapters.crypto import MasterKey
 from engram_ledger.services.adapters.redis_conn import open_redis, redact_url
-from engram_ledger.services.bus.requester import BusRequester
+from engram_ledger.services.bus.read_your_writes import ReadYourWrites
+from engram_ledger.services.bus.requester import BusRequester, client_name_for
 from engram_ledger.services.bus.subscription import CLAIM_IDLE_MS, DEFAULT_CONSUMER, Subscription
+
+__all__ = ["EngramClient", "ReadYourWrites", "new_command_id"]
 
 R = TypeVar("R")
 _reply_decoder = msgspec.json.Decoder(AnyReply)
@@ -92,7 +94,7 @@ class EngramClient:
         self.url = url
         self.operator = operator
         self.timeout = timeout
-        self.client_name = _client_name(url, client_name)
+        self.client_name = client_name_for(url, client_name)
         self._redis = open_redis(url, cluster)
         self._bus = BusRequester(self._redis, request_stream_maxlen, client_name=self.client_name)
         self.partitions = 1
@@ -565,58 +567,6 @@ class EngramClient:
             ErrorCode.PERMISSION_DENIED,
             f"the Redis user of {redact_url(self.url)} may not {what}: {e}. See `engram acl` for what each role may do",
         )
-
-
-def _client_name(url: str, given: str | None) -> str | None:
-    """The name this client's reply channels carry: the one given, else the URL's ACL user when
-    it is a valid name, so that a role's user works from its URL alone; else none."""
-    if given is not None:
-        if not channels.valid_client_name(given):
-            raise EngramError(
-                ErrorCode.INVALID_PARAMETER,
-                f"client_name {given!r} must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
-            )
-        return given
-    user = urlsplit(url).username
-    return unquote(user) if user and channels.valid_client_name(unquote(user)) else None
-
-
-class ReadYourWrites:
-    """Read-your-writes for one user: remembers the token of the last write and passes it to
-    every query, so a read never misses this session's own writes."""
-
-    def __init__(self, client: EngramClient, user_id: str) -> None:
-        self.client = client
-        self.user_id = user_id
-        self.token: str | None = None
-
-    def _track(self, reply: R) -> R:
-        self.token = getattr(reply, "token", self.token)
-        return reply
-
-    async def save(self, content: str, **kwargs: Any) -> NoteWritten:
-        return self._track(await self.client.save(self.user_id, content, **kwargs))
-
-    async def update(self, note_id: str, **kwargs: Any) -> NoteWritten:
-        return self._track(await self.client.update(self.user_id, note_id, **kwargs))
-
-    async def supersede(self, note_id: str, superseded_by: str, **kwargs: Any) -> NoteWritten:
-        return self._track(await self.client.supersede(self.user_id, note_id, superseded_by, **kwargs))
-
-    async def record_messages(self, session_id: str, messages: Sequence[MessageDraft], **kwargs: Any) -> NotesWritten:
-        return self._track(await self.client.record_messages(self.user_id, session_id, messages, **kwargs))
-
-    async def get_note(self, note_id: str) -> NoteView:
-        return await self.client.get_note(self.user_id, note_id, after=self.token)
-
-    async def list_notes(self, **kwargs: Any) -> NotesReply:
-        return await self.client.list_notes(self.user_id, after=self.token, **kwargs)
-
-    async def list_recent(self, limit: int = 10) -> NotesReply:
-        return await self.client.list_recent(self.user_id, limit=limit, after=self.token)
-
-    async def search(self, query: str, **kwargs: Any) -> SearchReply:
-        return await self.client.search(self.user_id, query, after=self.token, **kwargs)
 
 
 def new_command_id() -> str:

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from urllib.parse import unquote, urlsplit
 
 from faststream.redis.message import DATA_KEY
 from faststream.redis.parser.binary import BinaryMessageFormatV1
@@ -25,6 +26,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from engram_ledger.contracts import channels
+from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.limits import REQUEST_STREAM_BYTES
 from engram_ledger.services.adapters.redis_conn import subscription_messages
 
@@ -164,3 +166,17 @@ async def _cancel_and_wait(task: asyncio.Task[None]) -> None:
             return
     with contextlib.suppress(asyncio.CancelledError, Exception):
         task.result()
+
+
+def client_name_for(url: str, given: str | None) -> str | None:
+    """The name this client's reply channels carry: the one given, else the URL's ACL user when
+    it is a valid name, so that a role's user works from its URL alone; else none."""
+    if given is not None:
+        if not channels.valid_client_name(given):
+            raise EngramError(
+                ErrorCode.INVALID_PARAMETER,
+                f"client_name {given!r} must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            )
+        return given
+    user = urlsplit(url).username
+    return unquote(user) if user and channels.valid_client_name(unquote(user)) else None

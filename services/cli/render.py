@@ -30,7 +30,7 @@ from engram_ledger.contracts.model import NoteStatus, NoteView, VersionView
 from engram_ledger.contracts.queries import ForgetReply, HistoryReply, NoteWritten, SearchHit, SearchReply
 
 if TYPE_CHECKING:
-    from engram_ledger.services.bus.subscription import Delivery
+    from engram_ledger.services.bus.deliveries import Delivery
 
 # A note's text on one line of a listing (list, search, history, similar notes), and in full view (get).
 LINE_CHARS = 160

@@ -21,7 +21,8 @@ from typing import Any
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.events import AnyEvent, ForgetExpired, ForgetRequested, NoteForgotten, UserForgotten
-from engram_ledger.services.bus.subscription import Delivery, Subscription
+from engram_ledger.services.bus.deliveries import Delivery
+from engram_ledger.services.bus.subscription import Subscription
 
 log = logging.getLogger("engram.console")
 

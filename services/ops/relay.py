@@ -49,7 +49,7 @@ from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.events import AnyEvent
 from engram_ledger.services.adapters.private_files import write_private
 from engram_ledger.services.adapters.redis_conn import group_info
-from engram_ledger.services.bus.subscription import ERASURES
+from engram_ledger.services.bus.deliveries import ERASURES
 from engram_ledger.services.common.periodic import every
 
 log = logging.getLogger("engram.relay")

@@ -20,7 +20,8 @@ from engram_ledger.services.adapters.event_store import decode_event
 from engram_ledger.services.adapters.redis_conn import group_info
 from engram_ledger.services.adapters.redis_server import RedisServer
 from engram_ledger.services.bus.client import EngramClient
-from engram_ledger.services.bus.subscription import ContentState, Delivery, Subscription
+from engram_ledger.services.bus.deliveries import ContentState, Delivery
+from engram_ledger.services.bus.subscription import Subscription
 from tests.cluster import LocalCluster
 from tests.conftest import RunningService, service_settings
 from tests.support import master_key_for_tests

@@ -22,15 +22,15 @@ from engram_ledger.contracts.events import (
 )
 from engram_ledger.contracts.model import NoteKind, NoteSource
 from engram_ledger.services.adapters.crypto import MasterKey, NoteCipher
-from engram_ledger.services.bus.subscription import (
+from engram_ledger.services.bus.deliveries import (
     EVENT_TYPES,
     ContentState,
-    Subscription,
     checked_users,
     erasure_of,
     event_kinds,
     reveal,
 )
+from engram_ledger.services.bus.subscription import Subscription
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 MASTER = MasterKey(bytes(range(32)))
@@ -178,7 +178,7 @@ def test_the_asyncapi_document_says_how_to_subscribe_and_what_a_forget_asks() ->
 
 
 def test_tail_lines_say_what_happened_and_show_content_only_when_opened() -> None:
-    from engram_ledger.services.bus.subscription import Delivery
+    from engram_ledger.services.bus.deliveries import Delivery
     from engram_ledger.services.cli.render import event_line
 
     owner = Subscription(None, "g")
