@@ -62,7 +62,10 @@ def _filter(
 def _condition(c: Condition) -> Any:
     if c.is_range:
         return FieldCondition(key=c.key, range=RangeFloat(gte=c.gte, lte=c.lte))
-    return FieldCondition(key=c.key, match=MatchAny(c.values) if c.values is not None else MatchValue(c.value))
+    if c.values is not None:
+        return FieldCondition(key=c.key, match=MatchAny(c.values))
+    assert c.value is not None
+    return FieldCondition(key=c.key, match=MatchValue(c.value))
 
 
 def _request(query: NearestQuery) -> QueryRequest:

@@ -41,6 +41,7 @@ def _condition(c: Condition) -> models.FieldCondition:
         return models.FieldCondition(key=c.key, range=models.Range(gte=c.gte, lte=c.lte))
     if c.values is not None:
         return models.FieldCondition(key=c.key, match=models.MatchAny(any=c.values))
+    assert c.value is not None
     return models.FieldCondition(key=c.key, match=models.MatchValue(value=c.value))
 
 

@@ -182,11 +182,11 @@ async def cmd_context(client: EngramClient, args: argparse.Namespace) -> None:
 async def cmd_memory(client: EngramClient, args: argparse.Namespace) -> None:
     """Requirements §3's /memory for humans: the list, and deletion at once (a person typed it)."""
     if args.action == "list":
-        reply = await client.list_notes(args.user)
+        listed = await client.list_notes(args.user)
         if args.json:
-            print_result(args, {"notes": reply.notes, "total": reply.total})
+            print_result(args, {"notes": listed.notes, "total": listed.total})
             return
-        sys.stdout.write(render.memory_list(reply.notes, reply.total, args.user))
+        sys.stdout.write(render.memory_list(listed.notes, listed.total, args.user))
         return
     note = await client.get_note(args.user, args.note_id)
     reply = await client.forget(args.user, note_ids=[args.note_id], confirmed=True, command_id=args.command_id)

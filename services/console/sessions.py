@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
@@ -39,7 +42,7 @@ def routes(console: Console, pages: Pages) -> list[Route]:
     return [Route("/login", login, methods=["POST"]), Route("/logout", logout, methods=["POST"])]
 
 
-def error_handlers(pages: Pages) -> dict[type[Exception], object]:
+def error_handlers(pages: Pages) -> dict[Any, Callable[[Request, Exception], Awaitable[Response]]]:
     async def on_engram_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, EngramError)
         if "console" not in request.scope:
