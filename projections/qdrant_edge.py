@@ -36,7 +36,6 @@ from qdrant_edge import (
 
 from engram_ledger.projections.qdrant_filter import Condition, conditions
 from engram_ledger.services.application.vector_index import (
-    ANY_TIME,
     DENSE,
     FLOAT_FIELDS,
     INTEGER_FIELDS,
@@ -45,18 +44,12 @@ from engram_ledger.services.application.vector_index import (
     IndexHit,
     IndexPoint,
     NearestQuery,
-    TimeWindow,
 )
 
 
-def _filter(
-    user_id: str,
-    match: dict[str, str | list[str]],
-    note_id: str | None = None,
-    from_chunk: int = 0,
-    window: TimeWindow = ANY_TIME,
-) -> Filter:
-    return Filter(must=[_condition(c) for c in conditions(user_id, match, note_id, from_chunk, window)])
+def _filter(where: list[Condition]) -> Filter:
+    """``qdrant_filter.conditions`` in this client's types."""
+    return Filter(must=[_condition(c) for c in where])
 
 
 def _condition(c: Condition) -> Any:
@@ -77,7 +70,7 @@ def _request(query: NearestQuery) -> QueryRequest:
     return QueryRequest(
         limit=query.limit,
         query=Query.Nearest(vector, using=query.using),
-        filter=_filter(query.user_id, query.match, window=query.window),
+        filter=_filter(conditions(query.user_id, query.match, window=query.window)),
         score_threshold=query.threshold,
         with_payload=PayloadSelector.Include(query.fields) if query.fields is not None else True,
     )
@@ -140,11 +133,11 @@ class QdrantEdgeIndex:
         await self._run(self.shard.update, UpdateOperation.upsert_points(edge_points))
 
     async def delete(self, user_id: str, note_id: str, from_chunk: int = 0) -> None:
-        operation = UpdateOperation.delete_points_by_filter(_filter(user_id, {}, note_id, from_chunk))
+        operation = UpdateOperation.delete_points_by_filter(_filter(conditions(user_id, {}, note_id, from_chunk)))
         await self._run(self.shard.update, operation)
 
     async def set_payload(self, user_id: str, note_id: str, fields: dict[str, Any]) -> None:
-        operation = UpdateOperation.set_payload_by_filter(_filter(user_id, {}, note_id), fields)
+        operation = UpdateOperation.set_payload_by_filter(_filter(conditions(user_id, {}, note_id)), fields)
         await self._run(self.shard.update, operation)
 
     async def nearest(self, query: NearestQuery) -> list[IndexHit]:
@@ -163,7 +156,7 @@ class QdrantEdgeIndex:
         return results
 
     async def count(self, user_id: str | None = None) -> int:
-        request = CountRequest(filter=_filter(user_id, {}) if user_id else None, exact=True)
+        request = CountRequest(filter=_filter(conditions(user_id, {})) if user_id else None, exact=True)
         return int(await self._run(self.shard.count, request))
 
     async def payloads(self) -> list[dict[str, Any]]:

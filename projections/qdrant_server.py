@@ -13,7 +13,6 @@ from qdrant_client import AsyncQdrantClient, models
 
 from engram_ledger.projections.qdrant_filter import Condition, conditions
 from engram_ledger.services.application.vector_index import (
-    ANY_TIME,
     DENSE,
     FLOAT_FIELDS,
     INTEGER_FIELDS,
@@ -22,18 +21,12 @@ from engram_ledger.services.application.vector_index import (
     IndexHit,
     IndexPoint,
     NearestQuery,
-    TimeWindow,
 )
 
 
-def _filter(
-    user_id: str,
-    match: dict[str, str | list[str]],
-    note_id: str | None = None,
-    from_chunk: int = 0,
-    window: TimeWindow = ANY_TIME,
-) -> models.Filter:
-    return models.Filter(must=[_condition(c) for c in conditions(user_id, match, note_id, from_chunk, window)])
+def _filter(where: list[Condition]) -> models.Filter:
+    """``qdrant_filter.conditions`` in this client's types."""
+    return models.Filter(must=[_condition(c) for c in where])
 
 
 def _condition(c: Condition) -> models.FieldCondition:
@@ -97,11 +90,13 @@ class QdrantServerIndex:
         )
 
     async def delete(self, user_id: str, note_id: str, from_chunk: int = 0) -> None:
-        selector = models.FilterSelector(filter=_filter(user_id, {}, note_id, from_chunk))
+        selector = models.FilterSelector(filter=_filter(conditions(user_id, {}, note_id, from_chunk)))
         await self._client.delete(self.collection, points_selector=selector, wait=True)
 
     async def set_payload(self, user_id: str, note_id: str, fields: dict[str, Any]) -> None:
-        await self._client.set_payload(self.collection, payload=fields, points=_filter(user_id, {}, note_id), wait=True)
+        await self._client.set_payload(
+            self.collection, payload=fields, points=_filter(conditions(user_id, {}, note_id)), wait=True
+        )
 
     async def nearest(self, query: NearestQuery) -> list[IndexHit]:
         if query.using == SPARSE:
@@ -115,7 +110,7 @@ class QdrantServerIndex:
             self.collection,
             query=vector,
             using=query.using,
-            query_filter=_filter(query.user_id, query.match, window=query.window),
+            query_filter=_filter(conditions(query.user_id, query.match, window=query.window)),
             limit=query.limit,
             score_threshold=query.threshold,
             with_payload=query.fields if query.fields is not None else True,
@@ -127,7 +122,7 @@ class QdrantServerIndex:
 
     async def count(self, user_id: str | None = None) -> int:
         result = await self._client.count(
-            self.collection, count_filter=_filter(user_id, {}) if user_id else None, exact=True
+            self.collection, count_filter=_filter(conditions(user_id, {})) if user_id else None, exact=True
         )
         return int(result.count)
 

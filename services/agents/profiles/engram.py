@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import msgspec
 
-from engram_ledger.contracts.errors import ErrorCode
 from engram_ledger.contracts.limits import MAX_CONTEXT_TOKENS, MAX_FORGET_IDS, parse_time
 from engram_ledger.contracts.model import NoteKind, NoteSource
-from engram_ledger.services.agents.profiles.forget import request_forget
+from engram_ledger.services.agents.profiles.forget import forget_by_id_or_query
 from engram_ledger.services.agents.session import AgentSession
 from engram_ledger.services.agents.specs import (
     CATEGORY,
@@ -25,7 +24,6 @@ from engram_ledger.services.agents.specs import (
     Result,
     Tool,
     ToolSpec,
-    error,
     given,
     list_page,
     schema,
@@ -227,16 +225,7 @@ FORGET = ToolSpec(
 
 
 async def forget(s: AgentSession, a: Arguments) -> Result:
-    ids = list(dict.fromkeys([*(a.get("note_ids") or []), *([a["note_id"]] if a.get("note_id") else [])]))
-    query = a.get("query")
-    if not ids and not query:
-        return error(ErrorCode.INVALID_PARAMETER, "give note_id to delete, or query to find candidates")
-    if len(ids) > MAX_FORGET_IDS:
-        return error(
-            ErrorCode.INVALID_PARAMETER,
-            f"note_id and note_ids together name {len(ids)} notes; at most {MAX_FORGET_IDS} at once",
-        )
-    return await request_forget(s, ids, None if ids else query, id_key="note_id")
+    return await forget_by_id_or_query(s, a, "note_id", "notes", id_key="note_id")
 
 
 TOOLS = [

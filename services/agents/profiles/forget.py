@@ -42,16 +42,22 @@ FORGET = ToolSpec(
 
 
 async def forget(s: AgentSession, a: Arguments) -> Result:
-    ids = list(dict.fromkeys([*(a.get("memory_ids") or []), *([a["memory_id"]] if a.get("memory_id") else [])]))
+    return await forget_by_id_or_query(s, a, "memory_id", "memories")
+
+
+async def forget_by_id_or_query(s: AgentSession, a: Arguments, one: str, noun: str, id_key: str = "id") -> Result:
+    """A forget tool's call: the ids in ``one`` and ``one + "s"`` (at most ``MAX_FORGET_IDS``), or
+    else ``query`` to find candidates; ``noun`` names what the ids are in an error."""
+    ids = list(dict.fromkeys([*(a.get(f"{one}s") or []), *([a[one]] if a.get(one) else [])]))
     query = a.get("query")
     if not ids and not query:
-        return error(ErrorCode.INVALID_PARAMETER, "give memory_id to delete, or query to find candidates")
+        return error(ErrorCode.INVALID_PARAMETER, f"give {one} to delete, or query to find candidates")
     if len(ids) > MAX_FORGET_IDS:
         return error(
             ErrorCode.INVALID_PARAMETER,
-            f"memory_id and memory_ids together name {len(ids)} memories; at most {MAX_FORGET_IDS} at once",
+            f"{one} and {one}s together name {len(ids)} {noun}; at most {MAX_FORGET_IDS} at once",
         )
-    return await request_forget(s, ids, None if ids else query)
+    return await request_forget(s, ids, None if ids else query, id_key=id_key)
 
 
 TOOLS = [Tool(FORGET, forget)]
