@@ -27,11 +27,17 @@ os.environ["ENGRAM_MODEL_CACHE"] = str(TEST_MODEL_CACHE)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The layer is the folder: tests/unit -> unit, and so on.
+    # The layer is the folder: tests/unit -> unit, and so on. A test on a Redis Cluster (the
+    # "cluster" variant of a bus fixture, or one that starts the session's cluster) is marked
+    # cluster, so that a quick local run can leave those out: -m "not cluster and not slow".
     for item in items:
         layer = Path(str(item.fspath)).parent.name
         if layer in {"unit", "integration", "e2e", "faults"}:
             item.add_marker(getattr(pytest.mark, layer))
+        callspec = getattr(item, "callspec", None)
+        on_cluster = callspec is not None and "cluster" in callspec.params.values()
+        if on_cluster or "local_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
 
 
 @pytest.fixture
