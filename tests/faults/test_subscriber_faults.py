@@ -32,9 +32,11 @@ GROUP = "crm-sync"
 
 
 def records(path: Path) -> list[dict[str, Any]]:
+    """The lines the subscriber has written whole: one it is writing as this reads is not yet."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    text = path.read_text()
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
 
 
 def start_subscriber(env: dict[str, str], url: str, out: Path) -> subprocess.Popen[str]:
