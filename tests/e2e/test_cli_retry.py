@@ -11,6 +11,7 @@ import json
 import pytest
 
 from engram_ledger.services import cli
+from engram_ledger.services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
 
 
@@ -52,8 +53,15 @@ async def test_a_timed_out_save_is_retried_once_with_its_command_id(
     assert message["code"] == "TIMEOUT" and "command_id" not in message
     assert "nothing was changed" in message["message"] and "may still be applied" not in message["message"]
 
-    running = await RunningService(settings).start()  # the first save waited in the stream
+    running = await RunningService(settings).start()  # the saves waited in the stream
     try:
+        # The service takes the saves that waited before the retry is sent: the retry then
+        # meets the first outcome of its command id.
+        async with EngramClient(redis_url) as client:
+            for _ in range(100):
+                if (await client.list_notes(user)).total == 2:
+                    break
+                await asyncio.sleep(0.1)
         code, out, _ = await asyncio.to_thread(
             cli_run, "save", "--json", "--user", user, "--command-id", command_id, "Alec retired in May"
         )

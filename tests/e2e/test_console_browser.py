@@ -24,7 +24,7 @@ import httpx
 import pytest
 import redis
 from selenium import webdriver
-from selenium.common.exceptions import WebDriverException
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -165,6 +165,17 @@ def wait_for(driver: WebDriver, check: Callable[[WebDriver], T], timeout: float 
     return WebDriverWait(driver, timeout, poll_frequency=0.05).until(check)  # type: ignore[no-any-return]
 
 
+def click(driver: WebDriver, by: str, value: str) -> None:
+    """Click the element, found again if a live update re-rendered the page meanwhile."""
+
+    def clicked(d: WebDriver) -> bool:
+        d.find_element(by, value).click()
+        return True
+
+    ignored = (StaleElementReferenceException, NoSuchElementException)
+    WebDriverWait(driver, 15, poll_frequency=0.05, ignored_exceptions=ignored).until(clicked)
+
+
 def text(driver: WebDriver, css: str) -> str:
     """What the element shows, its white space (block boundaries included) as single spaces."""
     return " ".join(str(driver.find_element(By.CSS_SELECTOR, css).text).split())
@@ -248,9 +259,9 @@ def test_log_in_find_a_user_and_see_their_memories(browser: WebDriver, console: 
     find = browser.find_element(By.ID, "find")
     find.send_keys(user[:7])
     find.submit()
-    link = wait_for(browser, lambda d: d.find_element(By.LINK_TEXT, user))
+    wait_for(browser, lambda d: d.find_element(By.LINK_TEXT, user))
     shoot(browser, console, "users-find")
-    link.click()
+    click(browser, By.LINK_TEXT, user)
     wait_for(browser, lambda d: d.find_elements(By.ID, "notes"))
     categories = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".category-name")]
     assert categories == ["food", "person", "work"]
@@ -369,7 +380,7 @@ def test_forgetting_takes_two_steps_and_the_note_is_gone(browser: WebDriver, con
 
     note = console.bus(seed)
     open_user(browser, console, user)
-    browser.find_element(By.LINK_TEXT, note).click()
+    click(browser, By.LINK_TEXT, note)
     wait_for(browser, lambda d: d.find_elements(By.ID, "forget-request")).__getitem__(0).click()
     wait_for(browser, lambda d: d.find_elements(By.ID, "forget-confirm"))
     # Pending: nothing is deleted yet, and the page says until when.
