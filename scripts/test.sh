@@ -7,7 +7,9 @@ export HF_HUB_OFFLINE=1
 # The layers (pyproject.toml, [tool.importlinter]) and the linter first: both take seconds.
 .venv/bin/lint-imports --no-cache --no-logo || exit 1
 .venv/bin/ruff check --quiet . || exit 1
-.venv/bin/python -m pytest "$@"
+# Two workers (ENGRAM_TEST_WORKERS; 0 runs in this process), each test file on one of them: most
+# of a test's time is a service, a Redis or a browser answering, which the other worker uses.
+.venv/bin/python -m pytest -n "${ENGRAM_TEST_WORKERS:-2}" --dist loadfile "$@"
 rc=$?
 # pytest exits 5 when it collected no test; that is a failure of the suite, not a pass.
 if [ "$rc" -eq 5 ]; then

@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -19,9 +20,17 @@ from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.config import Settings
 from tests.support import TEST_MASTER_KEY_B64, TEST_MODEL_CACHE
 
-# Under pytest-xdist each worker (gw0, gw1, ...) flushes a database of its own: 9, 10, ...
-_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
-TEST_REDIS_URL = os.environ.get("ENGRAM_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{9 + _WORKER}")
+
+def _worker_database(url: str) -> str:
+    """Under pytest-xdist each worker (gw0, gw1, ...) flushes a database of its own: the URL's
+    database number plus the worker's."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    parts = urlsplit(url)
+    database = int(parts.path.strip("/") or 0)
+    return urlunsplit(parts._replace(path=f"/{database + worker}"))
+
+
+TEST_REDIS_URL = _worker_database(os.environ.get("ENGRAM_TEST_REDIS_URL", "redis://127.0.0.1:6379/9"))
 # In-process services and stores share one master key (subprocesses get their own, generated
 # under their data dir: tests/support.engram_env leaves ENGRAM_* variables out).
 os.environ["ENGRAM_MASTER_KEY"] = TEST_MASTER_KEY_B64
