@@ -171,10 +171,7 @@ async def manage_tokens(
     """`engram tokens create|list|revoke`: a new token (shown once), every token's record, or the
     record of the one revoked."""
     if action == "create":
-        if bool(user_id) == operator:
-            raise EngramError(ErrorCode.INVALID_PARAMETER, "give --user USER, or --operator for the operator role")
-        if expires_in_days is not None and expires_in_days <= 0:
-            raise EngramError(ErrorCode.INVALID_PARAMETER, "--expires-in-days must be positive")
+        check_create(user_id, operator, expires_in_days)
         lifetime = timedelta(days=expires_in_days) if expires_in_days is not None else None
         token, record = await registry.create(user_id=user_id, label=label, expires_in=lifetime)
         return {"token": token, **msgspec.to_builtins(record)}
@@ -184,6 +181,14 @@ async def manage_tokens(
             raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"no token has the id {token_id!r}")
         return {"revoked": msgspec.to_builtins(revoked)}
     return {"tokens": [msgspec.to_builtins(r) for r in await registry.records()]}
+
+
+def check_create(user_id: str | None, operator: bool, expires_in_days: float | None) -> None:
+    """What a new token names: one user, or the operator role; and a positive lifetime if any."""
+    if bool(user_id) == operator:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, "give --user USER, or --operator for the operator role")
+    if expires_in_days is not None and expires_in_days <= 0:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, "--expires-in-days must be positive")
 
 
 def token_verifier(redis: Redis, gateway_secret_file: str | None) -> EngramTokenVerifier:

@@ -50,13 +50,6 @@ def _not_found(note_id: str) -> EngramError:
 
 Handler = Callable[[Any], Awaitable[QueryReply]]
 
-# What a deployment that serves no such query answers it with.
-NOT_SERVED = {
-    SearchNotes: "search is off in this deployment (ENGRAM_INDEX=off)",
-    BuildContext: "this service builds no memory blocks",
-}
-
-
 class QueryService:
     """Bus entry point of the query responders: decode, answer through the handler of the
     query's type (the table ``query_handlers`` builds, in the composition root), reply."""
@@ -74,8 +67,7 @@ class QueryService:
     async def ask(self, query: AnyQuery) -> QueryReply:
         handler = self._handlers.get(type(query))
         if handler is None:
-            message = NOT_SERVED.get(type(query), f"{type(query).__name__} is not served here")
-            raise EngramError(ErrorCode.UNAVAILABLE, message)
+            raise EngramError(ErrorCode.UNAVAILABLE, f"{type(query).__name__} is not served here")
         return await handler(query)
 
 
@@ -98,11 +90,20 @@ def query_handlers(
         ListMessages: reads.caught_up(reads.list_messages),
         ListRecent: reads.caught_up(reads.list_recent),
     }
-    if search is not None:
-        handlers[SearchNotes] = _checked_where(search.search)
-    if context is not None:
-        handlers[BuildContext] = reads.caught_up(context.build)
+    off = "search is off in this deployment (ENGRAM_INDEX=off)"
+    handlers[SearchNotes] = _checked_where(search.search if search is not None else _refused(off))
+    refused = _refused("this service builds no memory blocks")
+    handlers[BuildContext] = reads.caught_up(context.build if context is not None else refused)
     return handlers
+
+
+def _refused(message: str) -> Handler:
+    """The handler of a query this deployment does not serve."""
+
+    async def refuse(query: Any) -> QueryReply:
+        raise EngramError(ErrorCode.UNAVAILABLE, message)
+
+    return refuse
 
 
 def _checked_where(handler: Handler) -> Handler:

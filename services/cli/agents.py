@@ -67,7 +67,10 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
 def cmd_tokens(args: argparse.Namespace) -> int:
     """`engram tokens create|list|revoke`: the MCP front door's bearer tokens."""
-    from engram_ledger.services.agents.tokens import TokenRegistry, manage_tokens
+    from engram_ledger.services.agents.tokens import TokenRegistry, check_create, manage_tokens
+
+    if args.action == "create":  # refused before looking for the bus
+        check_create(args.user, args.operator, args.expires_in_days)
 
     async def go() -> dict[str, Any]:
         redis = connect(Settings.from_env())

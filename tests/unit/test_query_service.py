@@ -233,3 +233,14 @@ async def test_a_search_where_search_is_off_is_unavailable(world: World) -> None
     with pytest.raises(EngramError) as refused:
         await world.queries.ask(SearchNotes(user_id="alice", query="boss"))
     assert refused.value.code is ErrorCode.UNAVAILABLE
+
+
+async def test_without_search_a_search_is_unavailable_after_its_filter_is_checked(world: World) -> None:
+    # given a deployment without the index (this world has no search service)
+    asked = b'{"type": "search_notes", "user_id": "alice", "query": "jazz"}'
+    bad_filter = b'{"type": "search_notes", "user_id": "alice", "query": "jazz", "where": {"a": {"$nope": 1}}}'
+    # when / then
+    off = await world.reply(asked)
+    assert isinstance(off, ErrorReply) and off.code == "UNAVAILABLE" and "search is off" in off.message
+    refused = await world.reply(bad_filter)
+    assert isinstance(refused, ErrorReply) and refused.code == "INVALID_PARAMETER"
