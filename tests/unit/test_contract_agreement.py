@@ -1,11 +1,12 @@
 """The contracts state every field's name, limits, choices and default once (their JSON Schema,
-from msgspec). What restates them for a caller that cannot read them, the tool profiles' JSON
-Schemas and the CLI's options, must agree: what passes a tool's schema or the command line is
+from msgspec). What restates them for a caller that cannot read them, the client's methods, the
+tool profiles' JSON Schemas and the CLI's options, must agree: what passes a tool's schema or the command line is
 never refused by the contract under the same name."""
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import re
 import typing
 from typing import Any
@@ -13,12 +14,16 @@ from typing import Any
 import msgspec
 import pytest
 
+from engram_ledger.contracts import commands, queries
 from engram_ledger.contracts.commands import AnyCommand
 from engram_ledger.contracts.queries import AnyQuery
 from engram_ledger.services.agents.tools import PROFILES
+from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.cli.parser import build_parser
 
 CONTRACTS = (*typing.get_args(AnyCommand), *typing.get_args(AnyQuery))
+# A save's episode and procedure fields: the client passes them through as keywords.
+EPISODE_AND_PROCEDURE = {"summary", "narrative", "occurred_at", "links", "trigger", "action"}
 
 
 def contract_fields() -> dict[str, list[dict[str, Any]]]:
@@ -115,3 +120,49 @@ def test_the_agreement_checks_see_the_fields_they_are_about() -> None:
     names = {name for _, name, _ in tool_parameters()}
     assert {"content", "category", "subject", "query", "top_k"} <= names
     assert {"kind", "source", "top_k", "limit"} <= {a.dest for _, a in cli_options()}
+
+
+# Each client method and the contract it sends; what of the contract it leaves out on purpose.
+CLIENT_CALLS: dict[str, tuple[type[msgspec.Struct], set[str]]] = {
+    "save": (commands.SaveNote, {"expected_version", *EPISODE_AND_PROCEDURE}),  # those by **keyword
+    "save_many": (commands.SaveNotes, {"expected_version"}),
+    "put": (commands.PutNote, set()),
+    "update": (commands.UpdateNote, set()),
+    "supersede": (commands.SupersedeNote, set()),
+    "record_message": (commands.RecordMessage, {"expected_version"}),
+    "record_messages": (commands.RecordMessages, {"expected_version"}),
+    "renew": (commands.RenewNote, {"expected_version", "origin"}),
+    "retract_message": (commands.RetractMessage, {"expected_version", "origin"}),
+    "forget": (commands.RequestForget, {"expected_version", "origin"}),
+    "forget_user": (commands.RequestForgetUser, {"expected_version", "origin"}),
+    "forget_session": (commands.RequestForgetSession, {"expected_version", "origin"}),
+    "context": (queries.BuildContext, set()),
+    "get_note": (queries.GetNote, set()),
+    "get_by_key": (queries.GetNoteByKey, set()),
+    "list_categories": (queries.ListCategories, set()),
+    "list_messages": (queries.ListMessages, set()),
+    "history": (queries.GetHistory, set()),
+    "list_notes": (queries.ListNotes, set()),
+    "list_recent": (queries.ListRecent, set()),
+    "search": (queries.SearchNotes, set()),
+}
+
+
+@pytest.mark.parametrize("method", sorted(CLIENT_CALLS))
+def test_a_client_method_takes_its_contracts_names_and_defaults(method: str) -> None:
+    contract, left_out = CLIENT_CALLS[method]
+    fields = {f.name: f for f in msgspec.structs.fields(contract)}
+    parameters = {
+        p.name: p
+        for p in inspect.signature(getattr(EngramClient, method)).parameters.values()
+        if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD
+    }
+    assert set(parameters) <= set(fields), f"{method} names what {contract.__name__} does not"
+    assert set(fields) - set(parameters) - {"schema_version"} == left_out, f"{contract.__name__} grew a field"
+    for name, parameter in parameters.items():
+        if parameter.default is inspect.Parameter.empty or parameter.default is None:
+            continue  # required, or None: the contract's own default applies
+        field = fields[name]
+        expected = field.default if field.default is not msgspec.NODEFAULT else field.default_factory()
+        given = list(parameter.default) if isinstance(parameter.default, tuple) else parameter.default
+        assert given == expected, (method, name)
