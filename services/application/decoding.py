@@ -45,6 +45,14 @@ def decode_request(body: bytes, decoder: msgspec.json.Decoder[T], what: str) -> 
     """``what`` names the request kind in the refusal ("command", "query")."""
     refuse_oversized(body)
     try:
+        return _decode(body, decoder, what)
+    except RecursionError:
+        # msgspec's depth limit raises this rather than a DecodeError, from either decode.
+        raise EngramError(ErrorCode.INVALID_PARAMETER, f"malformed JSON: the {what} is nested too deeply") from None
+
+
+def _decode(body: bytes, decoder: msgspec.json.Decoder[T], what: str) -> T:
+    try:
         return decoder.decode(body)
     except msgspec.ValidationError as e:
         try:

@@ -23,6 +23,7 @@ The format is read from the entry itself, so a request the reclaimer re-queues (
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +93,15 @@ class EnvelopeFormat(BinaryMessageFormatV1):
 
     @classmethod
     def parse(cls, data: bytes) -> tuple[bytes, dict[str, Any]]:
+        try:
+            return cls._parse(data)
+        except (RecursionError, ValueError) as e:
+            # JSON nested past msgspec's depth limit, text that is not UTF-8: FastStream's own
+            # parsing raises too, and the request would sit pending until it is dead-lettered.
+            return _unreadable(data, e)
+
+    @classmethod
+    def _parse(cls, data: bytes) -> tuple[bytes, dict[str, Any]]:
         if not is_binary(data):
             answerable = cls._parse_answerable_json(data)
             if answerable is not None:
@@ -131,6 +141,29 @@ class EnvelopeFormat(BinaryMessageFormatV1):
             # Echoed as sent, even when it is not a string, so that the caller can match the error.
             answer["correlation_id"] = headers["correlation_id"]
         return b"", answer
+
+
+# Where a caller that sent an unreadable envelope waits: read off its bytes without parsing them.
+_REPLY_TO = re.compile(rb'"reply_to"\s*:\s*"([^"\\]{1,512})"')
+_CORRELATION_ID = re.compile(rb'"correlation_id"\s*:\s*"([^"\\]{1,512})"')
+
+
+def _unreadable(data: bytes, error: Exception) -> tuple[bytes, dict[str, Any]]:
+    """A request no parser can read: answered with a typed error on the ``reply_to`` its bytes
+    name, if any; with none it is refused all the same (no reply), and taken off the stream."""
+    problem = (
+        "the request's JSON is nested too deeply"
+        if isinstance(error, RecursionError)
+        else "the request is not valid UTF-8 JSON"
+    )
+    reply_to = _REPLY_TO.search(data)
+    if reply_to is None:
+        return b"", {}
+    headers: dict[str, Any] = {"reply_to": reply_to.group(1).decode("utf-8", "replace"), ENVELOPE_ERROR: problem}
+    correlation_id = _CORRELATION_ID.search(data)
+    if correlation_id is not None:
+        headers["correlation_id"] = correlation_id.group(1).decode("utf-8", "replace")
+    return b"", headers
 
 
 class JSONEnvelopeFormat(MessageFormat):

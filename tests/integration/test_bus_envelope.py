@@ -262,3 +262,43 @@ async def test_a_json_request_that_keeps_failing_is_dead_lettered_as_sent(redis_
     finally:
         await redis.aclose()
         await service.stop()
+
+
+DEEP = b"[" * 1000 + b"]" * 1000  # past msgspec's depth limit, which raises RecursionError
+
+
+async def test_a_body_nested_too_deeply_gets_a_typed_error_at_once(caller: Caller) -> None:
+    headers = {"reply_to": caller.reply_to, "correlation_id": "deep-body"}
+    body = b'{"type": "save_note", "command_id": "deep", "user_id": "ada", "content": "x", "links": ' + DEEP + b"}"
+    reply, answered = json_reply(await caller.send(json.dumps({"data": body.decode(), "headers": headers}).encode()))
+    assert reply["type"] == "error" and reply["code"] == "INVALID_PARAMETER", reply
+    assert "nested too deeply" in reply["message"] and answered["correlation_id"] == "deep-body"
+    await answered_and_gone(caller.redis)
+
+
+@pytest.mark.parametrize(
+    ("unreadable", "problem"),
+    [
+        (b'"z": ' + DEEP, "nested too deeply"),
+        (b'"z": "caf\xe9"', "not valid UTF-8"),
+    ],
+    ids=["nested too deeply", "not utf-8"],
+)
+async def test_an_envelope_no_parser_reads_is_answered_where_its_bytes_say(
+    caller: Caller, unreadable: bytes, problem: str
+) -> None:
+    """FastStream's own parser raises on these; the request would sit pending, then be
+    dead-lettered whole. It is answered at once on the reply_to its bytes name."""
+    envelope = b'{"data": "{}", "headers": {"reply_to": "%s", "correlation_id": "c-9"}, %s}' % (
+        caller.reply_to.encode(),
+        unreadable,
+    )
+    reply, answered = json_reply(await caller.send(envelope))
+    assert reply["code"] == "INVALID_PARAMETER" and problem in reply["message"], reply
+    assert answered["correlation_id"] == "c-9"
+    # Naming no reply_to: nowhere to answer, taken off the stream all the same, never dead-lettered.
+    await caller.redis.xadd(STREAM, {"__data__": b'{"z": ' + DEEP + b"}"})
+    await caller.redis.xadd(STREAM, {"__data__": b'{"data": "caf\xe9"}'})
+    body, _ = json_reply(await caller.send(caller.envelope(save("after-unreadable", "tea"))))
+    assert body["type"] == "note_written"
+    await answered_and_gone(caller.redis)

@@ -52,3 +52,15 @@ async def test_an_oversized_body_is_refused_before_it_is_parsed() -> None:
     ):
         reply = msgspec.json.decode(await service.handle(body))
         assert reply["code"] == "INVALID_PARAMETER" and "limit" in reply["message"]
+
+
+async def test_a_body_nested_past_the_decoders_depth_gets_a_typed_refusal() -> None:
+    deep = b"[" * 1000 + b"]" * 1000
+    history = InMemoryHistory(InMemoryEventStore())
+    for service, body in (
+        (CommandService(command_handlers(InMemoryEventStore())), deep),
+        (CommandService(command_handlers(InMemoryEventStore())), b'{"type": "save_note", "links": ' + deep + b"}"),
+        (QueryService(query_handlers(history, 0.1)), b'{"type": "list_notes", "where": ' + deep + b"}"),
+    ):
+        reply = msgspec.json.decode(await service.handle(body))
+        assert reply["code"] == "INVALID_PARAMETER" and "nested too deeply" in reply["message"], reply
