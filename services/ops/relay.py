@@ -67,6 +67,10 @@ REPLAY_WINDOW_SECONDS = 300
 DEAD_LETTERS_KEPT = 10_000
 # At most one line about failed posts this often (each post is counted in the metrics).
 FAILURE_LOG_SECONDS = 10.0
+# What the relay reads of a receiver's answer: only its status matters, and a receiver that
+# answers with a huge body must not grow the relay (the rest is left unread and the connection
+# closed).
+RESPONSE_READ_BYTES = 64 * 1024
 
 
 class Delivery(Protocol):
@@ -289,15 +293,23 @@ class WebhookRelay:
             REDELIVERED_HEADER: "true" if delivery.redelivered else "false",
         }
         try:
-            answer = await self._http.post(self._url, content=body, headers=headers)
+            async with self._http.stream("POST", self._url, content=body, headers=headers) as answer:
+                status = answer.status_code
+                # A small body is read whole, so the connection can serve the next post.
+                with contextlib.suppress(httpx.HTTPError):
+                    read = 0
+                    async for chunk in answer.aiter_raw():
+                        read += len(chunk)
+                        if read >= RESPONSE_READ_BYTES:
+                            break
         except httpx.HTTPError as e:
             error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             self._count_failure("no answer", error, delivery)
             return error
-        if 200 <= answer.status_code < 300:
+        if 200 <= status < 300:
             return ""
-        error = f"HTTP {answer.status_code}"
-        self._count_failure(str(answer.status_code), error, delivery)
+        error = f"HTTP {status}"
+        self._count_failure(str(status), error, delivery)
         return error
 
     def _count_failure(self, reason: str, detail: str, delivery: Delivery) -> None:

@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from engram_ledger.contracts import channels
 from engram_ledger.services.adapters.crypto import load_master_key
+from engram_ledger.services.adapters.redis_conn import group_info
 from engram_ledger.services.adapters.redis_server import free_port
 from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.ops.relay import (
@@ -227,3 +228,56 @@ async def test_an_event_that_keeps_failing_is_dead_lettered_and_the_rest_flow(
     fine = receiver.bodies[ids[1]]["event"]
     assert isinstance(fine, dict) and fine["content"] == "fine", "with the key, posts carry the content"
     assert first.note_id != second.note_id
+
+
+async def test_a_receiver_answering_with_a_huge_body_is_read_no_further_than_a_bound(
+    service: RunningService, redis_url: str
+) -> None:
+    """Only the status of an answer matters: a receiver that sends 512 MiB with its 200 gets the
+    post acknowledged, and the relay hangs up after a few KiB instead of reading it all. The
+    receiver is raw asyncio, so what it counts is what the socket took (past the kernel's
+    buffers, only what the relay read)."""
+    total = 512 << 20
+    sent = {"bytes": 0, "posts": 0}
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(
+            next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+        )
+        await reader.readexactly(length)
+        sent["posts"] += 1
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % total)
+        chunk = b"x" * (1 << 20)
+        try:
+            while sent["bytes"] < total:
+                writer.write(chunk)
+                await writer.drain()  # waits while the client does not read
+                sent["bytes"] += len(chunk)
+        except (ConnectionError, OSError):
+            pass  # the relay hung up
+        finally:
+            writer.close()
+
+    receiver = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = receiver.sockets[0].getsockname()[1]
+    async with EngramClient(redis_url, timeout=30, operator=True) as client:
+        await client.save("alice", "one event")
+    stop = asyncio.Event()
+    options = RelayOptions(url=f"http://127.0.0.1:{port}/hook", group="huge", secret=SECRET, from_start=True)
+    relaying = asyncio.create_task(run_relay(redis_url, False, options, stop))
+    try:
+        log = channels.event_log(channels.partition_of("alice", 2))
+        async with aioredis.Redis.from_url(redis_url) as redis:
+            for _ in range(300):
+                group = await group_info(redis, log, "huge")
+                if group is not None and group["entries-read"] and group["pending"] == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert group is not None and group["pending"] == 0, group
+    finally:
+        stop.set()
+        await asyncio.wait_for(relaying, 30)
+        receiver.close()
+    assert sent["posts"] == 1, "acknowledged on the first 200: not posted again"
+    assert sent["bytes"] < 64 << 20, f"{sent['bytes']} bytes of the answer taken before the relay hung up"
