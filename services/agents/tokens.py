@@ -92,23 +92,32 @@ class TokenRegistry:
             expires_at=created + expires_in if expires_in is not None else None,
         )
         await self._redis.hset(channels.TOKENS_KEY, key, msgspec.json.encode(record))
+        await self._live(created)
         return token, record
 
-    async def records(self) -> list[TokenRecord]:
-        """Every token's record, oldest first."""
-        stored = await self._redis.hgetall(channels.TOKENS_KEY)
-        found = [msgspec.json.decode(raw, type=TokenRecord) for raw in stored.values()]
+    async def records(self, now: datetime | None = None) -> list[TokenRecord]:
+        """Every token's record, oldest first (an expired token is removed, not listed)."""
+        found = list((await self._live(now or datetime.now(UTC))).values())
         return sorted(found, key=lambda r: (r.created_at, r.id))
 
     async def revoke(self, token_id: str) -> TokenRecord | None:
         """Forget the token named by ``token_id`` (its listed id); None when there is none. The
         next request that presents it is refused."""
-        for key, raw in (await self._redis.hgetall(channels.TOKENS_KEY)).items():
-            record = msgspec.json.decode(raw, type=TokenRecord)
+        for key, record in (await self._live(datetime.now(UTC))).items():
             if record.id == token_id:
                 await self._redis.hdel(channels.TOKENS_KEY, key)
                 return record
         return None
+
+    async def _live(self, now: datetime) -> dict[bytes, TokenRecord]:
+        """The tokens not expired, by their hash; the expired ones are deleted (every command
+        that manages tokens removes them: the MCP server may only read this hash)."""
+        stored = await self._redis.hgetall(channels.TOKENS_KEY)
+        records = {key: msgspec.json.decode(raw, type=TokenRecord) for key, raw in stored.items()}
+        expired = [key for key, r in records.items() if r.expires_at is not None and r.expires_at <= now]
+        if expired:
+            await self._redis.hdel(channels.TOKENS_KEY, *expired)
+        return {key: r for key, r in records.items() if key not in expired}
 
     async def find(self, token: str) -> TokenRecord | None:
         raw = await self._redis.hget(channels.TOKENS_KEY, digest(token))
