@@ -10,6 +10,8 @@ schemas' refusals with it too.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -45,7 +47,9 @@ def decode_request(body: bytes, decoder: msgspec.json.Decoder[T], what: str) -> 
     """``what`` names the request kind in the refusal ("command", "query")."""
     refuse_oversized(body)
     try:
-        return _decode(body, decoder, what)
+        decoded = _decode(body, decoder, what)
+        _refuse_duplicate_keys(body, what)
+        return decoded
     except RecursionError:
         # msgspec's depth limit raises this rather than a DecodeError, from either decode.
         raise EngramError(ErrorCode.INVALID_PARAMETER, f"malformed JSON: the {what} is nested too deeply") from None
@@ -68,6 +72,22 @@ def _decode(body: bytes, decoder: msgspec.json.Decoder[T], what: str) -> T:
         raise EngramError(ErrorCode.INVALID_PARAMETER, f"invalid {what}: {reason}") from None
     except msgspec.DecodeError as e:
         raise _malformed(e) from None
+
+
+def _refuse_duplicate_keys(body: bytes, what: str) -> None:
+    """msgspec, like most JSON parsers, keeps the last of two equal keys; a request that names
+    a field twice (``"user_id":"fz","user_id":"alice"``) is ambiguous, and refused."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for key, _ in items:
+            if key in seen:
+                raise EngramError(ErrorCode.INVALID_PARAMETER, f"invalid {what}: the field {key!r} is given twice")
+            seen.add(key)
+        return dict(items)
+
+    with contextlib.suppress(ValueError):  # msgspec read it: Python's reader only looks for twins
+        json.loads(body, object_pairs_hook=pairs)
 
 
 def _malformed(e: msgspec.DecodeError) -> EngramError:

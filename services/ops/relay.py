@@ -296,7 +296,7 @@ class WebhookRelay:
             async with self._http.stream("POST", self._url, content=body, headers=headers) as answer:
                 status = answer.status_code
                 # A small body is read whole, so the connection can serve the next post.
-                with contextlib.suppress(httpx.HTTPError):
+                with contextlib.suppress(httpx.HTTPError, httpx.StreamError):
                     read = 0
                     async for chunk in answer.aiter_raw():
                         read += len(chunk)

@@ -302,3 +302,14 @@ async def test_an_envelope_no_parser_reads_is_answered_where_its_bytes_say(
     body, _ = json_reply(await caller.send(caller.envelope(save("after-unreadable", "tea"))))
     assert body["type"] == "note_written"
     await answered_and_gone(caller.redis)
+
+
+async def test_a_body_that_names_a_field_twice_is_refused_and_writes_nothing(caller: Caller, redis_url: str) -> None:
+    """Most JSON readers keep the last of two equal keys: ``"user_id":"fz","user_id":"ada"`` would
+    save to ada. Ambiguous, so refused."""
+    body = '{"type": "save_note", "command_id": "twice", "user_id": "fz", "user_id": "ada", "content": "x"}'
+    headers = {"reply_to": caller.reply_to, "correlation_id": "twice"}
+    reply, _ = json_reply(await caller.send(json.dumps({"data": body, "headers": headers}).encode()))
+    assert reply["code"] == "INVALID_PARAMETER" and "'user_id' is given twice" in reply["message"], reply
+    assert await log_events(redis_url) == []
+    await answered_and_gone(caller.redis)
