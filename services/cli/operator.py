@@ -244,14 +244,17 @@ def cmd_acl(args: argparse.Namespace) -> int:
     """`engram acl`: each role's Redis ACL rules, or (--write) an ACL file and URL files."""
     from engram_ledger.services.ops import acl
 
+    partitions = args.partitions or Settings.from_env().partitions
     if args.write:
         if args.role or args.name:
             raise EngramError(ErrorCode.INVALID_PARAMETER, "--write makes every role's user: give no ROLE or --name")
-        paths = acl.write_deployment(Path(args.write), args.host, database=args.database, cluster=args.cluster)
+        paths = acl.write_deployment(
+            Path(args.write), args.host, database=args.database, cluster=args.cluster, partitions=partitions
+        )
         written = {name: str(path) for name, path in paths.items()}
         print_result(args, {"written": written}, lambda o: "wrote (0600) " + ", ".join(o["written"].values()))
         return 0
-    roles = acl.describe(args.role, args.name, cluster=args.cluster)
+    roles = acl.describe(args.role, args.name, cluster=args.cluster, partitions=partitions)
     print_result(args, {"roles": roles}, lambda o: acl.as_redis_cli(o["roles"]))
     return 0
 

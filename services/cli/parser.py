@@ -339,6 +339,11 @@ def _operations(cli: Commands) -> None:
     p.add_argument("--write", metavar="DIR", help="write an ACL file and each role's URL (fresh passwords, 0600)")
     p.add_argument("--host", default="redis:6379", help="HOST:PORT in the URLs --write makes (default redis:6379)")
     p.add_argument("--database", type=int, default=0, help="the database in the URLs --write makes")
+    p.add_argument(
+        "--partitions",
+        type=_bounded(int, 1, 1024),
+        help="the deployment's partitions, each named in the rules (default: ENGRAM_PARTITIONS, else 1)",
+    )
 
 
 def _draft_default(field: str) -> str:

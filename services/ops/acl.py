@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,21 +101,36 @@ DEFAULT_USERS = {role: f"engram-{role}" for role in ROLES}
 _BASE = ["resetkeys", "resetchannels", "-@all", "+ping", "+select"]
 # What redis-py's cluster client asks of any node to find the slots and route commands.
 _CLUSTER = ["+cluster|slots", "+cluster|shards", "+cluster|nodes", "+command", "+asking", "+readonly"]
-_LOG = f"{channels.PREFIX}:{{*}}:log"
 _PARTITIONS = f"%R~{channels.PARTITIONS_KEY}"
 
 
-def _requests(*streams: str) -> list[str]:
+_REQUEST_STREAMS: dict[str, Callable[[int], str]] = {
+    "commands": channels.command_stream,
+    "queries": channels.query_stream,
+    "operator": channels.operator_stream,
+}
+
+
+def _requests(partitions: int, *streams: str) -> list[str]:
     # Write-only (%W): adding an entry needs no read of the stream, and requests waiting there
-    # hold other users' text until they are answered.
-    return [f"%W~{channels.PREFIX}:{{*}}:{stream}" for stream in streams]
+    # hold other users' text until they are answered. Each partition's stream by its name: a
+    # pattern over the hash tag would let a caller fill streams that no worker reads.
+    return [f"%W~{_REQUEST_STREAMS[stream](p)}" for stream in streams for p in range(partitions)]
 
 
-def rules(role: str, user: str, *, cluster: bool = False) -> list[str]:
+def _logs(partitions: int) -> list[str]:
+    return [f"~{channels.event_log(p)}" for p in range(partitions)]
+
+
+def rules(role: str, user: str, *, cluster: bool = False, partitions: int = 1) -> list[str]:
     """The ACL rules of ``role`` for the user ``user``, in the order ``ACL SETUSER`` takes them
-    (after the name and any password). ``cluster``: also what a Redis Cluster client needs."""
+    (after the name and any password). ``cluster``: also what a Redis Cluster client needs.
+    ``partitions``: the deployment's number (ENGRAM_PARTITIONS): its streams are named one by
+    one, and a partition beyond them is refused."""
     if role not in ROLES:
         raise EngramError(ErrorCode.INVALID_PARAMETER, f"unknown role {role!r}; one of {', '.join(ROLES)}")
+    if partitions < 1:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, f"partitions must be at least 1; got {partitions}")
     check_user(user)
     replies = f"&{channels.client_reply_channels(user)}"
     if role == "service":
@@ -145,7 +161,8 @@ def rules(role: str, user: str, *, cluster: bool = False) -> list[str]:
         ]
     elif role in ("agent", "operator", "front-door"):
         streams = ("commands", "queries", "operator") if role == "operator" else ("commands", "queries")
-        found = [*_BASE, _PARTITIONS, *_requests(*streams), replies, "+get", "+xadd", "+subscribe", "+unsubscribe"]
+        requests = _requests(partitions, *streams)
+        found = [*_BASE, _PARTITIONS, *requests, replies, "+get", "+xadd", "+subscribe", "+unsubscribe"]
         if role == "front-door":
             # One token's record by the token's hash: never the list of them, never a write.
             found += [f"%R~{channels.TOKENS_KEY}", "+hget"]
@@ -155,7 +172,7 @@ def rules(role: str, user: str, *, cluster: bool = False) -> list[str]:
             _PARTITIONS,
             # Read and write key rights, but only commands that read the log or keep a group's
             # place in it: XADD, XDEL, XTRIM, XSETID, XGROUP DESTROY and SETID are not granted.
-            f"~{_LOG}",
+            *_logs(partitions),
             # EngramClient subscribes to its reply channel when it connects.
             replies,
             "+get",
@@ -192,16 +209,17 @@ def check_user(user: str) -> None:
         )
 
 
-def setuser(role: str, user: str, *, cluster: bool = False) -> list[str]:
+def setuser(role: str, user: str, *, cluster: bool = False, partitions: int = 1) -> list[str]:
     """``ACL SETUSER`` of ``user`` as ``role``, with no password yet (``reset`` leaves none):
     send ``ACL SETUSER <user> ><password>`` after it."""
-    return ["ACL", "SETUSER", user, "reset", "on", *rules(role, user, cluster=cluster)]
+    return ["ACL", "SETUSER", user, "reset", "on", *rules(role, user, cluster=cluster, partitions=partitions)]
 
 
-def acl_file_line(role: str, user: str, password: str, *, cluster: bool = False) -> str:
+def acl_file_line(role: str, user: str, password: str, *, cluster: bool = False, partitions: int = 1) -> str:
     """One line of a Redis ACL file (``aclfile``): the password as its SHA-256, never in clear."""
     digest = hashlib.sha256(password.encode()).hexdigest()
-    return " ".join(["user", user, "reset", "on", f"#{digest}", *rules(role, user, cluster=cluster)])
+    found = rules(role, user, cluster=cluster, partitions=partitions)
+    return " ".join(["user", user, "reset", "on", f"#{digest}", *found])
 
 
 # The users every ACL file starts with: the password-less default user off, and one that may only
@@ -217,7 +235,9 @@ def url_file(role: str) -> str:
     return f"redis_url_{role}"
 
 
-def write_deployment(directory: Path, host: str, *, database: int = 0, cluster: bool = False) -> dict[str, Path]:
+def write_deployment(
+    directory: Path, host: str, *, database: int = 0, cluster: bool = False, partitions: int = 1
+) -> dict[str, Path]:
     """A Redis ACL file with a user per role (``DEFAULT_USERS``) under fresh random passwords,
     and each role's URL in a file of its own, every file 0600 (compose.yaml mounts them as
     secrets). Refuses to replace any of them: new passwords need the old files removed first,
@@ -233,7 +253,10 @@ def write_deployment(directory: Path, host: str, *, database: int = 0, cluster: 
     passwords = {role: secrets.token_urlsafe(32) for role in ROLES}
     lines = [
         *PREAMBLE,
-        *(acl_file_line(role, DEFAULT_USERS[role], passwords[role], cluster=cluster) for role in ROLES),
+        *(
+            acl_file_line(role, DEFAULT_USERS[role], passwords[role], cluster=cluster, partitions=partitions)
+            for role in ROLES
+        ),
     ]
     write_private(paths["acl"], "\n".join(lines) + "\n")
     for role in ROLES:
@@ -242,7 +265,7 @@ def write_deployment(directory: Path, host: str, *, database: int = 0, cluster: 
     return paths
 
 
-def describe(role: str | None, name: str | None, *, cluster: bool = False) -> list[dict[str, Any]]:
+def describe(role: str | None, name: str | None, *, cluster: bool = False, partitions: int = 1) -> list[dict[str, Any]]:
     """Each role's user (or ``role``'s alone, named ``name``): who it is for, what it can and
     cannot do, and the ``ACL SETUSER`` that makes it."""
     if name and not role:
@@ -258,7 +281,7 @@ def describe(role: str | None, name: str | None, *, cluster: bool = False) -> li
                 "for": about.who,
                 "can": about.can,
                 "cannot": about.cannot,
-                "setuser": setuser(each, user, cluster=cluster),
+                "setuser": setuser(each, user, cluster=cluster, partitions=partitions),
             }
         )
     return described

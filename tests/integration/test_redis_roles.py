@@ -64,7 +64,7 @@ class Roles:
 def roles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Roles]:
     directory = tmp_path_factory.mktemp("redis-roles")
     port = free_port()
-    acl.write_deployment(directory / "secrets", f"127.0.0.1:{port}")
+    acl.write_deployment(directory / "secrets", f"127.0.0.1:{port}", partitions=PARTITIONS)
     # The deployment's ACL file as it is, and an admin user for the test's own inspection.
     users = directory / "users.acl"
     users.write_text(
@@ -81,7 +81,7 @@ def roles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Roles]:
     try:
         wait_until(lambda: _pings(admin))
         # A second agent, made the way an operator adds one: `engram acl agent --name agent-b`.
-        admin.execute_command(*acl.setuser("agent", OTHER_AGENT))
+        admin.execute_command(*acl.setuser("agent", OTHER_AGENT, partitions=PARTITIONS))
         admin.execute_command("ACL", "SETUSER", OTHER_AGENT, f">{OTHER_AGENT_PASSWORD}")
         env = engram_env(
             ENGRAM_REDIS_URL_FILE=str(directory / "secrets" / acl.url_file("service")),
@@ -241,6 +241,35 @@ async def test_an_agent_reads_no_log_note_key_read_model_or_request_and_writes_n
         )
         # What it may do, for contrast: the refusals above are not a user that can do nothing.
         assert int(await r.get(channels.PARTITIONS_KEY)) == PARTITIONS
+    finally:
+        await r.aclose()
+
+
+async def test_no_role_reaches_a_partition_the_deployment_does_not_have(roles: Roles) -> None:
+    """Every role's rules name the deployment's partitions one by one: a stream under another
+    hash tag (one past the last partition, or made up) takes no request, and no log is there to
+    read. A pattern over the tag let an agent fill streams that no worker reads."""
+    beyond, made_up = f"{{{PARTITIONS}}}", "{zzz}"
+    for role in ("agent", "operator", "front-door"):
+        r = aioredis.Redis.from_url(roles.url(role))
+        try:
+            await _refused(
+                *(
+                    (f"{role}: XADD {stream}", lambda s=stream, c=r: c.xadd(s, {"__data__": "junk"}))
+                    for tag in (beyond, made_up)
+                    for stream in (f"engram:{tag}:commands", f"engram:{tag}:queries")
+                )
+            )
+        finally:
+            await r.aclose()
+    r = aioredis.Redis.from_url(roles.url("subscriber"))
+    try:
+        await _refused(
+            *(
+                (f"subscriber: XREAD {log}", lambda g=log: r.xread({g: "0"}, count=1))
+                for log in (f"engram:{beyond}:log", f"engram:{made_up}:log")
+            )
+        )
     finally:
         await r.aclose()
 
@@ -494,7 +523,7 @@ async def test_the_roles_with_their_cluster_rules_work_on_a_redis_cluster(tmp_pa
         for node in cluster.nodes:
             with redis.Redis(port=node.port) as setup:  # the test cluster's default user is on
                 for role, user in acl.DEFAULT_USERS.items():
-                    setup.execute_command(*acl.setuser(role, user, cluster=True))
+                    setup.execute_command(*acl.setuser(role, user, cluster=True, partitions=6))
                     setup.execute_command("ACL", "SETUSER", user, ">pw")
                 setup.execute_command("ACL", "LOG", "RESET")
 

@@ -133,3 +133,21 @@ def test_the_redis_url_can_come_from_a_file(tmp_path: Path, monkeypatch: pytest.
         with pytest.raises(SettingError, match=problem) as refused:
             Settings.from_env()
         assert "ENGRAM_REDIS_URL_FILE" in str(refused.value)
+
+
+def test_every_role_names_the_deployments_partitions_and_no_pattern_over_the_tag() -> None:
+    for role in acl.ROLES:
+        rules = acl.rules(role, "someone", partitions=3)
+        if role != "service":
+            assert not [r for r in rules if "{*}" in r], (role, rules)
+    agent = acl.rules("agent", "someone", partitions=3)
+    assert [r for r in agent if r.startswith("%W~")] == [
+        *(f"%W~{channels.command_stream(p)}" for p in range(3)),
+        *(f"%W~{channels.query_stream(p)}" for p in range(3)),
+    ]
+    assert [r for r in acl.rules("subscriber", "s", partitions=2) if r.startswith("~")] == [
+        f"~{channels.event_log(0)}",
+        f"~{channels.event_log(1)}",
+    ]
+    assert cli.main(["acl", "agent", "--partitions", "2", "--json"]) == 0
+    assert cli.main(["acl", "agent", "--partitions", "0", "--json"]) == 1
