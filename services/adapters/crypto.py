@@ -333,6 +333,14 @@ class MasterKey:
         log.info("added master-key generation %d to %s", generation, path)
         return path
 
+    def forget_generations(self, generations: Iterable[int]) -> None:
+        """Take ``generations`` out of this keyring alone (a running worker, after `engram keys
+        retire` took them out of the file): nothing it holds opens them any more."""
+        for generation in generations:
+            if generation != self._active:
+                self._keys.pop(generation, None)
+                self._aeads.pop(generation, None)
+
     def drop_generations(self, generations: Iterable[int]) -> Path | None:
         """Take ``generations`` out of the keyring's file (if it is one; else the operator removes
         them from the variable) and out of this keyring. The file, or None."""

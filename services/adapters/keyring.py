@@ -44,6 +44,8 @@ class KeyringState:
     roots: dict[int, bytes] = field(default_factory=dict)
     times: dict[str, int] = field(default_factory=dict)  # ms, Redis's clock
     previous: int | None = None  # what the last completed rotation replaced
+    # `engram keys retire` re-wrapped every data key under this generation: the older are retired.
+    retired_below: int | None = None
 
     @property
     def rotating(self) -> bool:
@@ -75,6 +77,7 @@ async def read_state(redis: Redis) -> KeyringState:
         roots={int(k[len("root:") :]): v for k, v in raw.items() if k.startswith("root:")},
         times={k: int(v) for k, v in raw.items() if k.endswith("_at")},
         previous=number("previous"),
+        retired_below=number("retired_below"),
     )
 
 
@@ -169,6 +172,15 @@ class KeyringWatcher:
         if state.active != master.active_generation and master.holds(state.active):
             master.use(state.active)
             log.info("wrapping new data keys under master-key generation %d", state.active)
+            changed = True
+        # `engram keys retire` re-wrapped every data key under the active generation and took the
+        # older ones out of the key file: a running worker lets go of them too, so a retired key
+        # opens nothing it holds.
+        below = state.retired_below or 0
+        retired = [g for g in master.generations if g < below and g != master.active_generation]
+        if retired and not state.rotating:
+            master.forget_generations(retired)
+            log.info("let go of retired master-key generation(s) %s", _list(set(retired)))
             changed = True
         if changed:
             await self._changed()

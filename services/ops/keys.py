@@ -394,6 +394,9 @@ async def retire(
             await redis.delete(cursor_key(p, f"retire-{active}"))
         if stale_roots:
             await redis.hdel(KEYRING_KEY, *stale_roots)
+        # Every data key is under the active generation now: running workers let go of the
+        # older ones when they read this (adapters/keyring.KeyringWatcher).
+        await redis.hset(KEYRING_KEY, "retired_below", active)
         path = master.drop_generations(old)
         note = None
         if old and path is None:

@@ -5,6 +5,7 @@ of a rotated store that imports with the new key alone."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import os
@@ -25,6 +26,7 @@ from engram_ledger.services.adapters.event_store import RedisEventStore
 from engram_ledger.services.adapters.keyring import read_state
 from engram_ledger.services.bootstrap import ConfigurationError
 from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.observability.health import live_workers
 from engram_ledger.services.ops import keys
 from engram_ledger.services.ops.portable import export_log, import_log
 from engram_ledger.services.ops.rebuild import rebuild_history
@@ -272,3 +274,31 @@ async def test_an_export_of_a_rotated_store_imports_with_the_new_key_alone(
             assert found is not None and found.value == {"content": "green, no sugar"}
     finally:
         await running.stop()
+
+
+async def test_a_running_worker_lets_go_of_the_generations_retire_takes_out(
+    service: RunningService, key_file: Path
+) -> None:
+    """After `engram keys retire`, the retired key opens nothing a running worker holds: the
+    worker drops it from its keyring (and says so in its report) without a restart."""
+    url = service.settings.redis_url
+    async with EngramClient(url, operator=True) as client:
+        saved = await client.save("alice", "kept through the rotation", advise=False)
+    r = aioredis.Redis.from_url(url)
+    try:
+        await keys.rotate(r, load_master_key(service.settings.data_dir), 1, wait_seconds=10)
+        worker = service.engram.master
+        assert worker is not None and worker.generations == [1, 2], "both, until the old one is retired"
+        retired = await keys.retire(r, load_master_key(service.settings.data_dir), 1, wait_seconds=10)
+        assert retired["retired"] == [1]
+        for _ in range(100):
+            reports = await live_workers(r)
+            if worker.generations == [2] and all(w.get("key_generations") == [2] for w in reports):
+                break
+            await asyncio.sleep(0.05)
+        assert worker.generations == [2]
+        assert [w.get("key_generations") for w in reports] == [[2]]
+    finally:
+        await r.aclose()
+    async with EngramClient(url, operator=True) as client:  # what it holds still opens
+        assert (await client.get_note("alice", saved.note_id)).content == "kept through the rotation"
