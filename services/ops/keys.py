@@ -40,6 +40,7 @@ from engram_ledger.contracts import channels
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.services.adapters.crypto import MasterKey, MasterKeyError, load_master_key, wrapped_generation
 from engram_ledger.services.adapters.keyring import KEYRING_KEY, KeyringState, attach_keyring, read_state, root_field
+from engram_ledger.services.adapters.redis_conn import rewrite_aof
 from engram_ledger.services.config import Settings
 from engram_ledger.services.observability.health import live_workers
 from engram_ledger.services.ops.operator import operator_redis
@@ -397,6 +398,9 @@ async def retire(
         # Every data key is under the active generation now: running workers let go of the
         # older ones when they read this (adapters/keyring.KeyringWatcher).
         await redis.hset(KEYRING_KEY, "retired_below", active)
+        # The data keys' older wrappings stay in the AOF's history, where the retired key would
+        # open them from a copy of the files: rewritten, so that no file holds them.
+        aof = await rewrite_aof(redis, wait_seconds)
         path = master.drop_generations(old)
         note = None
         if old and path is None:
@@ -408,6 +412,7 @@ async def retire(
             "retired": old,
             "key_file": str(path) if path is not None and old else None,
             "rewrapped": sweep.counts["rewrapped"],
+            "aof": aof,
             "note": note,
         }
 
@@ -454,7 +459,8 @@ def human(action: str, result: dict[str, Any]) -> str:
             return f"nothing to retire: this keyring holds no generation older than {result['generation']}"
         where = f" (removed from {result['key_file']})" if result["key_file"] else ""
         note = f"; {result['note']}" if result["note"] else ""
-        return f"retired generation(s) {', '.join(map(str, result['retired']))}{where}{note}"
+        aof = f"; Redis: {result['aof']}" if result.get("aof") else ""
+        return f"retired generation(s) {', '.join(map(str, result['retired']))}{where}{aof}{note}"
     lines = [f"master-key generation in use: {result['generation']}"]
     rotation = result["rotation"]
     if rotation is not None:

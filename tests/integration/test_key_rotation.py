@@ -24,6 +24,7 @@ from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.services.adapters.crypto import load_master_key, wrapped_generation
 from engram_ledger.services.adapters.event_store import RedisEventStore
 from engram_ledger.services.adapters.keyring import read_state
+from engram_ledger.services.adapters.redis_server import RedisServer
 from engram_ledger.services.bootstrap import ConfigurationError
 from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.observability.health import live_workers
@@ -302,3 +303,30 @@ async def test_a_running_worker_lets_go_of_the_generations_retire_takes_out(
         await r.aclose()
     async with EngramClient(url, operator=True) as client:  # what it holds still opens
         assert (await client.get_note("alice", saved.note_id)).content == "kept through the rotation"
+
+
+async def test_after_retire_no_file_of_redis_holds_a_data_key_wrapped_under_the_retired_key(
+    tmp_path: Path, key_file: Path
+) -> None:
+    """The AOF keeps every value a key ever had until it is rewritten: a copy of its files and the
+    retired key would open the whole log. Retire rewrites it, and waits."""
+    server = RedisServer(tmp_path / "redis", appendfsync="always").start()
+    running = await RunningService(service_settings(server.url, index_enabled=False, data_dir=tmp_path)).start()
+    r = aioredis.Redis.from_url(server.url)
+    try:
+        async with EngramClient(server.url, operator=True) as client:
+            saved = [(await client.save("alice", f"note {i}", advise=False)).note_id for i in range(3)]
+        old = await wrapped_keys(server.url, "alice", saved)
+        assert all(w is not None and wrapped_generation(w) == 1 for w in old)
+        await keys.rotate(r, load_master_key(tmp_path), 1, wait_seconds=10)
+        files = [p for p in (tmp_path / "redis").rglob("*") if p.is_file()]
+        assert any(w in p.read_bytes() for p in files for w in old if w), "the AOF's history holds them"
+        retired = await keys.retire(r, load_master_key(tmp_path), 1, wait_seconds=30)
+        assert retired["aof"] == "append-only file rewritten"
+        assert "Redis: append-only file rewritten" in keys.human("retire", retired)
+        files = [p for p in (tmp_path / "redis").rglob("*") if p.is_file()]
+        assert [p.name for p in files for w in old if w and w in p.read_bytes()] == []
+    finally:
+        await r.aclose()
+        await running.stop()
+        server.stop()
