@@ -33,6 +33,13 @@ def _at_least(name: str, default: int, least: int) -> int:
     return value
 
 
+def _float_at_least(name: str, default: float, least: float) -> float:
+    value = _float(name, default)
+    if value < least:
+        raise SettingError(f"{name}={value:g} is below {least:g}")
+    return value
+
+
 def _float(name: str, default: float) -> float:
     raw = os.environ.get(name)
     try:
@@ -173,6 +180,9 @@ class Settings:
     forget_confirmation: bool = True
     # Which workers this process runs (`engram serve --role`); several processes share the groups.
     roles: frozenset[str] = frozenset(ROLES)
+    # `engram mcp --http`: a session with no request for this long is closed (the SDK's default
+    # is 30 minutes; an open session holds memory until then).
+    mcp_session_idle_seconds: float = 300.0
     consumer_name: str = field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
 
     @property
@@ -227,4 +237,5 @@ class Settings:
             roles=parse_roles(os.environ.get("ENGRAM_ROLES", "all")),
             forget_confirmation=os.environ.get("ENGRAM_FORGET_CONFIRMATION", "on").lower()
             not in ("off", "0", "false", "no"),
+            mcp_session_idle_seconds=_float_at_least("ENGRAM_MCP_SESSION_IDLE_SECONDS", 300.0, 1.0),
         )

@@ -207,17 +207,30 @@ class BindUser:
 MCP_PATH = "/mcp"
 
 
-def http_app(server: Server, verifier: TokenVerifier, host: str = "127.0.0.1", path: str = MCP_PATH) -> Any:
+def http_app(
+    server: Server,
+    verifier: TokenVerifier,
+    host: str = "127.0.0.1",
+    path: str = MCP_PATH,
+    session_idle_seconds: float = 300.0,
+) -> Any:
     """The streamable HTTP app with the SDK's bearer authentication on ``path``. No OAuth flow
     is served: tokens are issued out of band (``engram tokens create``), so the issuer named
-    to the SDK is this server itself and no authorization server is advertised."""
+    to the SDK is this server itself and no authorization server is advertised. A session with
+    no request for ``session_idle_seconds`` is closed."""
     from mcp.server.auth.settings import AuthSettings
     from pydantic import AnyHttpUrl
     from starlette.routing import Route
 
     authority = f"[{host}]" if ":" in host else host
     auth = AuthSettings(issuer_url=AnyHttpUrl(f"http://{authority}"), resource_server_url=None)
-    app = server.streamable_http_app(streamable_http_path=path, host=host, auth=auth, token_verifier=verifier)
+    app = server.streamable_http_app(
+        streamable_http_path=path,
+        host=host,
+        auth=auth,
+        token_verifier=verifier,
+        session_idle_timeout=session_idle_seconds,
+    )
     for route in app.routes:
         if isinstance(route, Route) and route.path == path:
             # The SDK's route endpoint is its RequireAuthMiddleware, which runs after the
@@ -247,6 +260,7 @@ async def serve_http(
     port: int,
     verifier: TokenVerifier,
     tls: tuple[str, str] | None = None,
+    session_idle_seconds: float = 300.0,
 ) -> None:
     """``tls``: certificate and key files, for anything but loopback."""
     import uvicorn
@@ -262,7 +276,7 @@ async def serve_http(
         )
     async with client:
         server = build_server(client, profile_name, None)
-        app = http_app(server, verifier, host)
+        app = http_app(server, verifier, host, session_idle_seconds=session_idle_seconds)
         certfile, keyfile = tls if tls is not None else (None, None)
         config = uvicorn.Config(
             app, host=host, port=port, log_level="warning", ssl_certfile=certfile, ssl_keyfile=keyfile

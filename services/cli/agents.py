@@ -59,7 +59,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         log_to_terminal()
         verifier = token_verifier(connect(settings), args.gateway_secret_file)
         tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
-        asyncio.run(serve_http(client, args.profile, args.host, args.http, verifier, tls))
+        idle = settings.mcp_session_idle_seconds
+        asyncio.run(serve_http(client, args.profile, args.host, args.http, verifier, tls, idle))
         return 0
     asyncio.run(serve_stdio(client, args.profile, args.user, args.session))
     return 0

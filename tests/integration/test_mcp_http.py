@@ -75,14 +75,16 @@ class Front:
 
 
 @pytest.fixture
-async def front(redis_url: str) -> AsyncIterator[Front]:
+async def front(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator[Front]:
+    idle = getattr(request, "param", 300.0)  # seconds a session may go without a request
     running = await RunningService(service_settings(redis_url, index_enabled=False)).start()
     try:
         async with EngramClient(redis_url) as client, aioredis.Redis.from_url(redis_url) as redis:
             registry = TokenRegistry(redis)
             verifier = EngramTokenVerifier(registry, GatewayVerifier(GATEWAY_SECRET))
             dispatchers = Dispatchers(client, "engram")
-            app = http_app(build_server(client, "engram", None, dispatchers=dispatchers), verifier)
+            server = build_server(client, "engram", None, dispatchers=dispatchers)
+            app = http_app(server, verifier, session_idle_seconds=idle)
             web = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
             serving = asyncio.create_task(web.serve())
             while not web.started:
@@ -204,3 +206,18 @@ async def test_a_gateways_secret_names_the_user_in_the_header(front: Front) -> N
     headers = [*two.multi_items(), (USER_HEADER, "erin")]
     doubled = await front.http.post(front.url, headers=headers, json=message)
     assert doubled.status_code == 400 and "name one user" in doubled.text, doubled.text
+
+
+@pytest.mark.parametrize("front", [1.0], indirect=True)
+async def test_a_session_left_idle_is_closed_after_the_idle_time(front: Front) -> None:
+    """An open session holds the server's memory: one that sends nothing for
+    ENGRAM_MCP_SESSION_IDLE_SECONDS (here 1 s) is closed, and its id answers 404."""
+    token, _ = await front.registry.create(user_id="idle-ida")
+    busy, idle = front.session(token), front.session(token)
+    await busy.start(None)
+    await idle.start(None)
+    for _ in range(6):  # one keeps asking, the other says nothing
+        assert (await busy.post(None, "tools/list")).status_code == 200
+        await asyncio.sleep(0.4)
+    assert (await idle.post(None, "tools/list")).status_code == 404
+    assert (await busy.post(None, "tools/list")).status_code == 200
