@@ -50,6 +50,7 @@ def _not_found(note_id: str) -> EngramError:
 
 Handler = Callable[[Any], Awaitable[QueryReply]]
 
+
 class QueryService:
     """Bus entry point of the query responders: decode, answer through the handler of the
     query's type (the table ``query_handlers`` builds, in the composition root), reply."""
