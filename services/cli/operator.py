@@ -301,6 +301,7 @@ def cmd_console(args: argparse.Namespace) -> int:
             cluster=settings.redis_cluster,
             timeout=settings.request_timeout_seconds,
             announce=announce,
+            ended_sessions=settings.data_dir / "console-ended-sessions",
         )
     )
     return 0

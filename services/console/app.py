@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -37,10 +38,18 @@ PAGE_MODULES = (users, search, context, erase, notes, events, sessions)
 
 
 def create_app(
-    url: str, token: str, *, cluster: bool = False, timeout: float = 10.0, max_streams: int = MAX_STREAMS
+    url: str,
+    token: str,
+    *,
+    cluster: bool = False,
+    timeout: float = 10.0,
+    max_streams: int = MAX_STREAMS,
+    ended_sessions: Path | None = None,
 ) -> Starlette:
-    """The console for the Engram bus at ``url``, opened to whoever holds ``token``."""
-    console = Console(url, ConsoleAuth(token), cluster, timeout, max_streams, streams=asyncio.Semaphore(max_streams))
+    """The console for the Engram bus at ``url``, opened to whoever holds ``token``.
+    ``ended_sessions``: where the sessions logged out of are kept across restarts."""
+    auth = ConsoleAuth(token, ended_sessions)
+    console = Console(url, auth, cluster, timeout, max_streams, streams=asyncio.Semaphore(max_streams))
     pages = Pages()
 
     @contextlib.asynccontextmanager
@@ -83,6 +92,7 @@ async def serve_console(
     cluster: bool = False,
     timeout: float = 10.0,
     announce: Callable[[str], None] | None = None,
+    ended_sessions: Path | None = None,
 ) -> None:
     """Runs the console with uvicorn until SIGINT/SIGTERM. The bus and the port are tried first,
     so that either failing is one typed error."""
@@ -95,7 +105,8 @@ async def serve_console(
             "put a TLS proxy in front or keep it on loopback",
             host,
         )
-    server = http_server(create_app(url, token, cluster=cluster, timeout=timeout), host, port)
+    app = create_app(url, token, cluster=cluster, timeout=timeout, ended_sessions=ended_sessions)
+    server = http_server(app, host, port)
     serving = asyncio.create_task(server.serve())
     while not server.started and not serving.done():
         await asyncio.sleep(0.05)

@@ -3,7 +3,9 @@ through the login form, which sets a session cookie (HttpOnly, SameSite=Strict).
 without one is answered 401, the login page included (its body is the form), static files too.
 
 Sessions are stateless: the cookie is ``<id>.<issued>.<mac>``, its MAC a keyed hash under a key
-derived from the console token, so a new token ends every session and a restart ends none. A
+derived from the console token, so a new token ends every session and a restart ends none. Logging
+out ends the session for good: its id is kept (in a file under the data dir, so a restart keeps it
+too) until the cookie would have expired anyway. A
 form posted with the cookie must carry the session's CSRF token (a MAC of the session id), and a
 cross-origin ``Origin`` is refused: SameSite=Strict alone leaves older browsers and same-site
 subdomains. A request with the bearer token carries no ambient credential and needs neither.
@@ -13,9 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,6 +27,9 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 
 from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.adapters.private_files import NotPrivate, private_dir, write_private
+
+log = logging.getLogger("engram.console")
 
 COOKIE = "engram_console"
 CSRF_HEADER = "x-csrf-token"
@@ -63,9 +70,17 @@ def check_token(token: str) -> str:
 
 
 class ConsoleAuth:
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, ended_file: Path | None = None) -> None:
         self._token = check_token(token).encode()
         self._key = hashlib.sha256(b"engram-console-session\0" + self._token).digest()
+        # Sessions logged out of, by id, with when their cookie would have expired.
+        self._ended_file = ended_file
+        self._ended: dict[str, int] = {}
+        if ended_file is not None and ended_file.exists():
+            for line in ended_file.read_text().splitlines():
+                sid, _, until = line.partition(" ")
+                if until.isdigit():
+                    self._ended[sid] = int(until)
 
     def token_ok(self, given: str | None) -> bool:
         return given is not None and hmac.compare_digest(given.encode(), self._token)
@@ -90,7 +105,25 @@ class ConsoleAuth:
             return None
         if not 0 <= time.time() - int(issued) <= SESSION_SECONDS:
             return None
+        if sid in self._ended:
+            return None
         return sid
+
+    def end_session(self, cookie: str | None) -> None:
+        """Log out: the session's cookie opens nothing any more, a copy of it included."""
+        sid = self.session_id(cookie)
+        if sid is None or cookie is None:
+            return
+        now = int(time.time())
+        self._ended = {s: until for s, until in self._ended.items() if until > now}
+        self._ended[sid] = int(cookie.split(".")[1]) + SESSION_SECONDS
+        if self._ended_file is not None:
+            lines = "".join(f"{s} {until}\n" for s, until in self._ended.items())
+            try:
+                private_dir(self._ended_file.parent)
+                write_private(self._ended_file, lines)
+            except (OSError, NotPrivate) as e:  # ended here all the same; a restart would forget it
+                log.warning("the logout is not kept across a restart: %s", e)
 
     def csrf(self, sid: str) -> str:
         return self._mac("csrf", sid)

@@ -35,6 +35,7 @@ def routes(console: Console, pages: Pages) -> list[Route]:
 
     async def logout(request: Request) -> Response:
         await checked_form(request)
+        console.auth.end_session(request.cookies.get(COOKIE))
         response = RedirectResponse("/", status_code=303)
         response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
         return response

@@ -311,3 +311,14 @@ async def test_a_large_memory_is_listed_page_by_page(served: Served) -> None:
         assert last.text.count('class="note active"') == 35
         only = await http.get("/user", params={"u": "ivan", "category": "c1"})
         assert "1–45 of 45 notes in c1" in only.text and "Ivan&#39;s fact 0-" not in only.text
+
+
+async def test_after_logout_a_copy_of_the_sessions_cookie_opens_nothing(served: Served) -> None:
+    async with logged_in(served) as (http, csrf):
+        copied = http.cookies[COOKIE]
+        out = await http.post("/logout", data={"csrf": csrf})
+        assert out.status_code == 303
+    async with served.http(cookies={COOKIE: copied}) as thief:
+        assert (await thief.get("/")).status_code == 401
+    async with logged_in(served) as (http, _):  # logging in again makes a new session
+        assert (await http.get("/")).status_code == 200

@@ -4,6 +4,7 @@ activity per day, pending deletions, receipts), and how a note's versions become
 from __future__ import annotations
 
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -235,3 +236,16 @@ def test_a_page_of_the_listing_is_grouped_by_category_then_kind() -> None:
         ("food", [("fact", ["a0000002"]), ("procedure", ["a0000001"])]),
         ("work", [("episode", ["a0000003"])]),
     ]
+
+
+def test_a_logout_ends_the_session_for_good_a_restart_and_a_copied_cookie_included(tmp_path: Path) -> None:
+    ended = tmp_path / "state" / "console-ended-sessions"
+    auth = ConsoleAuth(TOKEN, ended)
+    gone, kept = auth.new_session(), auth.new_session()
+    auth.end_session(gone)
+    assert auth.session_id(gone) is None and auth.session_id(kept) is not None
+    restarted = ConsoleAuth(TOKEN, ended)  # the same token, the same data dir
+    assert restarted.session_id(gone) is None, "a restart keeps the logout"
+    assert restarted.session_id(kept) is not None, "and every session not logged out of"
+    assert ended.stat().st_mode & 0o777 == 0o600 and ended.parent.stat().st_mode & 0o777 == 0o700
+    assert TOKEN not in ended.read_text()
