@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import math
 import re
 import zlib
@@ -65,6 +66,16 @@ class InMemoryEventStore:
 
     async def outcome(self, user_id: str, command_id: str) -> Outcome | None:
         return self._outcomes.get((user_id, command_id))
+
+    def fingerprint(self, user_id: str, request: bytes) -> str:
+        return hmac.new(b"in-memory fingerprint key", user_id.encode() + b"\x1f" + request, "sha256").hexdigest()
+
+    async def drop_fingerprints(self, user_id: str, note_ids: Sequence[str]) -> None:
+        commands = {decode_event(raw).command_id for i in note_ids for raw, _ in self._notes.get((user_id, i), [])}
+        for command_id in commands:
+            if (first := self._outcomes.get((user_id, command_id))) is not None:
+                detail = msgspec.structs.replace(first.detail, request="")
+                self._outcomes[(user_id, command_id)] = msgspec.structs.replace(first, detail=detail)
 
     async def load(self, user_id: str, note_ids: Sequence[str]) -> dict[str, LoadedNote]:
         loaded = {}

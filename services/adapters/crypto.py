@@ -68,6 +68,7 @@ _NONCE = 12
 # how subjects are hashed means an index rebuild.
 SUBJECT_MATCH_LABEL = "engram subject match v1"
 KEYED_FIELD_LABEL = "engram keyed field v1"
+REQUEST_FINGERPRINT_LABEL = "engram request fingerprint v1"
 # The read model's two subkeys of a note's data key: one seals, one makes the nonce.
 _RECORD_SEAL_LABEL = b"engram read model v1 seal"
 _RECORD_NONCE_LABEL = b"engram read model v1 nonce"

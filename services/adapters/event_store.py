@@ -4,6 +4,7 @@ single Lua script (one round trip, atomic) that checks expected versions, refuse
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -14,7 +15,15 @@ from redis.asyncio import Redis
 
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.events import AnyEvent, is_control_stream
-from engram_ledger.services.adapters.crypto import MasterKey, NoteCipher, is_sealed, needs_key, shredded
+from engram_ledger.services.adapters.crypto import (
+    REQUEST_FINGERPRINT_LABEL,
+    MasterKey,
+    NoteCipher,
+    is_sealed,
+    keyed_hash,
+    needs_key,
+    shredded,
+)
 from engram_ledger.services.application.ports import (
     Appended,
     Conflict,
@@ -90,6 +99,12 @@ end
 return {'appended', outcome}
 """
 
+# Replaces an outcome only if it is still the one read (an outcome is written once, but a
+# rewrite must never resurrect one that expired or was replaced meanwhile), keeping its expiry.
+_REPLACE_OUTCOME = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL') end
+return 0
+"""
 
 _event_decoder = msgspec.json.Decoder(AnyEvent)
 
@@ -167,7 +182,9 @@ class RedisEventStore:
         self.partitions = partitions
         self._ttl = idempotency_ttl_seconds
         self._append = redis.register_script(_APPEND)
+        self._replace_outcome = redis.register_script(_REPLACE_OUTCOME)
         self._loaded_keys = _LoadedKeys()
+        self._fingerprint_key = functools.cache(functools.partial(master.derive, REQUEST_FINGERPRINT_LABEL))
 
     def partition_of(self, user_id: str) -> int:
         return channels.partition_of(user_id, self.partitions)
@@ -187,6 +204,29 @@ class RedisEventStore:
         p = self.partition_of(user_id)
         raw = await self._redis.get(channels.command_outcome(p, user_id, command_id))
         return None if raw is None else decode_outcome(raw)
+
+    def fingerprint(self, user_id: str, request: bytes) -> str:
+        return keyed_hash(self._fingerprint_key(), user_id, request.decode())
+
+    async def drop_fingerprints(self, user_id: str, note_ids: Sequence[str]) -> None:
+        """The commands are found by the ids their events carry (readable without the note's key)."""
+        p = self.partition_of(user_id)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for note_id in note_ids:
+                pipe.xrange(channels.note_stream(p, user_id, note_id))
+            streams = await pipe.execute()
+        command_ids = dict.fromkeys(
+            decode_event(fields[b"e"]).command_id for entries in streams for _, fields in entries
+        )
+        for command_id in command_ids:
+            key = channels.command_outcome(p, user_id, command_id)
+            raw = await self._redis.get(key)
+            if raw is None:
+                continue
+            stored = msgspec.json.decode(raw)
+            if not isinstance(stored.get("extra"), dict) or not stored["extra"].pop("request", None):
+                continue
+            await self._replace_outcome(keys=[key], args=[raw, msgspec.json.encode(stored)])
 
     async def load(self, user_id: str, note_ids: Sequence[str]) -> dict[str, LoadedNote]:
         p = self.partition_of(user_id)

@@ -141,7 +141,10 @@ class ForgetService:
         )
         return await unit_of_work.run(self._store, command, erase)
 
-    async def _scrub_after(self, token: str) -> None:
+    async def _scrub_after(self, token: str, user_id: str, forgotten: Sequence[str]) -> None:
+        # What the forgotten notes' commands asked is fingerprinted with their outcomes: the
+        # fingerprints go with them (their outcomes stay, to answer a late retry).
+        await self._store.drop_fingerprints(user_id, forgotten)
         await self._scrub.owe()
         task = asyncio.create_task(self._scrub_later(token))
         self._scrubbing.add(task)
@@ -224,7 +227,7 @@ class _Expire(Work[NoteWritten]):
         token = channels.format_token(self._partition, outcome.position)
         if self._service._access is not None:
             await self._service._access.forget(self._command.user_id, [self._command.note_id])
-        await self._service._scrub_after(token)
+        await self._service._scrub_after(token, self._command.user_id, [self._command.note_id])
         note_id, version = outcome.notes[0]
         return NoteWritten(note_id=note_id, version=version, token=token, replayed=replayed)
 
@@ -271,7 +274,7 @@ class _ForgetNotes(Work[ForgetReply]):
         if reply.forgotten and self._service._access is not None:
             await self._service._access.forget(self._command.user_id, reply.forgotten)
         if reply.forgotten:
-            await self._service._scrub_after(token)
+            await self._service._scrub_after(token, self._command.user_id, reply.forgotten)
         return reply
 
     async def replay(self, first: Outcome) -> ForgetReply:
@@ -283,7 +286,8 @@ class _ForgetNotes(Work[ForgetReply]):
         contents = {note_id: note.state.content for note_id, note in loaded.items()}
         reply = _reply(steps, contents, channels.format_token(self._partition, first.position))
         if reply.forgotten:
-            await self._service._scrub_after(reply.token or "")  # the first attempt may have died before its scrub
+            # The first attempt may have died before its scrub.
+            await self._service._scrub_after(reply.token or "", self._command.user_id, reply.forgotten)
         return msgspec.structs.replace(reply, replayed=True)
 
 
@@ -353,7 +357,7 @@ class _Erase(Work[ForgetReply]):
             # A replay scrubs again: the first attempt may have died before its scrub.
             if not replayed and self._service._access is not None and self._control_id == ACCOUNT:
                 await self._service._access.forget(self._command.user_id)
-            await self._service._scrub_after(token)
+            await self._service._scrub_after(token, self._command.user_id, [*step.erased, self._control_id])
         return reply
 
 

@@ -56,8 +56,9 @@ class ErasureStep(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
 
 class OutcomeDetail(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What a reply needs besides the notes written; each command kind fills its own field.
-    ``request`` is a digest of the command, so a retry can be told from a different request
-    under the same command id (empty in outcomes stored before it was kept)."""
+    ``request`` is a keyed digest of the command, so a retry can be told from a different request
+    under the same command id (empty in outcomes stored before it was kept, and once a forget
+    of what the command wrote has removed it)."""
 
     request: str = ""
     duplicates: list[HeldDraft] = msgspec.field(default_factory=list)
@@ -117,6 +118,15 @@ class EventStore(Protocol):
 
     async def outcome(self, user_id: str, command_id: str) -> Outcome | None:
         """The first outcome of an accepted command, or None."""
+
+    def fingerprint(self, user_id: str, request: bytes) -> str:
+        """A digest of what a command asked (``unit_of_work.request_body``), kept with its outcome
+        to tell a retry from a different request. Keyed: a guess at what was asked cannot be
+        checked against it without the store's key."""
+
+    async def drop_fingerprints(self, user_id: str, note_ids: Sequence[str]) -> None:
+        """After a forget: remove the fingerprints of every command that wrote to these notes
+        (their outcomes stay, so a retry is still answered, only no longer compared)."""
 
     async def load(self, user_id: str, note_ids: Sequence[str]) -> dict[str, LoadedNote]:
         """Each note's folded state and the log position of its latest event."""

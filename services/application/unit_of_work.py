@@ -74,10 +74,11 @@ class Work(ABC, Generic[R]):
 
 async def run(store: EventStore, command: AnyCommand, work: Work[R]) -> R:
     user_id, command_id = command.user_id, command.command_id
-    fingerprint = request_digest(command)
+    body = request_body(command)
+    fingerprint = store.fingerprint(user_id, body)
 
     async def replay(first: Outcome) -> R:
-        if first.detail.request and first.detail.request != fingerprint:
+        if first.detail.request and first.detail.request not in (fingerprint, _unkeyed(first.detail.request, body)):
             raise EngramError(
                 ErrorCode.IDEMPOTENCY_CONFLICT,
                 f"command_id {command_id!r} was already used for a different request; a retry must repeat "
@@ -126,16 +127,23 @@ async def run(store: EventStore, command: AnyCommand, work: Work[R]) -> R:
 _NOT_THE_REQUEST = frozenset({"schema_version", "after"})
 
 
-def request_digest(command: AnyCommand) -> str:
-    """What the command asks, hashed: its fields that differ from their defaults (so a field a
-    later release adds, or a default spelled out, does not make a retry look different), in one
-    order, with its wire tag."""
+def request_body(command: AnyCommand) -> bytes:
+    """What the command asks, in one canonical form for the store to fingerprint: its fields that
+    differ from their defaults (so a field a later release adds, or a default spelled out, does
+    not make a retry look different), in one order, with its wire tag."""
     asked = {
         field.encode_name: getattr(command, field.name)
         for field in _request_fields(type(command))
         if not _is_default(field, getattr(command, field.name))
     }
-    body = msgspec.json.encode([type(command).__struct_config__.tag, asked], order="sorted")
+    return msgspec.json.encode([type(command).__struct_config__.tag, asked], order="sorted")
+
+
+def _unkeyed(kept: str, body: bytes) -> str | None:
+    """Outcomes stored by earlier releases (for up to the idempotency TTL after an upgrade) hold
+    an unkeyed hex digest; a retry is still compared with it."""
+    if len(kept) != 32 or not all(c in "0123456789abcdef" for c in kept):
+        return None
     return hashlib.blake2b(body, digest_size=16).hexdigest()
 
 

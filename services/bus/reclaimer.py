@@ -4,7 +4,9 @@ FastStream acks after a handler returns and leaves an entry pending when it rais
 worker dies, and it neither redelivers nor counts deliveries. This sweeper does both: an entry
 pending longer than ``idle_ms`` is re-queued as a new entry with its attempt count, and after
 ``max_deliveries`` attempts it goes to the dead-letter stream instead, which keeps the newest
-``DEAD_LETTERS_KEPT``. Both moves are one Lua script each (claim, copy, ack), so two sweepers
+``DEAD_LETTERS_KEPT``. A dead letter says what failed (the request's type, command id, user,
+correlation id and size) without its body: a body can hold a user's text, and no forget reaches
+a dead letter. Both moves are one Lua script each (claim, copy, ack), so two sweepers
 never move the same entry twice.
 """
 
@@ -13,10 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import msgspec
+from faststream.redis.message import bDATA_KEY
 from redis.asyncio import Redis
 
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.limits import REQUEST_STREAM_BYTES
+from engram_ledger.services.bus.envelope import EnvelopeFormat
 from engram_ledger.services.common.periodic import every
 
 log = logging.getLogger("engram.reclaimer")
@@ -45,14 +50,15 @@ for i = 1, #fields, 2 do
     copy[#copy + 1] = fields[i]; copy[#copy + 1] = fields[i + 1] end
 end
 if attempt >= max then
-  copy[#copy + 1] = ARGV[6]; copy[#copy + 1] = tostring(attempt)
-  copy[#copy + 1] = 'engram-original-id'; copy[#copy + 1] = id
+  -- The letter: what the request was (ARGV[9] onwards, read off it by the sweeper), not its body.
+  local letter = {ARGV[6], tostring(attempt), 'engram-original-id', id}
+  for i = 9, #ARGV do letter[#letter + 1] = ARGV[i] end
   -- The newest ARGV[7], and as on the request streams no more than ARGV[8] bytes' worth of
   -- letters this size or larger.
   local size = 0
-  for i = 1, #copy do size = size + #copy[i] end
+  for i = 1, #letter do size = size + #letter[i] end
   local keep = math.max(1, math.min(tonumber(ARGV[7]), math.floor(tonumber(ARGV[8]) / size)))
-  redis.call('XADD', dead, 'MAXLEN', keep, '*', unpack(copy))
+  redis.call('XADD', dead, 'MAXLEN', keep, '*', unpack(letter))
   redis.call('XACK', stream, group, id)
   redis.call('XDEL', stream, id)
   return 'dead'
@@ -64,6 +70,30 @@ redis.call('XACK', stream, group, id)
 redis.call('XDEL', stream, id)
 return 'requeued'
 """
+
+
+# What a dead letter names of its request, each cut to a length an operator can read.
+LETTER_FIELDS = ("type", "command_id", "user_id")
+LETTER_VALUE_CHARS = 200
+
+
+def describe(data: bytes) -> dict[str, str]:
+    """What a request entry's ``__data__`` was, without its body: the fields that name it (those
+    of ``LETTER_FIELDS`` it has as strings), its correlation id and its size in bytes."""
+    letter = {"bytes": str(len(data))}
+    body, headers = EnvelopeFormat.parse(data)
+    correlation_id = headers.get("correlation_id")
+    if isinstance(correlation_id, str):
+        letter["correlation_id"] = correlation_id[:LETTER_VALUE_CHARS]
+    try:
+        request = msgspec.json.decode(body)
+    except (msgspec.DecodeError, RecursionError, ValueError):
+        return letter
+    if isinstance(request, dict):
+        for name in LETTER_FIELDS:
+            if isinstance(value := request.get(name), str):
+                letter[name] = value[:LETTER_VALUE_CHARS]
+    return letter
 
 
 class PendingReclaimer:
@@ -102,6 +132,8 @@ class PendingReclaimer:
             raise
         for item in pending:
             entry_id = item["message_id"]
+            entry = await self._redis.xrange(self.stream, entry_id, entry_id)
+            letter = describe(entry[0][1].get(bDATA_KEY, b"")) if entry else {}
             result = await self._move(
                 keys=[self.stream, self.dead_letters],
                 args=[
@@ -113,6 +145,7 @@ class PendingReclaimer:
                     ATTEMPT_FIELD,
                     self._dead_kept,
                     self._dead_bytes,
+                    *(part for pair in letter.items() for part in pair),
                 ],
             )
             outcome = result.decode() if isinstance(result, bytes) else str(result)

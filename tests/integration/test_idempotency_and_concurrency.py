@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 import msgspec
 import pytest
+import redis.asyncio as aioredis
 
 from engram_ledger.contracts.commands import RequestForget, SaveNote, UpdateNote
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.queries import ForgetReply, NoteWritten
+from engram_ledger.services.application.unit_of_work import request_body
 from engram_ledger.services.bus.client import EngramClient
 from tests.support import log_events
 
@@ -172,3 +175,50 @@ async def test_ids_holding_colons_never_share_a_key(client: EngramClient) -> Non
     erased = await client.forget_user("bob:_session:x", confirmed=True)
     assert erased.status == "forgotten" and len(erased.forgotten) == 1
     assert (await client.forget_session("bob", "x:_account")).status == "forgotten"
+
+
+async def _stored_requests(redis_url: str, user: str) -> dict[str, str]:
+    """The fingerprint kept with each of the user's command outcomes (none once removed)."""
+    async with aioredis.Redis.from_url(redis_url) as redis:
+        found = {}
+        async for key in redis.scan_iter(match=f"engram:{{*}}:cmd:{user}:*"):
+            stored = msgspec.json.decode(await redis.get(key))
+            found[key.decode()] = (stored.get("extra") or {}).get("request", "")
+        return found
+
+
+async def test_the_stored_fingerprint_of_a_request_cannot_confirm_a_guess(client: EngramClient, redis_url: str) -> None:
+    """The outcome keeps a digest of what was asked, to refuse a reused command id: one a reader
+    of Redis could recompute for a guess ("the victim likes zebra") would tell what was saved."""
+    guess = SaveNote(command_id="victim-1", user_id="victim", content="MKCONTENTA the victim likes zebra")
+    await client.execute(guess, NoteWritten)
+    (kept,) = (await _stored_requests(redis_url, "victim")).values()
+    unkeyed = hashlib.blake2b(request_body(guess), digest_size=16).hexdigest()
+    assert kept and kept != unkeyed
+    assert all(kept != hashlib.new(name, request_body(guess)).hexdigest() for name in ("sha256", "md5", "sha1"))
+    # ... and a retry is still told from another request under the same id
+    with pytest.raises(EngramError) as other:
+        await client.execute(msgspec.structs.replace(guess, content="something else"), NoteWritten)
+    assert other.value.code is ErrorCode.IDEMPOTENCY_CONFLICT
+
+
+async def test_forgetting_removes_the_fingerprints_of_what_wrote_the_notes(
+    client: EngramClient, redis_url: str
+) -> None:
+    # given a user with two notes, one updated, and a conversation turn
+    zebra = await client.save("victim", "MKCONTENTA the victim likes zebra", command_id="s-1", advise=False)
+    await client.update("victim", zebra.note_id, content="MKCONTENTA the victim loves zebra", command_id="u-1")
+    tea = await client.save("victim", "The victim drinks tea", command_id="s-2", advise=False)
+    await client.record_message("victim", "sess", "my PIN is 4411", command_id="m-1")
+    assert all((await _stored_requests(redis_url, "victim")).values())
+    # when one note is forgotten, its commands keep their outcomes but lose their fingerprints
+    await client.forget("victim", note_ids=[zebra.note_id], confirmed=True, command_id="f-1")
+    kept = {key.rsplit(":", 1)[1]: request for key, request in (await _stored_requests(redis_url, "victim")).items()}
+    assert kept["s-1"] == kept["u-1"] == "" and kept["s-2"] and kept["m-1"]
+    again = await client.save("victim", "MKCONTENTA the victim likes zebra", command_id="s-1", advise=False)
+    assert again.replayed and again.note_id == zebra.note_id, "a late retry is still answered, not saved again"
+    # and when the user is erased, none is left
+    await client.forget_user("victim", command_id="e-1")
+    await client.forget_user("victim", command_id="e-2")
+    assert set((await _stored_requests(redis_url, "victim")).values()) == {""}
+    assert tea.note_id

@@ -75,7 +75,8 @@ async def test_a_poison_command_is_dead_lettered_after_bounded_deliveries(redis_
             (_, fields), *rest = await redis.xrange(dead_stream)
             assert rest == []
             assert fields[ATTEMPT_FIELD.encode()] == b"3" and calls == 3
-            assert b"poison-1" in fields[b"__data__"]
+            assert fields[b"command_id"] == b"poison-1" and fields[b"type"] == b"save_note"
+            assert b"__data__" not in fields, "no body: it holds the user's text, which no forget reaches there"
             assert (await redis.xpending(stream, channels.COMMAND_GROUP))["pending"] == 0
             # The poison command never reached the log; the healthy one did.
             assert [e.command_id for e in await log_events(redis_url)] == ["healthy-1"]
@@ -99,24 +100,30 @@ async def test_dead_letters_keep_the_newest_thousand(redis_url: str) -> None:
     redis = aioredis.Redis.from_url(redis_url)
     stream = channels.query_stream(0)
     try:
-        sweeper = await failed_for_good(redis, stream, [b"poison %d" % i for i in range(DEAD_LETTERS_KEPT + 50)])
+        bodies = [
+            b'{"type": "search", "command_id": "q-%d", "query": "poison"}' % i for i in range(DEAD_LETTERS_KEPT + 50)
+        ]
+        sweeper = await failed_for_good(redis, stream, bodies)
         while (await redis.xpending(stream, channels.QUERY_GROUP))["pending"]:
             await sweeper.sweep()
         dead = await redis.xrange(sweeper.dead_letters)
         assert len(dead) == DEAD_LETTERS_KEPT
-        assert dead[-1][1][b"__data__"] == b"poison %d" % (DEAD_LETTERS_KEPT + 49), "the newest are kept"
+        assert dead[-1][1][b"command_id"] == b"q-%d" % (DEAD_LETTERS_KEPT + 49), "the newest are kept"
     finally:
         await redis.aclose()
 
 
-async def test_big_dead_letters_are_kept_within_the_byte_budget(redis_url: str) -> None:
+async def test_a_big_request_leaves_a_small_dead_letter_within_the_byte_budget(redis_url: str) -> None:
     redis = aioredis.Redis.from_url(redis_url)
     stream = channels.query_stream(0)
     try:
-        sweeper = await failed_for_good(redis, stream, [b"x" * 100_000] * 12, dead_letter_bytes=500_000)
+        body = b'{"type": "search", "user_id": "%s", "query": "%s"}' % (b"u" * 5_000, b"x" * 100_000)
+        sweeper = await failed_for_good(redis, stream, [body] * 12, dead_letter_bytes=2_000)
         await sweeper.sweep()
-        assert await redis.xlen(sweeper.dead_letters) == 4, "500,000 bytes hold four letters of just over 100,000"
-        kept = sum(len(v) for _, fields in await redis.xrange(sweeper.dead_letters) for v in fields.values())
-        assert 400_000 < kept <= 500_000, kept
+        letters = await redis.xrange(sweeper.dead_letters)
+        sizes = [sum(len(k) + len(v) for k, v in fields.items()) for _, fields in letters]
+        assert all(size < 400 for size in sizes), "a letter names the request, cut short; it does not copy it"
+        assert letters[-1][1][b"bytes"] == str(len(body)).encode()
+        assert len(letters) == 2_000 // sizes[0], "and the byte budget still bounds how many are kept"
     finally:
         await redis.aclose()
