@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 import msgspec
