@@ -91,6 +91,12 @@ def command_stream(partition: int) -> str:
     return f"{tag(partition)}:commands"
 
 
+def in_flight(partition: int, user_id: str) -> str:
+    """A user's requests sent and not yet answered, by every client (a sorted set: request ->
+    when it was sent), which bounds how many of them the request streams hold."""
+    return f"{tag(partition)}:inflight:{part(user_id)}"
+
+
 def operator_stream(partition: int) -> str:
     """Commands only an operator may send (a confirmed forget, deleting without the second
     call): the service takes ``confirmed`` from this stream only, and an agent's Redis role

@@ -23,6 +23,9 @@ class ErrorCode(enum.StrEnum):
     # Redis's ACL refused the caller's user what it asked (a role without that stream, key or
     # channel): raised by the client and the CLI, never sent by the service. Retrying cannot help.
     PERMISSION_DENIED = "PERMISSION_DENIED"
+    # The caller holds its whole share of the service (requests waiting on a worker, or in flight
+    # from one client): nothing was done. Send the same request again after ``retry_after_ms``.
+    RATE_LIMITED = "RATE_LIMITED"
 
 
 class ErrorReply(Message, tag="error", frozen=True, kw_only=True):
@@ -30,6 +33,8 @@ class ErrorReply(Message, tag="error", frozen=True, kw_only=True):
 
     code: ErrorCode
     message: str
+    # With ``RATE_LIMITED``: how long to wait before sending the request again, in milliseconds.
+    retry_after_ms: int | None = None
 
 
 class EngramError(Exception):
@@ -39,15 +44,18 @@ class EngramError(Exception):
     could not be sent (``UNAVAILABLE``): it may still be applied, and sending it again under the
     same id is safe (the first outcome comes back, nothing is written twice)."""
 
-    def __init__(self, code: ErrorCode, message: str, *, command_id: str | None = None) -> None:
+    def __init__(
+        self, code: ErrorCode, message: str, *, command_id: str | None = None, retry_after_ms: int | None = None
+    ) -> None:
         super().__init__(f"{code.value}: {message}")
         self.code = code
         self.message = message
         self.command_id = command_id
+        self.retry_after_ms = retry_after_ms
 
     def reply(self) -> ErrorReply:
-        return ErrorReply(code=self.code, message=self.message)
+        return ErrorReply(code=self.code, message=self.message, retry_after_ms=self.retry_after_ms)
 
     @classmethod
     def from_reply(cls, reply: ErrorReply) -> EngramError:
-        return cls(reply.code, reply.message)
+        return cls(reply.code, reply.message, retry_after_ms=reply.retry_after_ms)

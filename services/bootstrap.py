@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -58,6 +59,7 @@ from engram_ledger.services.adapters.scrub import Scrubber
 from engram_ledger.services.application.advice import SaveAdvisor
 from engram_ledger.services.application.commands import CommandService, command_handlers, utc_now
 from engram_ledger.services.application.context import ContextService
+from engram_ledger.services.application.fair_share import FairShare
 from engram_ledger.services.application.forget import ForgetService
 from engram_ledger.services.application.forget_timer import ForgetExpiryTimer
 from engram_ledger.services.application.queries import QueryService, query_handlers
@@ -337,7 +339,15 @@ def build(settings: Settings) -> Engram:
     queries = QueryService(query_handlers(history, settings.read_wait_seconds, search, context, access=access))
     _subscribe(broker, settings, commands, queries)
     reclaimers = [
-        PendingReclaimer(redis, stream(p), group, settings.claim_idle_ms, settings.max_deliveries, owner)
+        PendingReclaimer(
+            redis,
+            stream(p),
+            group,
+            settings.claim_idle_ms,
+            settings.max_deliveries,
+            owner,
+            max_entries=settings.request_stream_maxlen,
+        )
         for role, stream, group in REQUEST_STREAMS
         if role in roles
         for p in partitions
@@ -390,36 +400,56 @@ def build_index_runtime(redis: Redis, settings: Settings, subjects: SubjectMatch
     )
 
 
+def _with_share(
+    handler: Callable[[bytes, FairShare | None], Awaitable[bytes]], share: FairShare | None
+) -> Callable[[bytes], Awaitable[bytes]]:
+    async def handle(body: bytes) -> bytes:
+        return await handler(body, share)
+
+    handle.__doc__ = handler.__doc__
+    handle.__name__ = handler.__name__
+    return handle
+
+
+# How many of a user's share each request subscriber reads ahead of its handlers (see _subscribe).
+READ_AHEAD = 16
+
+
 def _subscribe(broker: RedisBroker, settings: Settings, commands: CommandService, queries: QueryService) -> None:
     # Each takes the request's body as sent (make_broker: no injection, no decoding).
-    async def handle_command(body: bytes) -> bytes:
+    async def handle_command(body: bytes, share: FairShare | None = None) -> bytes:
         """Executes a command (SaveNote, SaveNotes, UpdateNote, SupersedeNote) and replies with
         NoteWritten, NotesWritten or ErrorReply."""
-        return await commands.handle(body)
+        return await commands.handle(body, share=share)
 
-    async def handle_operator_command(body: bytes) -> bytes:
+    async def handle_operator_command(body: bytes, share: FairShare | None = None) -> bytes:
         """Executes a command sent by an operator: a confirmed forget is taken from here only."""
         return await commands.handle(body, operator=True)
 
-    async def handle_query(body: bytes) -> bytes:
+    async def handle_query(body: bytes, share: FairShare | None = None) -> bytes:
         """Answers a query (GetNote, GetHistory, ListNotes, ListRecent) from the history read
         model, after waiting for the caller's consistency token."""
-        return await queries.handle(body)
+        return await queries.handle(body, share=share)
 
     handlers = {
         channels.command_stream: handle_command,
         channels.operator_stream: handle_operator_command,
         channels.query_stream: handle_query,
     }
+    per_user = settings.user_share or settings.handler_concurrency
     for role, stream, group in REQUEST_STREAMS:
         handler = handlers[stream]
         if role not in settings.roles:
             continue
         for p in range(settings.partitions):
+            # Each stream's handlers are taken in turns by the users waiting (FairShare); the
+            # subscriber reads ahead of them, far enough that one user holding its whole share
+            # leaves room to read (and serve) everyone else's requests behind it.
+            share = None if stream is channels.operator_stream else FairShare(settings.handler_concurrency, per_user)
             broker.subscriber(
                 stream=StreamSub(stream(p), group=group, consumer=settings.consumer_name, polling_interval=1000),
                 ack_policy=AckPolicy.REJECT_ON_ERROR,
-                max_workers=settings.handler_concurrency,
+                max_workers=settings.handler_concurrency + READ_AHEAD * per_user,
                 title=f"{role}-{p}",
                 message_format=EnvelopeFormat,
-            )(handler)
+            )(_with_share(handler, share))

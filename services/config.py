@@ -149,6 +149,9 @@ class Settings:
     # Messages handled at once per request stream: commands of different notes proceed in
     # parallel; two on the same note are serialised by the optimistic append.
     handler_concurrency: int = 16
+    # How many requests one user may hold on a worker's request stream (running, or waiting
+    # its turn) before the next is refused RATE_LIMITED; 0: as many as handler_concurrency.
+    user_share: int = 0
     # How long a dead worker's projection lease blocks a successor: the failover time.
     lease_ms: int = 3_000
     # The vector index: on by default (Qdrant Edge under the data dir, or a Qdrant server).
@@ -183,6 +186,8 @@ class Settings:
     # `engram mcp --http`: a session with no request for this long is closed (the SDK's default
     # is 30 minutes; an open session holds memory until then).
     mcp_session_idle_seconds: float = 300.0
+    # Open MCP sessions over HTTP one token may hold (the gateway's: per user it names).
+    mcp_sessions_per_token: int = 16
     consumer_name: str = field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
 
     @property
@@ -218,6 +223,7 @@ class Settings:
             request_stream_maxlen=_int("ENGRAM_REQUEST_STREAM_MAXLEN", 100_000),
             lease_ms=_int("ENGRAM_LEASE_MS", 3_000),
             handler_concurrency=_int("ENGRAM_HANDLER_CONCURRENCY", 16),
+            user_share=_at_least("ENGRAM_USER_SHARE", 0, 0),
             index_enabled=os.environ.get("ENGRAM_INDEX", "on").lower() not in ("off", "0", "false", "no"),
             qdrant_url=os.environ.get("ENGRAM_QDRANT_URL") or None,
             qdrant_api_key=os.environ.get("ENGRAM_QDRANT_API_KEY") or None,
@@ -238,4 +244,5 @@ class Settings:
             forget_confirmation=os.environ.get("ENGRAM_FORGET_CONFIRMATION", "on").lower()
             not in ("off", "0", "false", "no"),
             mcp_session_idle_seconds=_float_at_least("ENGRAM_MCP_SESSION_IDLE_SECONDS", 300.0, 1.0),
+            mcp_sessions_per_token=_at_least("ENGRAM_MCP_SESSIONS_PER_TOKEN", 16, 1),
         )

@@ -28,8 +28,9 @@ from mcp.server.lowlevel import Server
 
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.agents.mcp_sessions import SessionLimits
 from engram_ledger.services.agents.specs import WRITE_TIMEOUT, ToolSpec, error
-from engram_ledger.services.agents.tokens import USER_SCOPE
+from engram_ledger.services.agents.tokens import GATEWAY_SCOPE, USER_SCOPE
 from engram_ledger.services.agents.tools import ToolDispatcher, profile
 from engram_ledger.services.application.decoding import check_user_id
 from engram_ledger.services.bus.client import EngramClient
@@ -207,17 +208,33 @@ class BindUser:
 MCP_PATH = "/mcp"
 
 
+def session_holder(scope: Any) -> str | None:
+    """Who holds the sessions a request opens: its token (by id), or for the gateway's shared
+    secret the user the request names; None when unauthenticated."""
+    from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+
+    who = scope.get("user")
+    if not isinstance(who, AuthenticatedUser):
+        return None
+    if GATEWAY_SCOPE in who.scopes:
+        named = _named(scope)
+        return f"gateway/{named[0] if named else ''}"
+    return f"token/{who.access_token.client_id}"
+
+
 def http_app(
     server: Server,
     verifier: TokenVerifier,
     host: str = "127.0.0.1",
     path: str = MCP_PATH,
     session_idle_seconds: float = 300.0,
+    limits: SessionLimits | None = None,
 ) -> Any:
     """The streamable HTTP app with the SDK's bearer authentication on ``path``. No OAuth flow
     is served: tokens are issued out of band (``engram tokens create``), so the issuer named
     to the SDK is this server itself and no authorization server is advertised. A session with
-    no request for ``session_idle_seconds`` is closed."""
+    no request for ``session_idle_seconds`` is closed; ``limits`` bounds the sessions of each
+    token (by default 16), and ends those of a token revoked (its ``run`` must be running)."""
     from mcp.server.auth.settings import AuthSettings
     from pydantic import AnyHttpUrl
     from starlette.routing import Route
@@ -231,11 +248,13 @@ def http_app(
         token_verifier=verifier,
         session_idle_timeout=session_idle_seconds,
     )
+    limits = limits if limits is not None else SessionLimits(verifier)
+    limits.attach(server)
     for route in app.routes:
         if isinstance(route, Route) and route.path == path:
             # The SDK's route endpoint is its RequireAuthMiddleware, which runs after the
             # authentication middleware has set scope["user"]: the binding check goes there.
-            route.app = BindUser(route.app)
+            route.app = BindUser(limits.guard(route.app, session_holder))
             break
     else:  # an SDK that lays its routes out otherwise must not serve unbound requests
         raise RuntimeError(f"the MCP SDK's app has no route {path}")
@@ -261,6 +280,7 @@ async def serve_http(
     verifier: TokenVerifier,
     tls: tuple[str, str] | None = None,
     session_idle_seconds: float = 300.0,
+    sessions_per_token: int = 16,
 ) -> None:
     """``tls``: certificate and key files, for anything but loopback."""
     import uvicorn
@@ -276,13 +296,16 @@ async def serve_http(
         )
     async with client:
         server = build_server(client, profile_name, None)
-        app = http_app(server, verifier, host, session_idle_seconds=session_idle_seconds)
+        limits = SessionLimits(verifier, per_token=sessions_per_token)
+        app = http_app(server, verifier, host, session_idle_seconds=session_idle_seconds, limits=limits)
         certfile, keyfile = tls if tls is not None else (None, None)
         config = uvicorn.Config(
             app, host=host, port=port, log_level="warning", ssl_certfile=certfile, ssl_keyfile=keyfile
         )
         http = uvicorn.Server(config)
         serving = asyncio.create_task(http.serve())
+        stop = asyncio.Event()
+        checking = asyncio.create_task(limits.run(stop))
         while not http.started and not serving.done():
             await asyncio.sleep(0.05)
         if http.started:
@@ -292,4 +315,8 @@ async def serve_http(
                 profile_name,
                 http_url(host, port, MCP_PATH, tls is not None),
             )
-        await serving
+        try:
+            await serving
+        finally:
+            stop.set()
+            await checking

@@ -32,6 +32,7 @@ from engram_ledger.contracts.queries import CommandReply, NotesWritten, NoteWrit
 from engram_ledger.services.application import unit_of_work
 from engram_ledger.services.application.advice import SaveAdvisor
 from engram_ledger.services.application.decoding import decode_request
+from engram_ledger.services.application.fair_share import FairShare
 from engram_ledger.services.application.ports import (
     ContentTaken,
     EventStore,
@@ -89,9 +90,11 @@ class CommandService:
     def __init__(self, handlers: Mapping[type, Handler]) -> None:
         self._handlers = handlers
 
-    async def handle(self, body: bytes, operator: bool = False) -> bytes:
+    async def handle(self, body: bytes, operator: bool = False, share: FairShare | None = None) -> bytes:
         """``operator``: the command came on the operators' stream, the one place a confirmed
-        forget (no second call) is taken from."""
+        forget (no second call) is taken from. ``share``: the handlers this command waits its
+        user's turn for (an operator's commands do not wait: an erasure of a flooding user must
+        not queue behind the flood)."""
         try:
             command = decode_command(body)
             if isinstance(command, CONFIRMABLE) and command.confirmed and not operator:
@@ -101,7 +104,11 @@ class CommandService:
                     "(engram forget --yes, or EngramClient(..., operator=True)); ask without it and "
                     "confirm with the same request again",
                 )
-            reply = await self.execute(command)
+            if share is None:
+                reply = await self.execute(command)
+            else:
+                async with share.turn(command.user_id):
+                    reply = await self.execute(command)
         except EngramError as e:
             reply = e.reply()
         return _encoder.encode(reply)

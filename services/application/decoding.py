@@ -11,6 +11,7 @@ schemas' refusals with it too.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -117,9 +118,16 @@ def _plain(message: str, root_type: Any, document: Any, root_name: str) -> str:
     """msgspec's ``message`` about ``document`` (of type ``root_type``) in words; the document
     itself is ``root_name``. Words that cannot be found leave msgspec's: a refusal never fails."""
     try:
-        return _words(message, mi.type_info(root_type), document, root_name)
+        return _words(message, _type_info(root_type), document, root_name)
     except Exception:  # the refusal is what matters; these are only its words
         return message
+
+
+@functools.lru_cache(maxsize=64)
+def _type_info(root_type: Any) -> mi.Type:
+    # msgspec builds the whole tree of a request type on each call (about 4 ms for the union of
+    # every command): a flood of malformed requests would cost a worker that much each.
+    return mi.type_info(root_type)
 
 
 def _words(message: str, root: mi.Type, document: Any, root_name: str) -> str:

@@ -32,6 +32,7 @@ from engram_ledger.contracts.queries import (
 )
 from engram_ledger.services.application.context import ContextService
 from engram_ledger.services.application.decoding import decode_request
+from engram_ledger.services.application.fair_share import FairShare
 from engram_ledger.services.application.ports import AccessStats, NoteHistory
 from engram_ledger.services.application.search import SearchService, lapsed
 from engram_ledger.services.domain.values import check_where, matches
@@ -58,9 +59,15 @@ class QueryService:
     def __init__(self, handlers: Mapping[type, Handler]) -> None:
         self._handlers = handlers
 
-    async def handle(self, body: bytes) -> bytes:
+    async def handle(self, body: bytes, share: FairShare | None = None) -> bytes:
+        """``share``: the handlers this query waits its user's turn for."""
         try:
-            reply: QueryReply = await self.ask(decode_query(body))
+            query = decode_query(body)
+            if share is None:
+                reply: QueryReply = await self.ask(query)
+            else:
+                async with share.turn(query.user_id):
+                    reply = await self.ask(query)
         except EngramError as e:
             reply = e.reply()
         return _encoder.encode(reply)

@@ -59,6 +59,7 @@ from engram_ledger.contracts.queries import (
 )
 from engram_ledger.services.adapters.crypto import MasterKey
 from engram_ledger.services.adapters.redis_conn import open_redis, redact_url
+from engram_ledger.services.bus.admission import DEFAULT_USER_IN_FLIGHT
 from engram_ledger.services.bus.read_your_writes import ReadYourWrites
 from engram_ledger.services.bus.requester import BusRequester, client_name_for
 from engram_ledger.services.bus.subscription import CLAIM_IDLE_MS, DEFAULT_CONSUMER, Subscription
@@ -84,8 +85,12 @@ class EngramClient:
         cluster: bool = False,
         operator: bool = False,
         client_name: str | None = None,
+        user_in_flight: int = DEFAULT_USER_IN_FLIGHT,
     ) -> None:
-        """``cluster``: ``url`` names a node of a Redis Cluster (as ENGRAM_REDIS_CLUSTER=on).
+        """``user_in_flight``: how many requests of one user may wait for replies at once,
+        across every client of this Redis; more from this client wait their turn, more from
+        others are refused ``RATE_LIMITED`` (0: no bound).
+        ``cluster``: ``url`` names a node of a Redis Cluster (as ENGRAM_REDIS_CLUSTER=on).
         ``operator``: commands go to the operators' stream, where a confirmed forget (deleting
         without the second call) is accepted; an agent's client is never one.
         ``client_name``: replies come on channels ``engram:replies:<client_name>:*``, which a
@@ -96,7 +101,9 @@ class EngramClient:
         self.timeout = timeout
         self.client_name = client_name_for(url, client_name)
         self._redis = open_redis(url, cluster)
-        self._bus = BusRequester(self._redis, request_stream_maxlen, client_name=self.client_name)
+        self._bus = BusRequester(
+            self._redis, request_stream_maxlen, client_name=self.client_name, user_in_flight=user_in_flight
+        )
         self.partitions = 1
 
     async def __aenter__(self) -> EngramClient:
@@ -528,7 +535,10 @@ class EngramClient:
         partition = channels.partition_of(command.user_id, self.partitions)
         stream = channels.operator_stream(partition) if self.operator else channels.command_stream(partition)
         try:
-            raw = await self.request_raw(stream, _encoder.encode(command))
+            # An operator's commands take no place of the user's: erasing a user who holds all
+            # of its places must not wait for them.
+            user = None if self.operator else (partition, command.user_id)
+            raw = await self.request_raw(stream, _encoder.encode(command), user=user)
         except EngramError as e:
             if e.code is ErrorCode.TIMEOUT:
                 raise EngramError(
@@ -543,13 +553,15 @@ class EngramClient:
         return _expect(raw, expect)
 
     async def ask(self, query: AnyQuery, expect: type[R]) -> R:
-        stream = channels.query_stream(channels.partition_of(query.user_id, self.partitions))
-        return _expect(await self.request_raw(stream, _encoder.encode(query)), expect)
+        partition = channels.partition_of(query.user_id, self.partitions)
+        stream = channels.query_stream(partition)
+        return _expect(await self.request_raw(stream, _encoder.encode(query), user=(partition, query.user_id)), expect)
 
-    async def request_raw(self, stream: str, body: bytes) -> bytes:
-        """Send any bytes to a request stream and return the raw reply (tests send bad input here)."""
+    async def request_raw(self, stream: str, body: bytes, user: tuple[int, str] | None = None) -> bytes:
+        """Send any bytes to a request stream and return the raw reply (tests send bad input
+        here). ``user``: the partition and user the request is of, whose places it takes."""
         try:
-            return await self._bus.request(stream, body, self.timeout)
+            return await self._bus.request(stream, body, self.timeout, user)
         except TimeoutError:
             raise EngramError(
                 ErrorCode.TIMEOUT,

@@ -107,8 +107,12 @@ class PendingReclaimer:
         consumer: str,
         dead_letters_kept: int = DEAD_LETTERS_KEPT,
         dead_letter_bytes: int = REQUEST_STREAM_BYTES,
+        max_entries: int | None = None,
     ) -> None:
+        """``max_entries``: the most entries the stream is let hold. Clients add requests with a
+        cap, but one writing to Redis itself may not: each sweep trims the stream to it."""
         self._redis = redis
+        self._max_entries = max_entries
         self._dead_kept = dead_letters_kept
         self._dead_bytes = dead_letter_bytes
         self.stream = stream
@@ -122,6 +126,12 @@ class PendingReclaimer:
     async def sweep(self) -> dict[str, int]:
         """One pass over the entries pending longer than the idle time. Returns counts by outcome."""
         counts: dict[str, int] = {}
+        # The oldest go first: a caller whose request is trimmed gets no reply and sends it again
+        # (a command under its id, applied once).
+        if self._max_entries is not None and (
+            trimmed := await self._redis.xtrim(self.stream, maxlen=self._max_entries, approximate=True)
+        ):
+            counts["trimmed"] = trimmed
         try:
             pending = await self._redis.xpending_range(
                 self.stream, self._group, min="-", max="+", count=100, idle=self._idle_ms

@@ -29,10 +29,14 @@ from engram_ledger.contracts import channels
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.limits import REQUEST_STREAM_BYTES
 from engram_ledger.services.adapters.redis_conn import subscription_messages
+from engram_ledger.services.bus.admission import DEFAULT_USER_IN_FLIGHT, Admission
 
 log = logging.getLogger("engram.client")
 
 RESUBSCRIBE_PAUSE_SECONDS = 0.2
+# A request's place is kept this long past its wait, so that it is not given back by expiry
+# while its client still waits (the client gives it back itself when the wait ends).
+PLACE_GRACE_MS = 1_000
 SUBSCRIBE_TIMEOUT_SECONDS = 10.0
 # How long ``stop`` waits for the reply reader to end, and how often it asks again meanwhile.
 STOP_GRACE_SECONDS = 5.0
@@ -48,11 +52,15 @@ class BusRequester:
         *,
         client_name: str | None = None,
         quiet_seconds: float = 5.0,
+        user_in_flight: int = DEFAULT_USER_IN_FLIGHT,
     ) -> None:
         """``client_name``: replies come on a channel under ``channels.client_reply_channels``,
         which a Redis ACL can grant to this client's user alone; None: an unnamed channel.
-        ``quiet_seconds``: how long the reply channel may stay silent before it is pinged."""
+        ``quiet_seconds``: how long the reply channel may stay silent before it is pinged.
+        ``user_in_flight``: how many requests of one user may wait for replies at once, across
+        every client (``Admission``); 0: no bound."""
         self._redis = redis
+        self._admission = Admission(redis, user_in_flight)
         self._maxlen = request_stream_maxlen
         self._bytes = request_stream_bytes
         self.reply_channel = channels.reply_channel(uuid.uuid4().hex, client_name)
@@ -93,14 +101,22 @@ class BusRequester:
         for future in self._waiting.values():
             future.cancel()
 
-    async def request(self, stream: str, body: bytes, timeout: float) -> bytes:
+    async def request(self, stream: str, body: bytes, timeout: float, user: tuple[int, str] | None = None) -> bytes:
         """Raises TimeoutError when no reply comes in time (a late reply is dropped), and
-        ConnectionError while Redis cannot be reached."""
+        ConnectionError while Redis cannot be reached. ``user``: the partition and user the
+        request is of, whose places it takes (``Admission``)."""
+        if user is None or not self._admission.per_user:
+            return await self._request(stream, body, timeout, None)
+        async with self._admission.place(user[1]):
+            return await self._request(stream, body, timeout, user)
+
+    async def _request(self, stream: str, body: bytes, timeout: float, user: tuple[int, str] | None) -> bytes:
         if self._reader is not None and self._reader.done():
             self._reader.result()  # surface a bug in the reply reader rather than time out silently
         correlation_id = uuid.uuid4().hex
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._waiting[correlation_id] = future
+        taken = False
         try:
             headers: dict[str, str] = {}
             # W3C trace context: the service's consume span continues the caller's trace.
@@ -112,6 +128,9 @@ class BusRequester:
             # keeps (see REQUEST_STREAM_BYTES), so big requests cannot pile up to the count cap.
             maxlen = max(1, min(self._maxlen, self._bytes // len(message)))
             try:
+                if user is not None:
+                    await self._admission.take(*user, correlation_id, hold_ms=int(timeout * 1000) + PLACE_GRACE_MS)
+                    taken = True
                 await self._redis.xadd(stream, {DATA_KEY: message}, maxlen=maxlen, approximate=True)
             except (AttributeError, TypeError) as e:
                 # redis-py 8.1 (redis/redis-py#4287): a write on a connection the server has just
@@ -121,6 +140,10 @@ class BusRequester:
             return await asyncio.wait_for(future, timeout)
         finally:
             self._waiting.pop(correlation_id, None)
+            if taken:
+                assert user is not None
+                with contextlib.suppress(RedisError, OSError):  # unreachable: the place lapses
+                    await self._admission.release(*user, correlation_id)
 
     async def _read_replies(self) -> None:
         resubscribe = False

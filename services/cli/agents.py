@@ -60,7 +60,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         verifier = token_verifier(connect(settings), args.gateway_secret_file)
         tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
         idle = settings.mcp_session_idle_seconds
-        asyncio.run(serve_http(client, args.profile, args.host, args.http, verifier, tls, idle))
+        per_token = settings.mcp_sessions_per_token
+        asyncio.run(serve_http(client, args.profile, args.host, args.http, verifier, tls, idle, per_token))
         return 0
     asyncio.run(serve_stdio(client, args.profile, args.user, args.session))
     return 0

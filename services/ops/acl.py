@@ -118,6 +118,27 @@ def _requests(partitions: int, *streams: str) -> list[str]:
     return [f"%W~{_REQUEST_STREAMS[stream](p)}" for stream in streams for p in range(partitions)]
 
 
+def _places(partitions: int) -> list[str]:
+    # Each user's places in the request streams (services/bus/admission.py), taken and given
+    # back by the client's script.
+    return [f"~{channels.in_flight(p, '*')}" for p in range(partitions)]
+
+
+# What the admission script runs (a script runs with its caller's rights, key by key).
+_ADMISSION = [
+    "+evalsha",
+    "+script|load",
+    "+time",
+    "+zremrangebyscore",
+    "+zcard",
+    "+zrange",
+    "+zadd",
+    "+zrem",
+    "+pexpire",
+    "+pttl",
+]
+
+
 def _logs(partitions: int) -> list[str]:
     return [f"~{channels.event_log(p)}" for p in range(partitions)]
 
@@ -162,7 +183,8 @@ def rules(role: str, user: str, *, cluster: bool = False, partitions: int = 1) -
     elif role in ("agent", "operator", "front-door"):
         streams = ("commands", "queries", "operator") if role == "operator" else ("commands", "queries")
         requests = _requests(partitions, *streams)
-        found = [*_BASE, _PARTITIONS, *requests, replies, "+get", "+xadd", "+subscribe", "+unsubscribe"]
+        found = [*_BASE, _PARTITIONS, *requests, *_places(partitions), replies, "+get", "+xadd"]
+        found += ["+subscribe", "+unsubscribe", *_ADMISSION]
         if role == "front-door":
             # One token's record by the token's hash: never the list of them, never a write.
             found += [f"%R~{channels.TOKENS_KEY}", "+hget"]

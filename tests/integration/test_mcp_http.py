@@ -18,6 +18,7 @@ import uvicorn
 from engram_ledger.contracts import channels
 from engram_ledger.services.adapters.redis_server import free_port
 from engram_ledger.services.agents.mcp_server import MAX_DISPATCHERS, USER_HEADER, Dispatchers, build_server, http_app
+from engram_ledger.services.agents.mcp_sessions import SessionLimits
 from engram_ledger.services.agents.tokens import EngramTokenVerifier, GatewayVerifier, TokenRegistry
 from engram_ledger.services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
@@ -62,13 +63,22 @@ class McpHttp:
 
 INITIALIZE = {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}
 GATEWAY_SECRET = "g" * 40
+SESSIONS_PER_TOKEN = 4
 
 
 class Front:
     """An MCP server over HTTP on a free port, checking tokens in the real Redis, and its parts."""
 
-    def __init__(self, url: str, http: httpx.AsyncClient, registry: TokenRegistry, dispatchers: Dispatchers) -> None:
+    def __init__(
+        self,
+        url: str,
+        http: httpx.AsyncClient,
+        registry: TokenRegistry,
+        dispatchers: Dispatchers,
+        limits: SessionLimits,
+    ) -> None:
         self.url, self.http, self.registry, self.dispatchers = url, http, registry, dispatchers
+        self.limits = limits
 
     def session(self, token: str | None) -> McpHttp:
         return McpHttp(self.http, self.url, token)
@@ -84,16 +94,21 @@ async def front(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator
             verifier = EngramTokenVerifier(registry, GatewayVerifier(GATEWAY_SECRET))
             dispatchers = Dispatchers(client, "engram")
             server = build_server(client, "engram", None, dispatchers=dispatchers)
-            app = http_app(server, verifier, session_idle_seconds=idle)
+            limits = SessionLimits(verifier, per_token=SESSIONS_PER_TOKEN, check_seconds=0.2)
+            app = http_app(server, verifier, session_idle_seconds=idle, limits=limits)
             web = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
             serving = asyncio.create_task(web.serve())
             while not web.started:
                 assert not serving.done(), "uvicorn did not start"
                 await asyncio.sleep(0.01)
+            stop = asyncio.Event()
+            checking = asyncio.create_task(limits.run(stop))
             try:
                 async with httpx.AsyncClient(timeout=30) as http:
-                    yield Front(f"http://127.0.0.1:{web.config.port}/mcp", http, registry, dispatchers)
+                    yield Front(f"http://127.0.0.1:{web.config.port}/mcp", http, registry, dispatchers, limits)
             finally:
+                stop.set()
+                await checking
                 web.should_exit = True
                 await serving
     finally:
@@ -221,3 +236,39 @@ async def test_a_session_left_idle_is_closed_after_the_idle_time(front: Front) -
         await asyncio.sleep(0.4)
     assert (await idle.post(None, "tools/list")).status_code == 404
     assert (await busy.post(None, "tools/list")).status_code == 200
+
+
+async def test_one_token_cannot_take_every_session_of_the_server(front: Front) -> None:
+    """A token opening sessions in a loop reached the SDK's limit for the whole server, and
+    every other user was refused. Each token now holds a bounded number."""
+    greedy, _ = await front.registry.create(user_id="greedy-gus")
+    polite, _ = await front.registry.create(user_id="polite-pat")
+    held = [front.session(greedy) for _ in range(SESSIONS_PER_TOKEN)]
+    for session in held:
+        await session.start(None)
+    refused = await front.session(greedy).post(None, "initialize", INITIALIZE)
+    assert refused.status_code == 429, refused.text
+    assert "this token already holds 4 open sessions, its limit" in refused.json()["error"]["message"]
+    # another user's token is not refused, nor the gateway speaking for two users
+    await front.session(polite).start(None)
+    for user in ("dave", "erin"):
+        await front.session(GATEWAY_SECRET).start(user)
+    # and once the greedy token ends a session, it may open one again
+    assert (await front.http.delete(front.url, headers=held[0].headers)).status_code == 200
+    await front.session(greedy).start(None)
+
+
+async def test_a_revoked_tokens_open_sessions_and_event_streams_are_ended(front: Front) -> None:
+    token, record = await front.registry.create(user_id="revoked-rita")
+    session = front.session(token)
+    await session.start(None)
+    async with front.http.stream("GET", front.url, headers=session.headers) as events:
+        assert events.status_code == 200  # the session's event stream, open
+        await front.registry.revoke(record.id)
+        # then the stream is closed by the server, and the session is gone
+        async with asyncio.timeout(10):
+            async for _ in events.aiter_bytes():
+                pass
+    again = await front.session(token).post(None, "initialize", INITIALIZE)
+    assert again.status_code == 401
+    assert front.limits.held_by(f"token/{record.id}") == 0

@@ -127,3 +127,21 @@ async def test_a_big_request_leaves_a_small_dead_letter_within_the_byte_budget(r
         assert len(letters) == 2_000 // sizes[0], "and the byte budget still bounds how many are kept"
     finally:
         await redis.aclose()
+
+
+async def test_a_stream_filled_past_its_cap_by_a_caller_writing_redis_itself_is_trimmed(redis_url: str) -> None:
+    """A client adds requests with MAXLEN; one writing XADD itself need not. The sweep bounds it."""
+    redis = aioredis.Redis.from_url(redis_url)
+    stream = channels.query_stream(0)
+    try:
+        await redis.xgroup_create(stream, channels.QUERY_GROUP, id="0", mkstream=True)
+        async with redis.pipeline(transaction=False) as pipe:
+            for _ in range(2_000):
+                pipe.xadd(stream, {"__data__": b'{"type": "list_notes", "user_id": "flood"}'})
+            await pipe.execute()
+        sweeper = PendingReclaimer(redis, stream, channels.QUERY_GROUP, 60_000, 3, "sweeper", max_entries=500)
+        counts = await sweeper.sweep()
+        assert counts["trimmed"] >= 1_000
+        assert 500 <= await redis.xlen(stream) < 700, "trimmed to the cap, by whole nodes"
+    finally:
+        await redis.aclose()

@@ -145,6 +145,7 @@ async def test_handle_maps_refusals_to_error_replies(service: CommandService) ->
         "schema_version": 1,
         "code": "MEMORY_NOT_FOUND",
         "message": "Memory with ID AAAAAAAA not found",
+        "retry_after_ms": None,
     }
 
 

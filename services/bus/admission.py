@@ -1,0 +1,87 @@
+"""``Admission``: how many requests of one user the request streams may hold at once.
+
+Each request of a user takes a place before it is written to a stream and gives it back when
+its reply comes (or its wait ends). A client's own requests beyond the bound wait for a place
+(one process sending thousands at once is slowed to the bound, not refused); the places are
+kept in Redis (``channels.in_flight``), so the bound holds across every client of the user,
+and a request that finds them all taken by other clients is refused ``RATE_LIMITED`` with the
+time until the oldest lapses. A place is taken by a Lua script before the request is written
+(by a plain XADD: a script's keys need read rights, and an agent's role may only write the
+request streams, which hold other users' requests). A place is held at most as long as the
+request's wait, so a client that dies does not keep it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+
+# A client's default bound: a few requests of one user at once keep every handler of a worker
+# busy; more only wait in the stream, in front of other users' requests.
+DEFAULT_USER_IN_FLIGHT = 8
+MIN_RETRY_MS = 50
+
+_TAKE = """
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local until_ms = now_ms + tonumber(ARGV[1])
+-- Each place is scored by when it lapses: those past are gone, the first left lapses soonest.
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  local soonest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return {0, tonumber(soonest[2]) - now_ms}
+end
+redis.call('ZADD', KEYS[1], until_ms, ARGV[3])
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return {1, 0}
+"""
+
+
+class Admission:
+    def __init__(self, redis: Redis, per_user: int = DEFAULT_USER_IN_FLIGHT) -> None:
+        """``per_user``: the bound; 0 for none (requests are written as they come)."""
+        self._redis = redis
+        self.per_user = per_user
+        self._take_script: AsyncScript | None = None
+        self._local: dict[str, tuple[asyncio.Semaphore, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def place(self, user_id: str) -> AsyncIterator[None]:
+        """One of this client's places for the user (waited for when all are taken)."""
+        semaphore, users = self._local.get(user_id, (asyncio.Semaphore(self.per_user), 0))
+        self._local[user_id] = (semaphore, users + 1)
+        try:
+            async with semaphore:
+                yield
+        finally:
+            semaphore, users = self._local[user_id]
+            if users == 1:
+                del self._local[user_id]
+            else:
+                self._local[user_id] = (semaphore, users - 1)
+
+    async def take(self, partition: int, user_id: str, request: str, hold_ms: int) -> None:
+        """Take a place in Redis as ``request``; ``RATE_LIMITED`` when the user's are all taken."""
+        if self._take_script is None:
+            self._take_script = self._redis.register_script(_TAKE)
+        admitted, lapses_ms = await self._take_script(
+            keys=[channels.in_flight(partition, user_id)], args=[hold_ms, self.per_user, request]
+        )
+        if not admitted:
+            retry_ms = max(MIN_RETRY_MS, int(lapses_ms))
+            raise EngramError(
+                ErrorCode.RATE_LIMITED,
+                f"user {user_id!r} already has {self.per_user} requests waiting for a reply, its share of the "
+                f"service; nothing was sent: send this request again in {retry_ms / 1000:g} s",
+                retry_after_ms=retry_ms,
+            )
+
+    async def release(self, partition: int, user_id: str, request: str) -> None:
+        await self._redis.zrem(channels.in_flight(partition, user_id), request)

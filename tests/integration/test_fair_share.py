@@ -1,0 +1,146 @@
+"""One caller cannot starve the others: a flood of one user's requests, written straight onto
+the real bus as a hostile agent would, is taken in turns with everyone else's, and what is over
+the user's share is refused at once, typed, with a hint of when to try again."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.services.bus.admission import DEFAULT_USER_IN_FLIGHT, Admission
+from engram_ledger.services.bus.client import EngramClient
+from tests.conftest import RunningService, service_settings
+from tests.support import log_events
+
+FLOOD = 2_000
+
+
+async def flood(redis: aioredis.Redis, stream: str, bodies: list[dict[str, Any]]) -> asyncio.Task[list[dict[str, Any]]]:
+    """Every body written to ``stream`` in one pipeline, replies asked on one channel: a task
+    that gathers the replies' bodies."""
+    reply_to = channels.reply_channel(f"flood-{uuid.uuid4().hex}")
+    pubsub = redis.pubsub(ignore_subscribe_messages=True)
+    await pubsub.subscribe(reply_to)
+
+    async def replies() -> list[dict[str, Any]]:
+        got: list[dict[str, Any]] = []
+        async with asyncio.timeout(120):
+            while len(got) < len(bodies):
+                message = await pubsub.get_message(timeout=1.0)
+                if message is not None and message["type"] == "message":
+                    got.append(json.loads(json.loads(message["data"])["data"]))
+        await pubsub.aclose()
+        return got
+
+    gathering = asyncio.create_task(replies())
+    async with redis.pipeline(transaction=False) as pipe:
+        for i, body in enumerate(bodies):
+            headers = {"reply_to": reply_to, "correlation_id": f"c-{i}"}
+            pipe.xadd(stream, {"__data__": json.dumps({"data": json.dumps(body), "headers": headers})})
+        await pipe.execute()
+    return gathering
+
+
+async def test_a_flood_written_straight_onto_the_bus_is_answered_in_full_and_refused_past_the_share(
+    redis_url: str,
+) -> None:
+    running = await RunningService(
+        service_settings(redis_url, index_enabled=False, handler_concurrency=2, user_share=4)
+    ).start()
+    try:
+        async with aioredis.Redis.from_url(redis_url) as redis, EngramClient(redis_url, timeout=60) as bob:
+            # given one user's 2,000 saves on the stream at once, as a hostile agent writes them
+            saves = [
+                {"type": "save_note", "command_id": f"f-{i}", "user_id": "flood", "content": f"flood note {i}"}
+                for i in range(FLOOD)
+            ]
+            replies = await flood(redis, channels.command_stream(0), saves)
+            # when another user saves behind them
+            written = await bob.save("bob", "my save is answered too", advise=False)
+            answered = await replies
+        # then every request got its answer: written, or refused typed with a hint; none lost
+        refused = [r for r in answered if r["type"] == "error"]
+        assert refused and all(r["code"] == "RATE_LIMITED" and r["retry_after_ms"] > 0 for r in refused)
+        assert "send this request again in" in refused[0]["message"]
+        events = await log_events(redis_url)
+        assert len([e for e in events if e.user_id == "flood"]) == len(answered) - len(refused)
+        assert len(answered) == FLOOD and written.note_id in {e.note_id for e in events}
+    finally:
+        await running.stop()
+
+
+async def test_one_clients_flood_waits_its_turn_in_the_client_and_others_are_not_queued_behind_it(
+    redis_url: str,
+) -> None:
+    running = await RunningService(service_settings(redis_url, index_enabled=False)).start()
+    try:
+        async with EngramClient(redis_url, timeout=60) as agent, EngramClient(redis_url, timeout=60) as bob:
+            await bob.save("bob", "warming up", advise=False)
+            # given one agent sending 2,000 saves of one user at once
+            saves = [asyncio.create_task(agent.save("flood", f"flood note {i}", advise=False)) for i in range(FLOOD)]
+            await asyncio.sleep(0.2)
+            async with aioredis.Redis.from_url(redis_url) as redis:
+                # then the request stream holds no more of them than the user's places
+                held = await redis.zcard(channels.in_flight(0, "flood"))
+                assert 0 < held <= DEFAULT_USER_IN_FLIGHT
+            # and another user's save is not queued behind the rest
+            written = await bob.save("bob", "my save is not stuck behind the flood", advise=False)
+            outcomes = await asyncio.gather(*saves)
+        assert len({o.note_id for o in outcomes}) == FLOOD, "every one of them written, none refused"
+        events = await log_events(redis_url)
+        mine = next(i for i, e in enumerate(events) if e.note_id == written.note_id)
+        ahead = sum(1 for e in events[:mine] if e.user_id == "flood")
+        assert ahead < FLOOD // 2, f"{ahead} of the flood's saves were written before it"
+    finally:
+        await running.stop()
+
+
+async def test_a_user_whose_places_other_clients_hold_is_refused_with_when_to_try_again(redis_url: str) -> None:
+    running = await RunningService(service_settings(redis_url, index_enabled=False)).start()
+    try:
+        async with aioredis.Redis.from_url(redis_url) as redis, EngramClient(redis_url, timeout=10) as agent:
+            # given every place of the user taken by other clients' requests, for 3 more seconds
+            others = Admission(redis, DEFAULT_USER_IN_FLIGHT)
+            for i in range(DEFAULT_USER_IN_FLIGHT):
+                await others.take(0, "flood", f"elsewhere-{i}", hold_ms=3_000)
+            with pytest.raises(EngramError) as refused:
+                await agent.save("flood", "one too many", advise=False)
+            assert refused.value.code is ErrorCode.RATE_LIMITED
+            assert 0 < refused.value.retry_after_ms <= 3_000
+            assert await redis.xinfo_stream(channels.command_stream(0)) is not None
+            # nothing was sent; another user is served; and once a place is given back, so is it
+            assert await agent.save("bob", "not refused", advise=False)
+            await others.release(0, "flood", "elsewhere-0")
+            assert await agent.save("flood", "one too many", advise=False)
+        assert len([e for e in await log_events(redis_url) if e.user_id == "flood"]) == 1, (
+            "the refused one sent nothing"
+        )
+    finally:
+        await running.stop()
+
+
+async def test_a_flood_of_queries_is_refused_past_the_users_share_and_others_are_answered(redis_url: str) -> None:
+    running = await RunningService(
+        service_settings(redis_url, index_enabled=False, handler_concurrency=1, user_share=2)
+    ).start()
+    try:
+        async with aioredis.Redis.from_url(redis_url) as redis, EngramClient(redis_url, timeout=60) as bob:
+            saved = await bob.save("bob", "a note of bob's", advise=False)
+            listings = [{"type": "list_notes", "user_id": "flood"} for _ in range(FLOOD)]
+            replies = await flood(redis, channels.query_stream(0), listings)
+            mine = await bob.list_notes("bob", after=saved.token)
+            answered = await replies
+        assert [n.id for n in mine.notes] == [saved.note_id]
+        kinds = {r["type"] for r in answered}
+        refused = [r for r in answered if r["type"] == "error"]
+        assert refused and all(r["code"] == "RATE_LIMITED" for r in refused)
+        assert kinds <= {"error", "notes"}, kinds
+    finally:
+        await running.stop()
