@@ -67,6 +67,7 @@ from engram_ledger.services.application.search import BlendPolicy, SearchService
 from engram_ledger.services.bus.envelope import EnvelopeFormat, ReplyInKind
 from engram_ledger.services.bus.handled import DeleteHandled
 from engram_ledger.services.bus.reclaimer import PendingReclaimer
+from engram_ledger.services.bus.shedder import BacklogShedder
 from engram_ledger.services.config import Settings
 from engram_ledger.services.observability.health import WorkerReport
 from engram_ledger.services.observability.metrics import EngramGauges
@@ -145,6 +146,7 @@ class Engram:
     history: HistoryReader
     runners: list[ProjectionRunner]
     reclaimers: list[PendingReclaimer]
+    shedders: list[BacklogShedder]
     index: IndexRuntime | None
     forget_timer: ForgetExpiryTimer | None
     # Settles the scrub owed after forgets (services/application/forget.py); runs where commands are handled.
@@ -180,6 +182,7 @@ class Engram:
             await self.broker.start()
             tasks += [asyncio.create_task(r.run(self.stopping), name=f"{r.name}-{r.partition}") for r in self.runners]
             tasks += [asyncio.create_task(r.run(self.stopping), name=f"reclaim-{r.stream}") for r in self.reclaimers]
+            tasks += [asyncio.create_task(s.run(self.stopping), name=f"shed-{s.stream}") for s in self.shedders]
             if self.scrubber is not None:
                 tasks.append(asyncio.create_task(self.scrubber.run(self.stopping), name="scrub-after-forget"))
             if self.forget_timer is not None:
@@ -352,6 +355,13 @@ def build(settings: Settings) -> Engram:
         if role in roles
         for p in partitions
     ]
+    # The operators' stream is not shed: an operator's erasure of a flooding user must get through.
+    shedders = [
+        BacklogShedder(redis, stream(p), group, settings.share_per_user)
+        for role, stream, group in REQUEST_STREAMS
+        if role in roles and stream is not channels.operator_stream
+        for p in partitions
+    ]
     gauges = EngramGauges(registry, redis, settings.partitions) if registry is not None else None
     return Engram(
         settings,
@@ -363,6 +373,7 @@ def build(settings: Settings) -> Engram:
         history,
         runners,
         reclaimers,
+        shedders,
         index,
         timer,
         scrubber if "commands" in roles else None,
@@ -436,7 +447,7 @@ def _subscribe(broker: RedisBroker, settings: Settings, commands: CommandService
         channels.operator_stream: handle_operator_command,
         channels.query_stream: handle_query,
     }
-    per_user = settings.user_share or settings.handler_concurrency
+    per_user = settings.share_per_user
     for role, stream, group in REQUEST_STREAMS:
         handler = handlers[stream]
         if role not in settings.roles:
@@ -447,7 +458,15 @@ def _subscribe(broker: RedisBroker, settings: Settings, commands: CommandService
             # leaves room to read (and serve) everyone else's requests behind it.
             share = None if stream is channels.operator_stream else FairShare(settings.handler_concurrency, per_user)
             broker.subscriber(
-                stream=StreamSub(stream(p), group=group, consumer=settings.consumer_name, polling_interval=1000),
+                # Read in batches, not the whole backlog at once (FastStream's default): what is
+                # not yet read can still be shed (BacklogShedder) when one user floods the stream.
+                stream=StreamSub(
+                    stream(p),
+                    group=group,
+                    consumer=settings.consumer_name,
+                    polling_interval=1000,
+                    max_records=settings.handler_concurrency,
+                ),
                 ack_policy=AckPolicy.REJECT_ON_ERROR,
                 max_workers=settings.handler_concurrency + READ_AHEAD * per_user,
                 title=f"{role}-{p}",

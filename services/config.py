@@ -10,6 +10,7 @@ from pathlib import Path
 
 from engram_ledger.services.adapters.minilm import ENCODER_KINDS
 from engram_ledger.services.application.ranking import DEFAULT_POLICY, FUSION_METHODS, RankingPolicy
+from engram_ledger.services.bus.admission import DEFAULT_USER_IN_FLIGHT
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -150,8 +151,16 @@ class Settings:
     # parallel; two on the same note are serialised by the optimistic append.
     handler_concurrency: int = 16
     # How many requests one user may hold on a worker's request stream (running, or waiting
-    # its turn) before the next is refused RATE_LIMITED; 0: as many as handler_concurrency.
+    # its turn) before the next is refused RATE_LIMITED; 0: a quarter of handler_concurrency.
     user_share: int = 0
+    # A client's bound on one user's requests waiting for replies, across every client of the
+    # Redis (services/bus/admission.py); 0: none.
+    user_in_flight: int = DEFAULT_USER_IN_FLIGHT
+
+    @property
+    def share_per_user(self) -> int:
+        return self.user_share or max(1, self.handler_concurrency // 4)
+
     # How long a dead worker's projection lease blocks a successor: the failover time.
     lease_ms: int = 3_000
     # The vector index: on by default (Qdrant Edge under the data dir, or a Qdrant server).
@@ -224,6 +233,7 @@ class Settings:
             lease_ms=_int("ENGRAM_LEASE_MS", 3_000),
             handler_concurrency=_int("ENGRAM_HANDLER_CONCURRENCY", 16),
             user_share=_at_least("ENGRAM_USER_SHARE", 0, 0),
+            user_in_flight=_at_least("ENGRAM_USER_IN_FLIGHT", DEFAULT_USER_IN_FLIGHT, 0),
             index_enabled=os.environ.get("ENGRAM_INDEX", "on").lower() not in ("off", "0", "false", "no"),
             qdrant_url=os.environ.get("ENGRAM_QDRANT_URL") or None,
             qdrant_api_key=os.environ.get("ENGRAM_QDRANT_API_KEY") or None,

@@ -31,6 +31,7 @@ from engram_ledger.contracts.events import (
     is_control_stream,
     session_stream,
 )
+from engram_ledger.contracts.limits import MAX_ID_CHARS
 from engram_ledger.contracts.queries import ForgetCandidate, ForgetReply, NoteWritten, PendingForget, SearchNotes
 from engram_ledger.services.application import unit_of_work
 from engram_ledger.services.application.decoding import count
@@ -53,6 +54,7 @@ from engram_ledger.services.domain.forgetting import (
     decide_forget_session,
     decide_forget_user,
     erasable,
+    erase_late,
     forgettable,
     session_messages,
 )
@@ -351,7 +353,15 @@ class _Erase(Work[ForgetReply]):
         return await self._answer(first, first.detail.user, replayed=True)
 
     async def _answer(self, outcome: Outcome, step: ErasureStep, replayed: bool) -> ForgetReply:
-        token = channels.format_token(self._partition, outcome.position)
+        position = outcome.position
+        if step.status == "forgotten":
+            # Before the reply: what was written while this erasure decided is erased with it
+            # (and the reply's token waits for that too). A replay does it again: the first
+            # attempt may have died before it.
+            late, at = await _EraseLate(self._service, self._command, outcome.position).run()
+            step = msgspec.structs.replace(step, erased=[*step.erased, *late])
+            position = at or position
+        token = channels.format_token(self._partition, position)
         reply = _erase_reply(self._control_id, self._what, step, token, replayed)
         if reply.status == "forgotten":
             # A replay scrubs again: the first attempt may have died before its scrub.
@@ -359,6 +369,50 @@ class _Erase(Work[ForgetReply]):
                 await self._service._access.forget(self._command.user_id)
             await self._service._scrub_after(token, self._command.user_id, [*step.erased, self._control_id])
         return reply
+
+
+class _EraseLate(Work[tuple[list[str], str | None]]):
+    """The notes (or the session's messages) an executed erasure did not see because they were
+    written while it decided: those of the user, or of the session, not forgotten and last
+    written before the erasure's receipt. A later write is not late: it came after the erasure
+    and starts afresh. Run under a command id derived from the erasure's, so that a retry finds
+    its outcome."""
+
+    def __init__(self, service: ForgetService, command: RequestForgetUser | RequestForgetSession, at: str) -> None:
+        self._service = service
+        self._command = msgspec.structs.replace(command, command_id=late_command_id(command.command_id))
+        self._at = channels.parse_entry_id(at)
+
+    async def run(self) -> tuple[list[str], str | None]:
+        """What it erased, and the log position of its append (None: nothing was late)."""
+        return await unit_of_work.run(self._service._store, self._command, self)
+
+    async def decide(self) -> Decision | tuple[list[str], str | None]:
+        store, command = self._service._store, self._command
+        loaded = await store.load(command.user_id, await store.note_ids(command.user_id))
+        states = {i: note.state for i, note in loaded.items()}
+        if isinstance(command, RequestForgetSession):
+            states = session_messages(command.session_id, states)
+        late = {
+            i: state
+            for i, state in states.items()
+            if (at := loaded[i].position) is not None and channels.parse_entry_id(at) < self._at
+        }
+        appends = erase_late(command, late, self._service._clock())
+        return Decision(appends=appends) if appends else ([], None)
+
+    async def accepted(self, outcome: Outcome, decision: Decision) -> tuple[list[str], str | None]:
+        erased = [append.note_id for append in decision.appends]
+        log.warning("erased %d note(s) written while the erasure %s decided", len(erased), self._command.command_id)
+        return erased, outcome.position
+
+    async def replay(self, first: Outcome) -> tuple[list[str], str | None]:
+        return [note_id for note_id, _ in first.notes], first.position
+
+
+def late_command_id(command_id: str) -> str:
+    """The command id an erasure's late part runs under (within the id's length limit)."""
+    return f"{command_id[: MAX_ID_CHARS - 5]}|late"
 
 
 def _reply(steps: list[NoteForgetStep], contents: dict[str, str], token: str) -> ForgetReply:

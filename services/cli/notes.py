@@ -32,6 +32,7 @@ def client_for(settings: Settings, timeout: float | None = None, operator: bool 
         timeout=timeout or settings.request_timeout_seconds,
         cluster=settings.redis_cluster,
         operator=operator,
+        user_in_flight=settings.user_in_flight,
     )
 
 

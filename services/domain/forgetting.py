@@ -163,6 +163,24 @@ def _erase(
     return appends
 
 
+def erase_late(
+    command: RequestForgetUser | RequestForgetSession, late: Mapping[str, NoteState], now: datetime
+) -> list[StreamAppend]:
+    """What an executed erasure did not see, forgotten as it forgot the rest: notes or messages
+    written while it decided, before its receipt (``late``, by the caller's reading of the log).
+    No receipt of its own: the erasure's lists what it saw, and each of these its own
+    ``note_forgotten``."""
+    appends = []
+    for note_id in erasable(late):
+        state = late[note_id]
+        event = NoteForgotten(request_count=0, **event_header(command, note_id, state.version + 1, now))
+        releases = [] if state.is_message else [identity_claim(state)]
+        appends.append(
+            StreamAppend(note_id=note_id, expected_version=state.version, events=[event], releases=releases, shred=True)
+        )
+    return appends
+
+
 def expire_forget(command: ExpireForget, state: NoteState, now: datetime) -> list[StreamAppend]:
     """The saga's deadline: lapse the pending state if it is still pending and due (a renewed
     or executed request leaves nothing to do)."""

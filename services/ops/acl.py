@@ -135,7 +135,6 @@ _ADMISSION = [
     "+zadd",
     "+zrem",
     "+pexpire",
-    "+pttl",
 ]
 
 

@@ -11,11 +11,13 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from faststream.redis.parser.binary import BinaryMessageFormatV1
 
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.services.bus.admission import DEFAULT_USER_IN_FLIGHT, Admission
 from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.bus.shedder import BacklogShedder
 from tests.conftest import RunningService, service_settings
 from tests.support import log_events
 
@@ -63,7 +65,7 @@ async def test_a_flood_written_straight_onto_the_bus_is_answered_in_full_and_ref
             ]
             replies = await flood(redis, channels.command_stream(0), saves)
             # when another user saves behind them
-            written = await bob.save("bob", "my save is answered too", advise=False)
+            written = await bob.save("bob", "my save is not stuck behind the flood", advise=False)
             answered = await replies
         # then every request got its answer: written, or refused typed with a hint; none lost
         refused = [r for r in answered if r["type"] == "error"]
@@ -71,7 +73,12 @@ async def test_a_flood_written_straight_onto_the_bus_is_answered_in_full_and_ref
         assert "send this request again in" in refused[0]["message"]
         events = await log_events(redis_url)
         assert len([e for e in events if e.user_id == "flood"]) == len(answered) - len(refused)
-        assert len(answered) == FLOOD and written.note_id in {e.note_id for e in events}
+        assert len(answered) == FLOOD
+        # and the other user's save was not queued behind the whole flood (first in, first out, it
+        # came after every one of them that was written)
+        mine = next(i for i, e in enumerate(events) if e.note_id == written.note_id)
+        ahead = sum(1 for e in events[:mine] if e.user_id == "flood")
+        assert ahead < FLOOD // 2, f"{ahead} of the flood's saves were written before it"
     finally:
         await running.stop()
 
@@ -144,3 +151,51 @@ async def test_a_flood_of_queries_is_refused_past_the_users_share_and_others_are
         assert kinds <= {"error", "notes"}, kinds
     finally:
         await running.stop()
+
+
+async def test_the_shedder_refuses_only_unread_requests_past_a_users_share_in_the_format_sent(redis_url: str) -> None:
+    stream = channels.query_stream(0)
+    async with aioredis.Redis.from_url(redis_url) as redis:
+        await redis.xgroup_create(stream, channels.QUERY_GROUP, id="0", mkstream=True)
+        pubsub = redis.pubsub(ignore_subscribe_messages=True)
+        await pubsub.subscribe("engram:replies:shed")
+        # given a worker that has read (taken) the first two entries of one user
+        binary = await BinaryMessageFormatV1.encode(
+            message=b'{"type": "list_notes", "user_id": "flood"}',
+            reply_to="engram:replies:shed",
+            headers={},
+            correlation_id="bin-0",
+        )
+        await redis.xadd(stream, {"__data__": binary})
+        await redis.xadd(stream, {"__data__": binary})
+        await redis.xreadgroup(channels.QUERY_GROUP, "worker", {stream: ">"}, count=2)
+        # and behind them 300 more of that user (binary and JSON) and one of another
+        async with redis.pipeline(transaction=False) as pipe:
+            for i in range(300):
+                envelope = {
+                    "data": '{"type": "list_notes", "user_id": "flood"}',
+                    "headers": {"reply_to": "engram:replies:shed", "correlation_id": f"json-{i}"},
+                }
+                pipe.xadd(stream, {"__data__": binary if i % 2 else json.dumps(envelope)})
+            pipe.xadd(stream, {"__data__": b'{"type": "list_notes", "user_id": "bob"}'})
+            await pipe.execute()
+        shedder = BacklogShedder(redis, stream, channels.QUERY_GROUP, per_user=3, backlog=100)
+        # when it sheds
+        assert await shedder.shed() == 297
+        # then what was read stays, the user's first three unread stay, and the other user's
+        left = [fields[b"__data__"] for _, fields in await redis.xrange(stream)]
+        assert len(left) == 2 + 3 + 1 and left[-1] == b'{"type": "list_notes", "user_id": "bob"}'
+        # and each refused request was answered in its own format
+        replies = []
+        async with asyncio.timeout(10):
+            while len(replies) < 297:
+                if (message := await pubsub.get_message(timeout=1.0)) is not None:
+                    replies.append(message["data"])
+        assert len(replies) == 297
+        jsons = [json.loads(r) for r in replies if r.startswith(b"{")]
+        binaries = [BinaryMessageFormatV1.parse(r) for r in replies if not r.startswith(b"{")]
+        assert jsons and binaries and len(jsons) + len(binaries) == 297
+        assert json.loads(jsons[0]["data"])["code"] == "RATE_LIMITED" and jsons[0]["headers"]["correlation_id"]
+        body, headers = binaries[0]
+        assert json.loads(body)["code"] == "RATE_LIMITED" and headers["correlation_id"] == "bin-0"
+        await pubsub.aclose()
