@@ -54,7 +54,13 @@ from engram_ledger.services.adapters.event_store import RedisEventStore
 from engram_ledger.services.adapters.keyring import KeyringWatcher, attach_keyring
 from engram_ledger.services.adapters.layout import OldLayout, check_layout
 from engram_ledger.services.adapters.minilm import count_tokens_many
-from engram_ledger.services.adapters.redis_conn import close_redis, open_redis, redact_url, serving_options
+from engram_ledger.services.adapters.redis_conn import (
+    close_redis,
+    open_redis,
+    redact_url,
+    serving_options,
+    stream_reads_routed_locally,
+)
 from engram_ledger.services.adapters.scrub import Scrubber
 from engram_ledger.services.application.advice import SaveAdvisor
 from engram_ledger.services.application.commands import CommandService, command_handlers, utc_now
@@ -179,6 +185,8 @@ class Engram:
             # at once): FastStream gives each subscriber 3 s to start its consumer task
             # (anyio.fail_after), torch's import holds the GIL for seconds at a time, and on a busy
             # machine the subscribers missed that window and the service stopped.
+            # FastStream's own cluster client reads the request streams: its reads routed as ours.
+            stream_reads_routed_locally(await self.broker.connect())
             await self.broker.start()
             tasks += [asyncio.create_task(r.run(self.stopping), name=f"{r.name}-{r.partition}") for r in self.runners]
             tasks += [asyncio.create_task(r.run(self.stopping), name=f"reclaim-{r.stream}") for r in self.reclaimers]
