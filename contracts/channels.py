@@ -234,6 +234,12 @@ class IndexKeys(GenerationKeys):
     def note(self, user_id: str, note_id: str) -> str:
         return f"{self.prefix}note:{part(user_id)}:{part(note_id)}"
 
+    @property
+    def recheck(self) -> str:
+        """Notes whose points a writer that lost the projection may have written after its
+        successor's (a set of ``[user, note]``): the projection writes them again."""
+        return f"{self.prefix}recheck"
+
     def session(self, user_id: str, session_id: str) -> str:
         """The ids of a conversation's last turns (never their text): the next turn's context.
         The session is named by a digest, so no caller-chosen name is left in a key."""

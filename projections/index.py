@@ -22,13 +22,16 @@ from typing import Any
 import msgspec
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.exceptions import WatchError
 
 from engram_ledger.contracts.channels import IndexKeys
 from engram_ledger.contracts.events import (
     MessageRecorded,
     MessageRetracted,
+    is_control_stream,
 )
 from engram_ledger.projections.index_model import (
+    BatchChanges,
     NoteMeta,
     build_points,
     context_firsts,
@@ -36,11 +39,13 @@ from engram_ledger.projections.index_model import (
     indexed_text,
     pieces_of,
 )
-from engram_ledger.projections.tracking import GenerationalProjection, read_generation
+from engram_ledger.projections.tracking import GenerationalProjection, StaleProjection, read_generation
 from engram_ledger.services.adapters.crypto import SubjectMatcher
+from engram_ledger.services.adapters.redis_conn import transaction_client
 from engram_ledger.services.application.ports import EventStore, LogEntry
 from engram_ledger.services.application.ranking import CONTEXT_TURNS
 from engram_ledger.services.application.vector_index import (
+    CONVERSATION,
     Embedder,
     VectorIndex,
 )
@@ -103,9 +108,12 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
     async def _write_index(
         self, batch: Sequence[LogEntry], metas: dict[str, NoteMeta | None], turns: _Turns
     ) -> set[str]:
-        """Fold the batch per note, then write each changed note's final state to the index:
-        re-embed notes whose text changed, set payload on notes whose fields changed."""
-        changes = fold_batch(batch, metas, self.keys.note, self._subject_key, turns)
+        """Fold the batch per note, then write each changed note's final state to the index."""
+        return await self._write_changes(fold_batch(batch, metas, self.keys.note, self._subject_key, turns), metas)
+
+    async def _write_changes(self, changes: BatchChanges, metas: dict[str, NoteMeta | None]) -> set[str]:
+        """Re-embed notes whose text changed, set payload on notes whose fields changed, delete
+        the points of notes forgotten."""
         await self._from_store(changes.retext, changes.texts, changes.names, changes.forgotten, metas)
         chunked = {t: self._embedder.chunks(t) for _, _, t in changes.texts.values() if t}  # a tokenizer run each
         chunked |= {
@@ -119,10 +127,10 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
         await self.index.upsert(points)
         for key, (user_id, note_id) in changes.touched.items():
             meta = metas[key]
-            assert meta is not None
-            if key in changes.forgotten:
+            if meta is None or key in changes.forgotten:
                 await self.index.delete(user_id, note_id)
-                meta.chunks = 0
+                if meta is not None:
+                    meta.chunks = 0
             elif key in changes.texts:
                 chunks = chunk_counts[key]
                 if changes.old_chunks[key] > chunks:
@@ -130,7 +138,71 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
                 meta.chunks = chunks
             else:
                 await self.index.set_payload(user_id, note_id, meta.filter_fields())
-        return set(changes.touched)
+        return {key for key in changes.touched if metas[key] is not None}
+
+    async def apply(self, batch: Sequence[LogEntry], *, live: bool = True) -> None:
+        try:
+            await super().apply(batch, live=live)
+        except StaleProjection:
+            # This writer lost the projection (its lease, a switch) after writing the index: what
+            # it wrote may have landed after its successor's writes for the same notes, a
+            # forget's deletions among them. The successor writes those notes again (``repair``).
+            touched = {
+                json.dumps([e.event.user_id, e.event.note_id]) for e in batch if not is_control_stream(e.event.note_id)
+            }
+            if touched:
+                await self._redis.sadd(self.keys.recheck, *touched)
+            raise
+
+    async def repair(self) -> int:
+        """Write again, from this projection's own state, the notes a writer that lost the
+        projection reported (``apply``): a forgotten note's points deleted, a live note's
+        re-embedded from the store (a turn's without the turns before it: its context point
+        goes until the turn is indexed again). In a transaction on the checkpoint, as ``apply``.
+        Returns how many notes were written again."""
+        reported = await self._redis.smembers(self.keys.recheck)
+        if not reported:
+            return 0
+        notes = {self.keys.note(u, n): (u, n) for u, n in (json.loads(m) for m in reported)}
+        redis = await transaction_client(self._redis, self.keys.checkpoint)
+        async with redis.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(self.keys.checkpoint, *self._guards())
+                _, *values = await pipe.mget([self.keys.checkpoint, *self._guards(), *notes])
+                self._check(values[: len(self._guards())])
+                stored = values[len(self._guards()) :]
+                metas = {
+                    k: (_meta_decoder.decode(r) if r is not None else None) for k, r in zip(notes, stored, strict=True)
+                }
+                changes = await self._as_stored(notes, metas)
+                changed = await self._write_changes(changes, metas)
+                pipe.multi()
+                for key in changed:
+                    pipe.set(key, msgspec.json.encode(metas[key]))
+                pipe.srem(self.keys.recheck, *reported)
+                await pipe.execute()
+            except WatchError as e:
+                raise StaleProjection() from e
+        return len(notes)
+
+    async def _as_stored(self, notes: dict[str, tuple[str, str]], metas: dict[str, NoteMeta | None]) -> BatchChanges:
+        """The changes that write each note as this projection's state and the store hold it."""
+        changes = BatchChanges()
+        for user_id in {u for u, _ in notes.values()}:
+            mine = {k: n for k, (u, n) in notes.items() if u == user_id}
+            loaded = await self._store.load(user_id, list(mine.values()))
+            for key, note_id in mine.items():
+                meta, state = metas[key], loaded[note_id].state
+                changes.touched[key] = (user_id, note_id)
+                changes.old_chunks[key] = meta.chunks if meta is not None else 0
+                if meta is None or meta.status == "forgotten" or not state.content:
+                    changes.forgotten.add(key)
+                elif meta.record == CONVERSATION:
+                    changes.texts[key] = (user_id, note_id, indexed_text(state.speaker, state.content))
+                else:
+                    changes.texts[key] = (user_id, note_id, state.content)
+                    changes.names[key] = state.subject
+        return changes
 
     def _subject_key(self, user_id: str, subject: str | None) -> str | None:
         return self._subjects.match_key(user_id, subject) if subject is not None else None

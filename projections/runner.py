@@ -82,6 +82,9 @@ class ProjectionRunner:
                 if batch:
                     await projection.apply(batch)
                     after = batch[-1].position
+                # What a writer that lost the lease reported it may have overwritten (the index).
+                if (repair := getattr(projection, "repair", None)) is not None:
+                    await repair()
             except StaleProjection:
                 projection = None
             except asyncio.CancelledError:

@@ -3,12 +3,25 @@ erasure without the step that looks again after it (a real Redis, the real bus).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import pytest
+import redis.asyncio as aioredis
+
+from engram_ledger.contracts.channels import IndexKeys
 from engram_ledger.contracts.events import ACCOUNT, session_stream
+from engram_ledger.projections.index import IndexProjection
+from engram_ledger.projections.qdrant_edge import QdrantEdgeIndex
+from engram_ledger.projections.tracking import StaleProjection
+from engram_ledger.services.adapters.crypto import SubjectMatcher
+from engram_ledger.services.adapters.event_store import RedisEventStore
 from engram_ledger.services.bus.client import EngramClient
-from tests.conftest import RunningService
+from tests.conftest import RunningService, service_settings
+from tests.fakes import HashEmbedder
+from tests.support import master_key_for_tests
 
 
 def write_while_deciding(service: RunningService, control: str, write: Any) -> list[bool]:
@@ -59,3 +72,60 @@ async def test_a_note_saved_while_its_user_is_erased_is_erased_with_it(
     # a note saved after the erasure is a new one, kept
     kept = await client.save("bea", "a fresh start", advise=False)
     assert [n.id for n in (await client.list_notes("bea", after=kept.token)).notes] == [kept.note_id]
+
+
+class SlowWrites:
+    """A vector index whose upserts wait until told to go: a writer paused mid-batch."""
+
+    def __init__(self, index: Any) -> None:
+        self._index = index
+        self.writing = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def upsert(self, points: Any) -> None:
+        self.writing.set()
+        await self.go.wait()
+        await self._index.upsert(points)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._index, name)
+
+
+async def test_a_writer_that_lost_the_index_cannot_bring_back_points_a_forget_deleted(
+    redis_url: str, tmp_path: Path
+) -> None:
+    running = await RunningService(service_settings(redis_url, index_enabled=False)).start()
+    index = QdrantEdgeIndex(tmp_path / "shard")
+    try:
+        async with EngramClient(redis_url, operator=True) as client, aioredis.Redis.from_url(redis_url) as redis:
+            store = RedisEventStore(redis, 1, 3600, master_key_for_tests())
+            saved = await client.save("cy", "Cy's alarm code is 8093", advise=False)
+            read_before = await store.read_log(0, "0", 100)  # the text, as a writer read it then
+            await client.forget("cy", note_ids=[saved.note_id], confirmed=True)
+            log = await store.read_log(0, "0", 100)
+            embedder = HashEmbedder()
+            await index.ensure(embedder.dimension)
+            subjects = SubjectMatcher.from_master(master_key_for_tests())
+            await redis.set(IndexKeys(0, 0).live, 1)
+            slow = SlowWrites(index)
+            loser = IndexProjection(redis, slow, embedder, 0, 1, store=store, subjects=subjects)  # type: ignore[arg-type]
+            winner = IndexProjection(redis, index, embedder, 0, 1, store=store, subjects=subjects)
+            # given one writer that read the save and is paused before writing its points
+            paused = asyncio.create_task(loser.apply(read_before))
+            await slow.writing.wait()
+            # when another takes over and applies the save and the forget (deleting the points)
+            await winner.apply(log)
+            assert not [p for p in await index.payloads() if p["note_id"] == saved.note_id]
+            # and the first then writes its points, and finds it lost the projection
+            slow.go.set()
+            with pytest.raises(StaleProjection):
+                await paused
+            back = [p for p in await index.payloads() if p["note_id"] == saved.note_id]
+            assert back, "the late write brought the forgotten note's points back"
+            # then the one holding the projection writes the note again, from its own state
+            assert await winner.repair() == 1
+            assert not [p for p in await index.payloads() if p["note_id"] == saved.note_id]
+            assert await redis.scard(IndexKeys(0, 1).recheck) == 0
+    finally:
+        await index.close()
+        await running.stop()
