@@ -159,11 +159,13 @@ def route_stream_reads(parser: Any) -> None:
     asked = parser.get_keys
 
     async def get_keys(*args: Any) -> Any:
-        pieces = [a.decode() if isinstance(a, bytes) else str(a) for a in args]
-        if pieces and pieces[0].upper() in _STREAM_READS:
+        name = (args[0].decode() if isinstance(args[0], bytes) else str(args[0])).upper() if args else ""
+        if name in _STREAM_READS:
+            # Values (a binary request, an id) are read as text only to find the keyword.
+            pieces = [a.decode(errors="replace") if isinstance(a, bytes) else str(a) for a in args]
             # XREADGROUP GROUP <group> <consumer> [...] STREAMS: a group or a consumer named
             # "streams" is not the keyword.
-            start = 4 if pieces[0].upper() == "XREADGROUP" else 1
+            start = 4 if name == "XREADGROUP" else 1
             options = [p.upper() for p in pieces[start:]]
             if "STREAMS" in options:
                 rest = args[start + options.index("STREAMS") + 1 :]

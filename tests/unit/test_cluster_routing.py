@@ -39,3 +39,10 @@ def test_every_cluster_client_engram_opens_routes_them() -> None:
     client = open_redis("redis://127.0.0.1:1/0", cluster=True)  # constructs, never connects
     assert isinstance(client, RedisCluster)
     assert client.commands_parser.get_keys.__qualname__.startswith("route_stream_reads")
+
+
+async def test_any_other_command_is_asked_as_before_whatever_its_values() -> None:
+    parser = AskingParser()
+    route_stream_reads(parser)
+    framed = b"\x89BIN" + bytes(range(256))  # a request in FastStream's binary framing
+    assert await parser.get_keys("XADD", "engram:{0}:commands", "*", "__data__", framed) == ("asked",)
