@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
 
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.errors import EngramError, ErrorCode
@@ -36,6 +37,8 @@ local until_ms = now_ms + tonumber(ARGV[1])
 -- Each place is scored by when it lapses, the first lapses soonest; lapsed places (their clients
 -- died) are cleared only when they would refuse, which keeps the common case to four commands.
 local cap = tonumber(ARGV[2])
+-- Places this client could not give back (Redis was unreachable when their wait ended).
+for i = 4, #ARGV do redis.call('ZREM', KEYS[1], ARGV[i]) end
 if redis.call('ZCARD', KEYS[1]) >= cap then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
   if redis.call('ZCARD', KEYS[1]) >= cap then
@@ -57,6 +60,9 @@ class Admission:
         self._redis = redis
         self.per_user = per_user
         self._take_script: AsyncScript | None = None
+        # Places whose release failed (Redis down or restarting), given back with the next take
+        # of the same user: else this client's own dead requests would refuse its retries.
+        self._unreleased: dict[tuple[int, str], set[str]] = {}
         self._local: dict[str, tuple[asyncio.Semaphore, int]] = {}
 
     @contextlib.asynccontextmanager
@@ -78,9 +84,15 @@ class Admission:
         """Take a place in Redis as ``request``; ``RATE_LIMITED`` when the user's are all taken."""
         if self._take_script is None:
             self._take_script = self._redis.register_script(_TAKE)
-        admitted, lapses_ms = await self._take_script(
-            keys=[channels.in_flight(partition, user_id)], args=[hold_ms, self.per_user, request]
-        )
+        stale = self._unreleased.pop((partition, user_id), set())
+        try:
+            admitted, lapses_ms = await self._take_script(
+                keys=[channels.in_flight(partition, user_id)], args=[hold_ms, self.per_user, request, *stale]
+            )
+        except BaseException:
+            if stale:
+                self._unreleased.setdefault((partition, user_id), set()).update(stale)
+            raise
         if not admitted:
             retry_ms = max(MIN_RETRY_MS, int(lapses_ms))
             raise EngramError(
@@ -91,4 +103,8 @@ class Admission:
             )
 
     async def release(self, partition: int, user_id: str, request: str) -> None:
-        await self._redis.zrem(channels.in_flight(partition, user_id), request)
+        """Give the place back; when Redis cannot be reached, with the user's next take."""
+        try:
+            await self._redis.zrem(channels.in_flight(partition, user_id), request)
+        except (RedisError, OSError):
+            self._unreleased.setdefault((partition, user_id), set()).add(request)

@@ -142,8 +142,7 @@ class BusRequester:
             self._waiting.pop(correlation_id, None)
             if taken:
                 assert user is not None
-                with contextlib.suppress(RedisError, OSError):  # unreachable: the place lapses
-                    await self._admission.release(*user, correlation_id)
+                await self._admission.release(*user, correlation_id)
 
     async def _read_replies(self) -> None:
         resubscribe = False

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from faststream.redis.parser.binary import BinaryMessageFormatV1
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.errors import EngramError, ErrorCode
@@ -199,3 +200,23 @@ async def test_the_shedder_refuses_only_unread_requests_past_a_users_share_in_th
         body, headers = binaries[0]
         assert json.loads(body)["code"] == "RATE_LIMITED" and headers["correlation_id"] == "bin-0"
         await pubsub.aclose()
+
+
+async def test_places_a_client_could_not_give_back_do_not_refuse_its_retries(redis_url: str) -> None:
+    """Redis restarting (the faults tests kill it) fails the give-back of requests that timed
+    out: the client's retries were refused by its own dead requests until they lapsed."""
+    async with aioredis.Redis.from_url(redis_url) as redis:
+        admission = Admission(redis, per_user=2)
+        for request in ("a", "b"):
+            await admission.take(0, "ada", request, hold_ms=60_000)
+        zrem = redis.zrem
+
+        async def unreachable(*args: Any) -> Any:
+            raise RedisConnectionError("Redis is restarting")
+
+        redis.zrem = unreachable  # type: ignore[method-assign]
+        for request in ("a", "b"):
+            await admission.release(0, "ada", request)  # does not raise: kept for later
+        redis.zrem = zrem  # type: ignore[method-assign]
+        await admission.take(0, "ada", "c", hold_ms=60_000)  # gives a and b back first
+        assert await redis.zrange(channels.in_flight(0, "ada"), 0, -1) == [b"c"]
