@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mcp.server.auth.provider import TokenVerifier
@@ -58,7 +59,7 @@ class SessionLimits:
         self._open()
         return sum(1 for who, _ in self._holders.values() if who == holder)
 
-    def guard(self, app: Any, holder_of: Any) -> Any:
+    def guard(self, app: Any, holder_of: Callable[[Any], str | None]) -> Any:
         """ASGI before the SDK's route: a request opening a session (no session id) is refused
         when its holder (``holder_of(scope)``: None for an unauthenticated request, which the SDK
         answers 401) holds ``per_token`` already; the session it opens is recorded."""
@@ -67,10 +68,8 @@ class SessionLimits:
             from starlette.responses import JSONResponse
 
             holder = holder_of(scope) if scope["type"] == "http" else None
-            opening = holder is not None and not any(
-                k.lower() == MCP_SESSION_HEADER.encode() for k, _ in scope["headers"]
-            )
-            if not opening:
+            resuming = any(k.lower() == MCP_SESSION_HEADER.encode() for k, _ in scope.get("headers", []))
+            if holder is None or resuming:
                 await app(scope, receive, send)
                 return
             if (held := self.held_by(holder)) >= self.per_token:
