@@ -69,7 +69,8 @@ ROLES: dict[str, Role] = {
             "user per agent or per host",
             "read `engram:partitions`; add requests to the command and query streams "
             "(`engram:{p}:commands`, `engram:{p}:queries`); subscribe to its own reply channels "
-            "`engram:replies:<its user>:*`",
+            "`engram:replies:<its user>:*`; take and give back a user's places in flight "
+            "(`engram:{p}:inflight:*`, by the client's script)",
             "add requests to the operators' streams (delete at once); read the log, the notes' "
             "streams, data keys, read model, request streams or any other key; subscribe to "
             "another client's replies, pattern-subscribe or publish",
