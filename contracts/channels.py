@@ -246,6 +246,12 @@ class IndexKeys(GenerationKeys):
         digest = hashlib.blake2b(session_id.encode(), digest_size=12).hexdigest()
         return f"{self.prefix}session:{part(user_id)}:{digest}"
 
+    def turns(self, user_id: str, session_id: str) -> str:
+        """Every turn id of a conversation, in order (a list): which turns came after one that
+        is retracted, and so held it in their context."""
+        digest = hashlib.blake2b(session_id.encode(), digest_size=12).hexdigest()
+        return f"{self.prefix}turns:{part(user_id)}:{digest}"
+
 
 # One index generation serves every partition (one shard directory or collection), so these
 # two keys carry no partition tag.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,17 @@ _meta_decoder = msgspec.json.Decoder(NoteMeta)
 _tail_decoder = msgspec.json.Decoder(list[str])
 
 
-class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
+@dataclass
+class _Writes:
+    """What a batch writes of the projection's own state: values to set (None: delete), turns
+    to append to each conversation's order, orders to drop (their conversation was erased)."""
+
+    values: dict[str, bytes | None]
+    pushes: dict[str, list[str]]
+    drops: set[str]
+
+
+class IndexProjection(GenerationalProjection[_Writes]):
     """The vector index is written while planning, before the transaction: its writes are
     idempotent, so a transaction that then fails replays them harmlessly. The plan is what is
     left: the projection's own keys to set (None: delete)."""
@@ -88,22 +99,50 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
     def _state_keys(self, batch: Sequence[LogEntry]) -> list[str]:
         return list(dict.fromkeys(self.keys.note(e.event.user_id, e.event.note_id) for e in batch))
 
-    async def _plan(self, batch: Sequence[LogEntry], state: dict[str, bytes | None]) -> dict[str, bytes | None]:
+    async def _plan(self, batch: Sequence[LogEntry], state: dict[str, bytes | None]) -> _Writes:
         metas = {k: (_meta_decoder.decode(r) if r is not None else None) for k, r in state.items()}
         turns = _Turns(self._redis, self._store, self.keys, batch)
         await turns.load()
         changed = await self._write_index(batch, metas, turns)
-        writes: dict[str, bytes | None] = {key: msgspec.json.encode(metas[key]) for key in changed}
+        changed |= await self._drop_contexts(await turns.followers(2 * CONTEXT_TURNS), turns, metas)
+        values: dict[str, bytes | None] = {key: msgspec.json.encode(metas[key]) for key in changed}
         for key, tail in turns.tails().items():
-            writes[key] = msgspec.json.encode(tail) if tail else None
-        return writes
+            values[key] = msgspec.json.encode(tail) if tail else None
+        pushes, drops = turns.orders()
+        return _Writes(values, pushes, drops)
 
-    def _queue(self, pipe: Pipeline, writes: dict[str, bytes | None]) -> None:
-        for key, value in writes.items():
+    def _queue(self, pipe: Pipeline, writes: _Writes) -> None:
+        for key, value in writes.values.items():
             if value is None:
                 pipe.delete(key)
             else:
                 pipe.set(key, value)
+        for key in writes.drops:  # before the pushes: a turn recorded after the erasure starts anew
+            pipe.delete(key)
+        for key, ids in writes.pushes.items():
+            pipe.rpush(key, *ids)
+
+    async def _drop_contexts(
+        self, followers: dict[str, list[str]], turns: _Turns, metas: dict[str, NoteMeta | None]
+    ) -> set[str]:
+        """The turns recorded after a turn that is now retracted held its words in their context
+        points (the text and the mean vector of the turns before them): those points go. The
+        turns keep their own points, and a search still finds them by their own words."""
+        users = {retracted: user for (user, _), retracted, _ in turns.retracted}
+        wanted = {self.keys.note(users[r], t): (users[r], t) for r, after in followers.items() for t in after}
+        missing = [key for key in wanted if key not in metas]
+        if missing:
+            for key, raw in zip(missing, await self._redis.mget(missing), strict=True):
+                metas[key] = _meta_decoder.decode(raw) if raw is not None else None
+        changed = set()
+        for key, (user_id, note_id) in wanted.items():
+            meta = metas[key]
+            if meta is None or meta.context_chunk is None:
+                continue
+            await self.index.delete(user_id, note_id, from_chunk=meta.context_chunk)
+            meta.chunks, meta.context_chunk = meta.context_chunk, None
+            changed.add(key)
+        return changed
 
     async def _write_index(
         self, batch: Sequence[LogEntry], metas: dict[str, NoteMeta | None], turns: _Turns
@@ -136,6 +175,7 @@ class IndexProjection(GenerationalProjection[dict[str, bytes | None]]):
                 if changes.old_chunks[key] > chunks:
                     await self.index.delete(user_id, note_id, from_chunk=chunks)
                 meta.chunks = chunks
+                meta.context_chunk = chunks - 1 if key in firsts else None
             else:
                 await self.index.set_payload(user_id, note_id, meta.filter_fields())
         return {key for key in changes.touched if metas[key] is not None}
@@ -255,6 +295,11 @@ class _Turns:
         )
         self._recent: dict[tuple[str, str], list[tuple[str, str]]] = {}
         self._changed: set[tuple[str, str]] = set()
+        # The turns this batch records, per session in order, and the turns it retracts with
+        # those recorded before each: what ``followers`` reads.
+        self.recorded: dict[tuple[str, str], list[str]] = {}
+        self.retracted: list[tuple[tuple[str, str], str, list[str]]] = []
+        self._erased: set[tuple[str, str]] = set()
 
     async def load(self) -> None:
         if not self._sessions:
@@ -282,20 +327,44 @@ class _Turns:
         recent.append((event.note_id, indexed_text(event.speaker, event.content)))
         del recent[: max(0, len(recent) - CONTEXT_TURNS)]
         self._changed.add(session)
+        self.recorded.setdefault(session, []).append(event.note_id)
         return texts
 
     def retract(self, event: MessageRetracted) -> None:
-        """A retracted turn is no context for the turns after it. (Turns indexed before it was
-        retracted keep it in their context points; an agent framework retracts the latest.)"""
+        """A retracted turn is no context for the turns after it; those indexed before it was
+        retracted lose their context points (``IndexProjection._drop_contexts``)."""
         session = (event.user_id, event.session_id)
         recent = self._recent.setdefault(session, [])
         recent[:] = [(i, text) for i, text in recent if i != event.note_id]
         self._changed.add(session)
+        self.retracted.append((session, event.note_id, list(self.recorded.get(session, []))))
 
     def forget(self, user_id: str, session_id: str) -> None:
         """The session was erased: a turn recorded in it later starts afresh."""
         self._recent[(user_id, session_id)] = []
         self._changed.add((user_id, session_id))
+        self.recorded.pop((user_id, session_id), None)
+        self._erased.add((user_id, session_id))
+
+    async def followers(self, limit: int) -> dict[str, list[str]]:
+        """For each turn retracted in the batch, the turns recorded after it (and before the
+        retraction), at most ``limit``: those whose context held it."""
+        found = {}
+        for (user_id, session_id), retracted, recorded_before in self.retracted:
+            if retracted in recorded_before:
+                after = recorded_before[recorded_before.index(retracted) + 1 :]
+            else:
+                key = self._keys.turns(user_id, session_id)
+                at = await self._redis.lpos(key, retracted)
+                stored = await self._redis.lrange(key, at + 1, at + limit) if at is not None else []
+                after = [i.decode() for i in stored] + recorded_before
+            found[retracted] = after[:limit]
+        return found
+
+    def orders(self) -> tuple[dict[str, list[str]], set[str]]:
+        """The turn ids to append to each session's order, and the orders to drop (erased)."""
+        pushes = {self._keys.turns(u, s): ids for (u, s), ids in self.recorded.items() if ids}
+        return pushes, {self._keys.turns(u, s) for u, s in self._erased}
 
     def tails(self) -> dict[str, list[str]]:
         """Each changed session's last turn ids by key (empty: drop the key)."""

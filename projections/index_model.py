@@ -54,6 +54,8 @@ class NoteMeta(msgspec.Struct, kw_only=True, omit_defaults=True):
     time: float | None = None
     # The subject as written before subjects were hashed: read once, hashed, then dropped.
     subject: str | None = None
+    # A turn's context point (its words after the turns before it): its chunk number, the last.
+    context_chunk: int | None = None
 
     def payload(self, user_id: str, note_id: str, chunk: int) -> dict[str, Any]:
         fields: dict[str, Any] = {

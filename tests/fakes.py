@@ -416,12 +416,20 @@ class _ProjectionKeys:
 
     def __init__(self) -> None:
         self.values: dict[str, bytes] = {}
+        self.lists: dict[str, list[bytes]] = {}
 
     async def get(self, key: str) -> bytes | None:
         return self.values.get(key)
 
     async def mget(self, keys: Sequence[str]) -> list[bytes | None]:
         return [self.values.get(k) for k in keys]
+
+    async def lpos(self, key: str, value: str) -> int | None:
+        found = self.lists.get(key, [])
+        return found.index(value.encode()) if value.encode() in found else None
+
+    async def lrange(self, key: str, start: int, end: int) -> list[bytes]:
+        return self.lists.get(key, [])[start : end + 1]
 
 
 class InMemoryIndexRuntime:
@@ -459,11 +467,15 @@ class InMemoryIndexRuntime:
                 continue
             keys = projection._state_keys(batch)
             writes = await projection._plan(batch, dict(zip(keys, await self.redis.mget(keys), strict=True)))
-            for key, value in writes.items():
+            for key, value in writes.values.items():
                 if value is None:
                     self.redis.values.pop(key, None)
                 else:
                     self.redis.values[key] = value
+            for key in writes.drops:
+                self.redis.lists.pop(key, None)
+            for key, ids in writes.pushes.items():
+                self.redis.lists.setdefault(key, []).extend(i.encode() for i in ids)
             self.redis.values[projection.keys.checkpoint] = batch[-1].position.encode()
             applied += len(batch)
         return applied

@@ -21,7 +21,7 @@ from engram_ledger.services.adapters.event_store import RedisEventStore
 from engram_ledger.services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
 from tests.fakes import HashEmbedder
-from tests.support import master_key_for_tests
+from tests.support import master_key_for_tests, shape
 
 
 def write_while_deciding(service: RunningService, control: str, write: Any) -> list[bool]:
@@ -129,3 +129,43 @@ async def test_a_writer_that_lost_the_index_cannot_bring_back_points_a_forget_de
     finally:
         await index.close()
         await running.stop()
+
+
+async def test_a_turn_retracted_mid_conversation_leaves_the_context_of_the_turns_after_it(
+    service: RunningService, client: EngramClient, redis_url: str, tmp_path: Path
+) -> None:
+    """Each turn is also indexed with the turns before it (its context point: their words in
+    its BM25 text, their vectors in its mean). A turn retracted after the next ones were
+    indexed stayed in theirs, findable by its words."""
+    first = await client.record_message("dee", "chat", "my locker code is zebra-8093")
+    second = await client.record_message("dee", "chat", "noted, anything else?")
+    third = await client.record_message("dee", "chat", "no, that is all")
+    runtime = service.engram.index
+    assert runtime is not None
+    await client.search("dee", "locker", include_conversation=True, after=third.token)
+
+    def contexts() -> set[str]:
+        return {p["note_id"] for p in points if p.get("context")}
+
+    points = await runtime.index.payloads()
+    assert contexts() == {second.note_id, third.note_id}, "both held the first turn in their context"
+    # when the first turn is retracted
+    retracted = await client.retract_message("dee", first.note_id)
+    await client.search("dee", "locker", include_conversation=True, after=retracted.token)
+    points = await runtime.index.payloads()
+    # then no point holds its words any more: its own are gone, and so are the contexts after it
+    assert not [p for p in points if p["note_id"] == first.note_id]
+    assert contexts() == set()
+    found = await client.search("dee", "zebra-8093 locker code", include_conversation=True, after=retracted.token)
+    assert first.note_id not in {h.note_id for h in found.results}
+    # and a rebuild from the log reaches the same points
+    async with aioredis.Redis.from_url(redis_url) as redis:
+        rebuilt = QdrantEdgeIndex(tmp_path / "rebuilt")
+        await rebuilt.ensure(runtime.embedder.dimension)
+        store = RedisEventStore(redis, 1, 3600, master_key_for_tests())
+        projection = IndexProjection(
+            redis, rebuilt, runtime.embedder, 0, generation=9, store=store, subjects=runtime.subjects
+        )
+        await projection.rebuild(store)
+        assert shape(await rebuilt.payloads()) == shape(points)
+        await rebuilt.close()
