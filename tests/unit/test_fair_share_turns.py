@@ -81,3 +81,23 @@ async def test_a_request_cancelled_while_waiting_gives_back_its_place_and_its_tu
     # the handler is free again: a new request runs at once
     async with share.turn("c"):
         pass
+
+
+async def test_one_user_runs_one_request_at_a_time_while_others_run_beside_it() -> None:
+    share = FairShare(handlers=4, per_user=10)
+    gate = asyncio.Event()
+    running: list[str] = []
+
+    async def request(user: str, name: str) -> None:
+        async with share.turn(user):
+            running.append(name)
+            await gate.wait()
+
+    tasks = [asyncio.create_task(request("flood", f"flood-{i}")) for i in range(3)]
+    tasks.append(asyncio.create_task(request("bob", "bob")))
+    await asyncio.sleep(0)
+    # free handlers are not taken by the flood's second and third: they wait for its first
+    assert running == ["flood-0", "bob"]
+    gate.set()
+    await asyncio.gather(*tasks)
+    assert running == ["flood-0", "bob", "flood-1", "flood-2"]
