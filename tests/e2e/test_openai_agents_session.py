@@ -92,6 +92,9 @@ async def test_the_runner_keeps_a_conversation_across_turns_in_engram(engram_url
 
     # Another session object (as after a restart): the history comes from Engram, not memory.
     async with EngramSession("chat-1", engram_url, user_id=user) as second:
+        # The application kept the last write's token: the first read waits for it (without it,
+        # a read of a busy store may come before the read model has the reply just written).
+        second.token = first.token
         two = await Runner.run(agent, "What is my name?", session=second)
         assert two.final_output == "Your name is Ada."
         seen = [(item.get("role"), text_of(item)) for item in model.inputs[1]]
