@@ -287,7 +287,7 @@ async def serve_http(
 
     from engram_ledger.services.ops.listening import check_port, http_url
 
-    check_port(host, port)
+    check_port(host, port, "--http PORT")
     if tls is None and host not in LOOPBACK:
         log.warning(
             "serving MCP on %s without TLS: bearer tokens cross the network in clear; "

@@ -3,9 +3,9 @@
 Each request of a user takes a place before it is written to a stream and gives it back when
 its reply comes (or its wait ends). A client's own requests beyond the bound wait for a place
 (one process sending thousands at once is slowed to the bound, not refused); the places are
-kept in Redis (``channels.in_flight``), so the bound holds across every client of the user,
-and a request that finds them all taken by other clients is refused ``RATE_LIMITED`` with the
-time until the oldest lapses. A place is taken by a Lua script before the request is written
+kept in Redis (``channels.in_flight``), so the bound holds across every client of the user;
+a request that finds them all taken by other clients waits for one as long as it would wait
+for its reply, and only then is refused ``RATE_LIMITED``. A place is taken by a Lua script before the request is written
 (by a plain XADD: a script's keys need read rights, and an agent's role may only write the
 request streams, which hold other users' requests). A place is held at most as long as the
 request's wait, so a client that dies does not keep it.
@@ -28,7 +28,11 @@ from engram_ledger.contracts.errors import EngramError, ErrorCode
 # request shares the worker's processor with: with two, a flooding agent left the others' p99 at
 # about twice what it is alone (bench/bench_flood.py); more only wait in front of theirs.
 DEFAULT_USER_IN_FLIGHT = 2
-MIN_RETRY_MS = 50
+# While other clients hold a user's places: how often to ask again (a place is usually given
+# back within milliseconds, when its reply comes), and the hint a refusal gives.
+FIRST_PAUSE_SECONDS = 0.005
+LAST_PAUSE_SECONDS = 0.2
+RETRY_AFTER_MS = 1_000
 
 _TAKE = """
 local now = redis.call('TIME')
@@ -80,27 +84,38 @@ class Admission:
             else:
                 self._local[user_id] = (semaphore, users - 1)
 
-    async def take(self, partition: int, user_id: str, request: str, hold_ms: int) -> None:
-        """Take a place in Redis as ``request``; ``RATE_LIMITED`` when the user's are all taken."""
+    async def take(self, partition: int, user_id: str, request: str, hold_ms: int, wait: float = 0.0) -> None:
+        """Take a place in Redis as ``request``. While the user's are all taken (by other
+        clients), wait for one for up to ``wait`` seconds, asking again at growing intervals;
+        then ``RATE_LIMITED``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        pause = FIRST_PAUSE_SECONDS
+        while not await self._take(partition, user_id, request, hold_ms):
+            if loop.time() + pause > deadline:
+                raise EngramError(
+                    ErrorCode.RATE_LIMITED,
+                    f"user {user_id!r} has had {self.per_user} requests waiting for a reply for the last "
+                    f"{wait:g} s, its share of the service; nothing was sent: send this request again in "
+                    f"{RETRY_AFTER_MS / 1000:g} s",
+                    retry_after_ms=RETRY_AFTER_MS,
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, LAST_PAUSE_SECONDS)
+
+    async def _take(self, partition: int, user_id: str, request: str, hold_ms: int) -> bool:
         if self._take_script is None:
             self._take_script = self._redis.register_script(_TAKE)
         stale = self._unreleased.pop((partition, user_id), set())
         try:
-            admitted, lapses_ms = await self._take_script(
+            admitted, _ = await self._take_script(
                 keys=[channels.in_flight(partition, user_id)], args=[hold_ms, self.per_user, request, *stale]
             )
         except BaseException:
             if stale:
                 self._unreleased.setdefault((partition, user_id), set()).update(stale)
             raise
-        if not admitted:
-            retry_ms = max(MIN_RETRY_MS, int(lapses_ms))
-            raise EngramError(
-                ErrorCode.RATE_LIMITED,
-                f"user {user_id!r} already has {self.per_user} requests waiting for a reply, its share of the "
-                f"service; nothing was sent: send this request again in {retry_ms / 1000:g} s",
-                retry_after_ms=retry_ms,
-            )
+        return bool(admitted)
 
     async def release(self, partition: int, user_id: str, request: str) -> None:
         """Give the place back; when Redis cannot be reached, with the user's next take."""

@@ -129,7 +129,8 @@ class BusRequester:
             maxlen = max(1, min(self._maxlen, self._bytes // len(message)))
             try:
                 if user is not None:
-                    await self._admission.take(*user, correlation_id, hold_ms=int(timeout * 1000) + PLACE_GRACE_MS)
+                    hold_ms = int(timeout * 1000) + PLACE_GRACE_MS
+                    await self._admission.take(*user, correlation_id, hold_ms=hold_ms, wait=timeout)
                     taken = True
                 await self._redis.xadd(stream, {DATA_KEY: message}, maxlen=maxlen, approximate=True)
             except (AttributeError, TypeError) as e:

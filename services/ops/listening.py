@@ -9,7 +9,7 @@ import socket
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 
 
-def check_port(host: str, port: int) -> None:
+def check_port(host: str, port: int, option: str = "--port") -> None:
     """One clear error now for a port that cannot be had (taken, or not ours to take), rather
     than the server's own traceback once everything else has started."""
     try:
@@ -18,7 +18,7 @@ def check_port(host: str, port: int) -> None:
     except OSError as e:
         why = os.strerror(e.errno) if e.errno else str(e)
         raise EngramError(
-            ErrorCode.INVALID_PARAMETER, f"cannot listen on {host}:{port}: {why}; choose another with --port"
+            ErrorCode.INVALID_PARAMETER, f"cannot listen on {host}:{port}: {why}; choose another with {option}"
         ) from None
 
 

@@ -68,7 +68,7 @@ def test_mcp_over_http_says_where_it_serves_and_a_busy_port_is_one_line(engram_u
     assert busy.returncode == 1
     assert busy.stderr.strip().splitlines() == [
         f"engram: INVALID_PARAMETER: cannot listen on 127.0.0.1:{port}: Address already in use; "
-        "choose another with --port"
+        "choose another with --http PORT"
     ], busy.stderr
 
     holder, port = _busy_port()

@@ -112,18 +112,21 @@ async def test_one_clients_flood_waits_its_turn_in_the_client_and_others_are_not
         await running.stop()
 
 
-async def test_a_user_whose_places_other_clients_hold_is_refused_with_when_to_try_again(redis_url: str) -> None:
+async def test_a_user_whose_places_other_clients_hold_past_the_wait_is_refused_with_when_to_try_again(
+    redis_url: str,
+) -> None:
     running = await RunningService(service_settings(redis_url, index_enabled=False)).start()
     try:
-        async with aioredis.Redis.from_url(redis_url) as redis, EngramClient(redis_url, timeout=10) as agent:
-            # given every place of the user taken by other clients' requests, for 3 more seconds
+        async with aioredis.Redis.from_url(redis_url) as redis, EngramClient(redis_url, timeout=1) as agent:
+            # given every place of the user held by other clients' requests for longer than this
+            # client waits for a reply (1 s)
             others = Admission(redis, DEFAULT_USER_IN_FLIGHT)
             for i in range(DEFAULT_USER_IN_FLIGHT):
-                await others.take(0, "flood", f"elsewhere-{i}", hold_ms=3_000)
+                await others.take(0, "flood", f"elsewhere-{i}", hold_ms=30_000)
             with pytest.raises(EngramError) as refused:
                 await agent.save("flood", "one too many", advise=False)
-            assert refused.value.code is ErrorCode.RATE_LIMITED
-            assert 0 < refused.value.retry_after_ms <= 3_000
+            assert refused.value.code is ErrorCode.RATE_LIMITED and refused.value.retry_after_ms == 1_000
+            assert "for the last 1 s" in refused.value.message, "it waited for a place before it gave up"
             assert await redis.xinfo_stream(channels.command_stream(0)) is not None
             # nothing was sent; another user is served; and once a place is given back, so is it
             assert await agent.save("bob", "not refused", advise=False)
@@ -225,3 +228,22 @@ async def test_places_a_client_could_not_give_back_do_not_refuse_its_retries(red
         redis.zrem = zrem  # type: ignore[method-assign]
         await admission.take(0, "ada", "c", hold_ms=60_000)  # gives a and b back first
         assert await redis.zrange(channels.in_flight(0, "ada"), 0, -1) == [b"c"]
+
+
+async def test_a_request_waits_for_a_place_another_client_gives_back(redis_url: str) -> None:
+    """Two clients of one user: the second's requests wait for a place the first gives back,
+    rather than being refused while the first's requests are answered within milliseconds."""
+    async with aioredis.Redis.from_url(redis_url) as redis:
+        other = Admission(redis, per_user=2)
+        for request in ("a", "b"):
+            await other.take(0, "erin", request, hold_ms=60_000)
+        mine = Admission(redis, per_user=2)
+        waiting = asyncio.create_task(mine.take(0, "erin", "c", hold_ms=60_000, wait=5.0))
+        await asyncio.sleep(0.1)
+        assert not waiting.done(), "it waits while the other client holds both places"
+        await other.release(0, "erin", "a")
+        await asyncio.wait_for(waiting, 2.0)
+        # and a wait that runs out is refused, with a hint of about a second
+        with pytest.raises(EngramError) as refused:
+            await mine.take(0, "erin", "d", hold_ms=60_000, wait=0.05)
+        assert refused.value.code is ErrorCode.RATE_LIMITED and refused.value.retry_after_ms == 1_000
