@@ -16,6 +16,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from redis.asyncio import Redis
@@ -56,11 +57,17 @@ class KeyringState:
         rotation = None
         if self.target is not None:
             rotation = {"from": self.source, "to": self.target, "phase": self.phase}
-            rotation.update({k: v for k, v in self.times.items() if k in ("started_at", "switched_at")})
+            rotation.update({k: _iso(v) for k, v in self.times.items() if k in ("started_at", "switched_at")})
         report: dict[str, Any] = {"generation": self.active, "rotation": rotation}
         if self.previous is not None:
-            report["last_rotation"] = {"from": self.previous, "completed_at": self.times.get("completed_at")}
+            completed = self.times.get("completed_at")
+            report["last_rotation"] = {"from": self.previous, "completed_at": _iso(completed) if completed else None}
         return report
+
+
+def _iso(ms: int) -> str:
+    """A time Redis gave in milliseconds, as a person reads it (UTC, to the second)."""
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
 
 
 async def read_state(redis: Redis) -> KeyringState:
