@@ -38,6 +38,11 @@ class Projection(Protocol):
         """Raises StaleProjection when another writer moved it on (GenerationChanged: it is no
         longer the live generation); the runner then reopens it from its checkpoint."""
 
+    async def repair(self) -> int:
+        """Write again what a writer that lost the lease reported it may have overwritten
+        (outside Redis, as the index's points); how many. Run by the lease holder, after
+        each batch or wait."""
+
 
 class ProjectionRunner:
     def __init__(
@@ -82,9 +87,7 @@ class ProjectionRunner:
                 if batch:
                     await projection.apply(batch)
                     after = batch[-1].position
-                # What a writer that lost the lease reported it may have overwritten (the index).
-                if (repair := getattr(projection, "repair", None)) is not None:
-                    await repair()
+                await projection.repair()
             except StaleProjection:
                 projection = None
             except asyncio.CancelledError:

@@ -140,6 +140,12 @@ class TrackedProjection(ABC, Generic[Plan]):
                 progress(len(batch))
         return read
 
+    async def repair(self) -> int:
+        """What a writer that lost the projection may have left wrong outside its transaction,
+        written again (see ``IndexProjection.repair``). A projection that writes only in its
+        transaction has nothing to repair."""
+        return 0
+
     def _guards(self) -> list[str]:
         """Keys read and watched with the checkpoint that say whether this writer may write."""
         return []

@@ -32,7 +32,7 @@ from engram_ledger.contracts.queries import CommandReply, NotesWritten, NoteWrit
 from engram_ledger.services.application import unit_of_work
 from engram_ledger.services.application.advice import SaveAdvisor
 from engram_ledger.services.application.decoding import decode_request
-from engram_ledger.services.application.fair_share import FairShare
+from engram_ledger.services.application.fair_share import FairShare, turn_in
 from engram_ledger.services.application.ports import (
     ContentTaken,
     EventStore,
@@ -104,11 +104,8 @@ class CommandService:
                     "(engram forget --yes, or EngramClient(..., operator=True)); ask without it and "
                     "confirm with the same request again",
                 )
-            if share is None:
+            async with turn_in(share, command.user_id):
                 reply = await self.execute(command)
-            else:
-                async with share.turn(command.user_id):
-                    reply = await self.execute(command)
         except EngramError as e:
             reply = e.reply()
         return _encoder.encode(reply)

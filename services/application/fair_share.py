@@ -20,6 +20,11 @@ from collections.abc import AsyncIterator
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 
 
+def turn_in(share: FairShare | None, user_id: str) -> contextlib.AbstractAsyncContextManager[None]:
+    """The user's turn in ``share``; no wait at all without one (the operators' stream)."""
+    return share.turn(user_id) if share is not None else contextlib.nullcontext()
+
+
 class FairShare:
     def __init__(self, handlers: int, per_user: int, retry_after_ms: int = 1_000, running_per_user: int = 1) -> None:
         """``handlers``: how many requests run at once; ``per_user``: how many one user may hold

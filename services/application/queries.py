@@ -32,7 +32,7 @@ from engram_ledger.contracts.queries import (
 )
 from engram_ledger.services.application.context import ContextService
 from engram_ledger.services.application.decoding import decode_request
-from engram_ledger.services.application.fair_share import FairShare
+from engram_ledger.services.application.fair_share import FairShare, turn_in
 from engram_ledger.services.application.ports import AccessStats, NoteHistory
 from engram_ledger.services.application.search import SearchService, lapsed
 from engram_ledger.services.domain.values import check_where, matches
@@ -63,11 +63,8 @@ class QueryService:
         """``share``: the handlers this query waits its user's turn for."""
         try:
             query = decode_query(body)
-            if share is None:
+            async with turn_in(share, query.user_id):
                 reply: QueryReply = await self.ask(query)
-            else:
-                async with share.turn(query.user_id):
-                    reply = await self.ask(query)
         except EngramError as e:
             reply = e.reply()
         return _encoder.encode(reply)
