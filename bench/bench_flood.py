@@ -59,7 +59,13 @@ async def seed(url: str, users: int) -> dict[str, list[str]]:
                 for i, topic in enumerate(TOPICS[:NOTES_PER_USER])
             ]
             notes[user] = [w.note_id for w in written]
-            await client.search(user, "warm up", after=written[-1].token)
+            for _ in range(12):  # the first search waits for the model to load
+                try:
+                    await client.search(user, "warm up", after=written[-1].token)
+                    break
+                except EngramError as e:
+                    if e.code is not ErrorCode.TIMEOUT:
+                        raise
     return notes
 
 
