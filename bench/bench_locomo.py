@@ -15,7 +15,7 @@ dir, MiniLM). Each conversation is one user, a distinct one per mode:
 - ``notes``: every turn saved as a plain note (no conversation context); a hit is an evidence
   turn.
 
-Every question is asked (top_k 10) with the ranking as configured (``ENGRAM_SEARCH_FUSION``,
+Every question is asked (top_k 10, the relevance floor off) with the ranking as configured (``ENGRAM_SEARCH_FUSION``,
 ``ENGRAM_SEARCH_WEIGHTS``), through the bus, and again in this process through extra
 ``SearchService`` instances over the same index: cosine alone, BM25 alone, and the ranking of
 Engram before LoCoMo (``score(1, 0.1)``). R@k: some evidence is among the first k results;
@@ -288,7 +288,9 @@ class Timed:
 
     async def __call__(self, user: str, query: str) -> SearchReply:
         started = time.perf_counter()
-        reply = await self.client.search(user, query, top_k=TOP_K, include_conversation=self.include_conversation)
+        reply = await self.client.search(
+            user, query, top_k=TOP_K, include_conversation=self.include_conversation, min_relevance=0.0
+        )
         took = (time.perf_counter() - started) * 1000
         if query in self.embedded:
             self.cached.append(took)
@@ -304,7 +306,9 @@ class Timed:
 def in_process(service: SearchService, include_conversation: bool) -> Search:
     async def search(user: str, query: str) -> SearchReply:
         return await service.search(
-            SearchNotes(user_id=user, query=query, top_k=TOP_K, include_conversation=include_conversation)
+            SearchNotes(
+                user_id=user, query=query, top_k=TOP_K, include_conversation=include_conversation, min_relevance=0.0
+            )
         )
 
     return search

@@ -82,7 +82,7 @@ async def evaluate(search: SearchService, devset: dict[str, Any], ids: dict[str,
         uid = user["user"]
         key_of = {v: k for k, v in ids[uid].items()}
         for q in user["queries"]:
-            reply = await search.search(SearchNotes(user_id=uid, query=q["q"], top_k=10))
+            reply = await search.search(SearchNotes(user_id=uid, query=q["q"], top_k=10, min_relevance=0.0))
             # With weights (0, 1) notes found only by the dense side score 0: they are not BM25 hits.
             hits = [h for h in reply.results if not keyword_only or h.score > 0]
             ranked = [key_of.get(h.note_id, "filler") for h in hits]

@@ -30,6 +30,7 @@ from engram_ledger.contracts.limits import (
     ShortText,
     Subject,
     Token,
+    UnitInterval,
     UserId,
 )
 from engram_ledger.contracts.model import MessageView, NoteKind, NoteView, VersionView
@@ -141,6 +142,10 @@ class SearchNotes(Query, tag="search_notes", frozen=True, kw_only=True):
     # "blended": relevance mixed with recency (of update or last access) and importance, weights
     # ENGRAM_RANKING_WEIGHTS; "relevance" (the default) is the plain fused score.
     ranking: Literal["relevance", "blended"] = "relevance"
+    # Hits whose ``relevance`` is below this are not returned; None: the service's floor
+    # (``ENGRAM_MIN_RELEVANCE``); 0: every hit, ranked as by ``ranking``. A search with nothing
+    # above the floor has no results: nothing the user's memory holds matched.
+    min_relevance: UnitInterval | None = None
 
 
 class BuildContext(Query, tag="build_context", frozen=True, kw_only=True):
@@ -156,6 +161,9 @@ class BuildContext(Query, tag="build_context", frozen=True, kw_only=True):
     format: Literal["markdown", "xml"] = "markdown"
     query: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_QUERY_CHARS, pattern=NOT_BLANK)] | None = None
     max_tokens: Annotated[int, msgspec.Meta(ge=1, le=MAX_CONTEXT_TOKENS)] | None = None
+    # With ``query``: notes and episodes count as relevant only at or above this floor (as
+    # ``SearchNotes.min_relevance``; None: the service's floor).
+    min_relevance: UnitInterval | None = None
     # The markdown block tells the agent to change a memory with this tool (requirements §3's
     # ``update_memory``); None: an agent without such a tool, and the block does not mention one.
     update_tool: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] | None = "update_memory"
@@ -266,7 +274,9 @@ class SearchHit(msgspec.Struct, frozen=True, kw_only=True):
     query and the best chunk; ``keyword`` the keyword (BM25) score of its best chunk, 0 when
     none of the query's words is in it: the two parts the fusion weighs, for a person asking why
     a note was or was not found. A conversation hit's ``message`` says its session, speaker and
-    time."""
+    time. ``relevance`` (schema version 3) is an estimate in [0, 1] that the hit is what the
+    query asks for, comparable across queries, unlike ``score``: ``SearchNotes.min_relevance``
+    filters on it."""
 
     note_id: str
     content: str
@@ -276,13 +286,15 @@ class SearchHit(msgspec.Struct, frozen=True, kw_only=True):
     note: NoteView | None = None
     message: MessageView | None = None
     keyword: float = 0.0
+    relevance: float = 0.0
 
 
 class SearchReply(Message, tag="search_results", frozen=True, kw_only=True):
-    """Answer to ``SearchNotes``. Schema version 2: a hit says where it was found in
-    ``found_in`` (version 1 called it ``source``)."""
+    """Answer to ``SearchNotes``, best first; empty when nothing is above the floor. Schema
+    version 2: a hit says where it was found in ``found_in`` (version 1 called it ``source``);
+    version 3: each hit carries ``relevance``."""
 
-    schema_version: int = 2
+    schema_version: int = 3
 
     results: list[SearchHit]
 

@@ -320,6 +320,7 @@ def build(settings: Settings) -> Engram:
             settings.search_policy,
             access=access,
             blend=BlendPolicy(relevance, recency, importance, settings.recency_half_life_days),
+            floor=settings.min_relevance,
         )
         if "index" in roles:
             runners += [

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from engram_ledger.services.adapters.minilm import ENCODER_KINDS
 from engram_ledger.services.application.ranking import DEFAULT_POLICY, FUSION_METHODS, RankingPolicy
+from engram_ledger.services.application.relevance import DEFAULT_FLOOR
 from engram_ledger.services.bus.admission import DEFAULT_USER_IN_FLIGHT
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -47,6 +48,13 @@ def _float(name: str, default: float) -> float:
         return default if raw is None else float(raw)
     except ValueError:
         raise SettingError(f"{name}={raw!r} is not a number") from None
+
+
+def _unit(name: str, default: float) -> float:
+    value = _float(name, default)
+    if not 0 <= value <= 1:
+        raise SettingError(f"{name}={value:g} is not between 0 and 1")
+    return value
 
 
 def _positive_or_none(name: str) -> float | None:
@@ -178,6 +186,9 @@ class Settings:
     search_policy: RankingPolicy = DEFAULT_POLICY
     # Cosine from which an active note is reported as similar to one just saved.
     similar_threshold: float = 0.5
+    # The relevance below which a search's hits are not returned, when the search gives no
+    # min_relevance of its own (0: every hit); see services/application/relevance.py.
+    min_relevance: float = DEFAULT_FLOOR
     # How long a requested deletion waits for its confirmation (requirements §1: 5 minutes).
     forget_ttl_seconds: float = 300.0
     # Prometheus metrics on this port; 0: off.
@@ -244,6 +255,7 @@ class Settings:
                 os.environ.get("ENGRAM_SEARCH_FUSION", ""), os.environ.get("ENGRAM_SEARCH_WEIGHTS", "")
             ),
             similar_threshold=_float("ENGRAM_SIMILAR_THRESHOLD", 0.5),
+            min_relevance=_unit("ENGRAM_MIN_RELEVANCE", DEFAULT_FLOOR),
             forget_ttl_seconds=_float("ENGRAM_FORGET_TTL_SECONDS", 300.0),
             ranking_weights=_triple(os.environ.get("ENGRAM_RANKING_WEIGHTS", "0.7,0.15,0.15")),
             recency_half_life_days=_float("ENGRAM_RECENCY_HALF_LIFE_DAYS", 30.0),

@@ -83,6 +83,13 @@ QUERY = text(MAX_QUERY_CHARS)
 SUBJECT = text(MAX_SUBJECT_CHARS)
 LONG_TEXT = text(MAX_EPISODE_FIELD_CHARS)
 ID: dict[str, Any] = {"type": "string", "pattern": NOTE_ID_PATTERN, "description": "The 8-character memory id"}
+MIN_RELEVANCE: dict[str, Any] = {
+    "type": "number",
+    "minimum": 0,
+    "maximum": 1,
+    "description": "leave out results less likely than this to be relevant (default: the service's floor; "
+    "0: every result, however weak)",
+}
 TOP_K: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": SEARCH_TOP_K_MAX, "default": SEARCH_TOP_K_DEFAULT}
 CATEGORY: dict[str, Any] = {
     "type": "string",
@@ -116,6 +123,14 @@ async def list_page(s: AgentSession, arguments: Mapping[str, Any], **filters: An
 def contract_default(struct: type[msgspec.Struct], name: str) -> Any:
     """A contract field's default, for a schema that documents it: the contract states it once."""
     return next(f.default for f in msgspec.structs.fields(struct) if f.name == name)
+
+
+def no_match(query: str) -> str:
+    """What a search tool says when nothing is above the floor, so the model does not guess."""
+    return (
+        f"No memory matched {query!r}: nothing the user's memory holds is relevant enough. "
+        "Do not assume an answer; ask the user or search with other words."
+    )
 
 
 def given(arguments: Mapping[str, Any], *names: str, **renamed: str) -> dict[str, Any]:

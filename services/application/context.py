@@ -186,13 +186,27 @@ class ContextService:
         episodes: list[NoteView] = []
         if query.query is not None and self._search is not None:
             # The caller's token holds for the index too: what it just saved can be relevant.
+            # The search's floor holds here too: a note below it is not relevant to the query,
+            # and an episode below it is not shown.
             found = await self._search.search(
-                SearchNotes(user_id=query.user_id, query=query.query, top_k=20, after=query.after)
+                SearchNotes(
+                    user_id=query.user_id,
+                    query=query.query,
+                    top_k=20,
+                    after=query.after,
+                    min_relevance=query.min_relevance,
+                )
             )
             relevance = {h.note_id: h.score for h in found.results}
             if query.format == "xml":
                 hits = await self._search.search(
-                    SearchNotes(user_id=query.user_id, query=query.query, top_k=3, kind=NoteKind.EPISODE)
+                    SearchNotes(
+                        user_id=query.user_id,
+                        query=query.query,
+                        top_k=3,
+                        kind=NoteKind.EPISODE,
+                        min_relevance=query.min_relevance,
+                    )
                 )
                 episodes = [h.note for h in hits.results if h.note is not None]
         return await asyncio.to_thread(self._compose, query, notes, relevance, episodes)

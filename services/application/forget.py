@@ -166,7 +166,13 @@ class ForgetService:
             raise EngramError(ErrorCode.UNAVAILABLE, "search is off (ENGRAM_INDEX=off): forget by id")
         assert command.query is not None
         found = await self._search.search(
-            SearchNotes(user_id=command.user_id, query=command.query, top_k=command.top_k, after=command.after)
+            SearchNotes(
+                user_id=command.user_id,
+                query=command.query,
+                top_k=command.top_k,
+                after=command.after,
+                min_relevance=0.0,  # forget by query has its own floor (below)
+            )
         )
         keep = close_enough([h.similarity for h in found.results])
         candidates = [

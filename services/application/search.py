@@ -17,6 +17,7 @@ from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView
 from engram_ledger.contracts.queries import SearchHit, SearchNotes, SearchReply
 from engram_ledger.services.application.ports import AccessStats, NoteHistory
 from engram_ledger.services.application.ranking import DEFAULT_POLICY, RankingPolicy, best_per_note, boost_named, fuse
+from engram_ledger.services.application.relevance import DEFAULT_FLOOR, MODEL, RelevanceModel, Signals, features
 from engram_ledger.services.application.terms import sparse_query
 from engram_ledger.services.application.vector_index import (
     CONVERSATION,
@@ -98,7 +99,10 @@ class SearchService:
         access: AccessStats | None = None,
         blend: BlendPolicy = BlendPolicy(),
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        relevance: RelevanceModel = MODEL,
+        floor: float = DEFAULT_FLOOR,
     ) -> None:
+        """``floor``: the ``min_relevance`` of a search that gives none."""
         self._runtime = runtime
         self._history = history
         self._wait = read_wait_seconds
@@ -106,6 +110,8 @@ class SearchService:
         self._access = access
         self._blend = blend
         self._clock = clock
+        self._relevance = relevance
+        self.floor = floor
         self._touching: set[asyncio.Task[None]] = set()
 
     async def search(self, query: SearchNotes) -> SearchReply:
@@ -153,7 +159,8 @@ class SearchService:
         sources = {h.payload["note_id"]: h.payload.get("record", MEMORY) for h in dense_hits + sparse_hits}
         candidates = [(sources[n], (n, score, cos)) for n, score, cos in fuse(dense_hits, sparse_hits, self._policy)]
         wanted = depth if query.ranking == "relevance" else depth * 4
-        results = await self._hydrate(query, candidates, wanted, best_per_note(sparse_hits))
+        hydrated = await self._hydrate(query, candidates, wanted, best_per_note(sparse_hits))
+        results = self._estimate(query.query, hydrated, max((cos for _, (_, _, cos) in candidates), default=0.0))
         if self._access is not None:
             results = await self._annotate(query.user_id, results)
         if query.ranking == "blended":
@@ -163,7 +170,10 @@ class SearchService:
                 for h in results
             ]
             results = sorted(blended, key=lambda h: (-h.score, h.note_id))[:depth]
-        results = results[query.offset : depth]
+        # The floor filters the ranking before it is paged: page two of a search is what follows
+        # page one among the hits above the floor.
+        floor = self.floor if query.min_relevance is None else query.min_relevance
+        results = [h for h in results if h.relevance >= floor][query.offset : depth]
         if self._access is not None and results:
             # Counted after the reply is built, off its path: a read is not worth a round trip.
             task = asyncio.create_task(
@@ -172,6 +182,20 @@ class SearchService:
             self._touching.add(task)
             task.add_done_callback(self._touching.discard)
         return SearchReply(results=results)
+
+    def _estimate(self, text: str, hits: list[SearchHit], best: float) -> list[SearchHit]:
+        """Each hit with its ``relevance``, from the ranking's signals in the ranking's order."""
+        signals = [
+            Signals(
+                similarity=h.similarity,
+                conversation=h.found_in == "conversation",
+                text=f"{name}: {h.content}" if (name := _name(h)) else h.content,
+                name=name,
+            )
+            for h in hits
+        ]
+        estimates = self._relevance.estimate(features(text, signals, best))
+        return [msgspec.structs.replace(h, relevance=round(r, 4)) for h, r in zip(hits, estimates, strict=True)]
 
     async def _index_and_embedding(self, text: str) -> tuple[VectorIndex, list[float]]:
         """The live index (refused while it holds another model's vectors) and the query's vector."""

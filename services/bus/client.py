@@ -410,10 +410,12 @@ class EngramClient:
         max_tokens: int | None = None,
         after: str | None = None,
         update_tool: str | None = "update_memory",
+        min_relevance: float | None = None,
     ) -> ContextReply:
         """``update_tool``: the tool the agent reading the block changes a memory with (None: it
-        has none, and the block names none)."""
+        has none, and the block names none). ``min_relevance``: as ``search``'s, for ``query``."""
         request = BuildContext(
+            min_relevance=min_relevance,
             user_id=user_id,
             format=format,  # type: ignore[arg-type]
             query=query,
@@ -505,8 +507,11 @@ class EngramClient:
         until: datetime | None = None,
         after: str | None = None,
         ranking: str = "relevance",
+        min_relevance: float | None = None,
     ) -> SearchReply:
+        """``min_relevance``: hits below it are left out (None: the service's floor; 0: none)."""
         request = SearchNotes(
+            min_relevance=min_relevance,
             since=since,
             until=until,
             ranking=ranking,  # type: ignore[arg-type]

@@ -155,6 +155,7 @@ async def cmd_search(client: EngramClient, args: argparse.Namespace) -> None:
         until=args.until,
         after=args.after,
         ranking=args.ranking,
+        min_relevance=args.min_relevance,
     )
     results = [
         {
@@ -163,16 +164,22 @@ async def cmd_search(client: EngramClient, args: argparse.Namespace) -> None:
             "content": hit.content,
             "score": hit.score,
             "similarity": hit.similarity,
+            "relevance": hit.relevance,
             "found_in": hit.found_in,
         }
         for hit in reply.results
     ]
-    print_result(args, {"results": results}, lambda _: render.search(reply))
+    print_result(args, {"results": results}, lambda _: render.search(reply, args.query))
 
 
 async def cmd_context(client: EngramClient, args: argparse.Namespace) -> None:
     reply = await client.context(
-        args.user, format=args.format, query=args.query, max_tokens=args.max_tokens, after=args.after
+        args.user,
+        format=args.format,
+        query=args.query,
+        max_tokens=args.max_tokens,
+        after=args.after,
+        min_relevance=args.min_relevance,
     )
     if args.json:
         print_result(args, reply)

@@ -192,6 +192,11 @@ def _memory(cli: Commands) -> None:
     p.add_argument("--category")
     p.add_argument("--kind", choices=[k.value for k in NoteKind])
     p.add_argument("--ranking", choices=["relevance", "blended"], default="relevance")
+    p.add_argument(
+        "--min-relevance",
+        type=float,
+        help="leave out hits below this relevance, 0-1 (default: the service's floor; 0: every hit)",
+    )
     p.add_argument("--subject")
     p.add_argument("--include-superseded", action="store_true")
     p.add_argument("--after")
@@ -200,6 +205,7 @@ def _memory(cli: Commands) -> None:
     p.add_argument("--format", choices=["markdown", "xml"], default="markdown")
     p.add_argument("--query", help="focus: the most relevant notes and episodes")
     p.add_argument("--max-tokens", type=int, help="token budget (MiniLM word pieces)")
+    p.add_argument("--min-relevance", type=float, help="with --query: what counts as relevant, 0-1")
     p.add_argument("--after", help="consistency token to wait for")
 
     memory = cli.add_actions(

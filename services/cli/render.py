@@ -270,16 +270,20 @@ def notes(views: list[NoteView], total: int | None = None, offset: int | None = 
     return _lines(*parts)
 
 
-def search(reply: SearchReply) -> Text:
-    """``SearchNotes``, best first: the fused score, where the hit was found, and for a note that
-    was replaced, by what."""
+def search(reply: SearchReply, query: str) -> Text:
+    """``SearchNotes``, best first: each hit's relevance, where it was found, and for a note that
+    was replaced, by what; in words when nothing matched."""
     if not reply.results:
-        return Text("(nothing found)")
+        return Text(no_match(query))
     return _lines(*(_hit(hit) for hit in reply.results))
 
 
+def no_match(query: str) -> str:
+    return f"No memory matched {cut(query, LINE_CHARS, one_line=True)!r}."
+
+
 def _hit(hit: SearchHit) -> Text:
-    line = Text(f"{hit.score:.2f} ")
+    line = Text(f"{hit.relevance:.2f} ")
     if hit.message is not None:
         m = hit.message
         said = cut(m.speaker or m.role, LINE_CHARS, one_line=True)

@@ -14,7 +14,17 @@ from engram_ledger.contracts.model import NoteKind, NoteStatus
 from engram_ledger.contracts.queries import SearchHit
 from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.console.auth import checked_form
-from engram_ledger.services.console.web import STATUS_OF, Console, Pages, flag_of, int_of, note_id_of, text_of, user_of
+from engram_ledger.services.console.web import (
+    STATUS_OF,
+    Console,
+    Pages,
+    flag_of,
+    fraction_of,
+    int_of,
+    note_id_of,
+    text_of,
+    user_of,
+)
 from engram_ledger.services.domain.values import normalize_subject
 
 # The search's explanation of a note not shown looks this deep (the most a search pages to).
@@ -50,6 +60,7 @@ def routes(console: Console, pages: Pages) -> list[Route]:
                 "since": parse_time(since) if since else None,
                 "until": parse_time(until) if until else None,
                 "ranking": ranking,
+                "min_relevance": fraction_of(form, "min_relevance"),
             }
             reply = await console.bus.search(user, query, **asked)
             explain_id = text_of(form, "explain")
@@ -74,6 +85,7 @@ def routes(console: Console, pages: Pages) -> list[Route]:
             section="search",
             form=form,
             asked=asked,
+            query=query,
             hits=reply.results,
             best=best_score(reply.results),
             best_keyword=max([h.keyword for h in reply.results], default=0.0),
@@ -90,8 +102,8 @@ async def explain(
     for rank, hit in enumerate(hits, start=1):
         if hit.note_id == note_id:
             return [
-                f"{note_id} is result #{rank}: score {hit.score:.3f}, cosine {hit.similarity:.3f}, "
-                f"keyword {hit.keyword:.2f}."
+                f"{note_id} is result #{rank}: relevance {hit.relevance:.2f}, score {hit.score:.3f}, "
+                f"cosine {hit.similarity:.3f}, keyword {hit.keyword:.2f}."
             ]
     history = await bus.history(user, note_id)
     latest = history.versions[-1] if history.versions else None
@@ -108,15 +120,26 @@ async def explain(
         reasons.append("its subject is not the one the search asked for.")
     if reasons:
         return reasons
-    deeper = {**asked, "top_k": SEARCH_TOP_K_MAX}
+    # The floor off: a note below it is still ranked, and the explanation says which it is.
+    deeper = {**asked, "top_k": SEARCH_TOP_K_MAX, "min_relevance": 0.0}
     for offset in range(0, EXPLAIN_DEPTH, SEARCH_TOP_K_MAX):
         page_of = await bus.search(user, query, offset=offset, **deeper)
         for rank, hit in enumerate(page_of.results, start=offset + 1):
             if hit.note_id == note_id:
+                floor = asked["min_relevance"]
+                # Without a floor of the page's own the service's applies: a note that ranks
+                # within the page, or is left out of a page that is not full, fell below it.
+                under = (
+                    hit.relevance < floor if floor is not None else rank <= asked["top_k"] or len(hits) < asked["top_k"]
+                )
+                below = (
+                    f"its relevance is below the floor{'' if floor is None else f' ({floor:g})'}"
+                    if under
+                    else f"below the {asked['top_k']} shown"
+                )
                 return [
-                    f"{note_id} ranks #{rank} (score {hit.score:.3f}, cosine {hit.similarity:.3f}, "
-                    f"keyword {hit.keyword:.2f}): "
-                    f"below the {asked['top_k']} shown."
+                    f"{note_id} ranks #{rank} (relevance {hit.relevance:.2f}, score {hit.score:.3f}, "
+                    f"cosine {hit.similarity:.3f}, keyword {hit.keyword:.2f}): {below}."
                 ]
         if len(page_of.results) < SEARCH_TOP_K_MAX:
             break

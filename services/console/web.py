@@ -120,6 +120,22 @@ def note_id_of(value: str | None) -> str:
     return value
 
 
+def fraction_of(source: QueryParams | FormData, name: str) -> float | None:
+    """A number from 0 to 1, or None when the field is empty."""
+    raw = source.get(name)
+    if raw is None or (isinstance(raw, str) and raw.strip() == ""):
+        return None
+    if not isinstance(raw, str):
+        raise EngramError(ErrorCode.INVALID_PARAMETER, f"{name}: expected a number, not a file")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, f"{name}: {raw[:40]!r} is not a number") from None
+    if not 0 <= value <= 1:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, f"{name}: {value:g} is not between 0 and 1")
+    return value
+
+
 def int_of(source: QueryParams | FormData, name: str, default: int | None, low: int, high: int) -> int | None:
     raw = source.get(name)
     if raw is None or (isinstance(raw, str) and raw.strip() == ""):

@@ -447,6 +447,9 @@ class EngramStore(BaseStore):
                     keyed_only=True,
                     offset=offset,
                     after=self.token,
+                    # A LangGraph store's search ranks every item it holds (its InMemoryStore
+                    # has no floor): the whole ranking, as LangGraph's callers expect.
+                    min_relevance=0.0,
                 )
                 hits = reply.results[:wanted]
                 found += [(hit.note, item) for hit in hits if (item := _search_item(hit.note, hit.score))]

@@ -300,6 +300,8 @@ def test_search_shows_each_hit_with_its_scores(browser: WebDriver, console: Cons
     browser.get(f"{console.url}/user/search?u={user}")
     box = wait_for(browser, lambda d: d.find_element(By.ID, "query"))
     box.send_keys("which composer does Ada like best?")
+    # The whole ranking (the floor at 0): the explanation below names a note ranked third.
+    browser.find_element(By.ID, "min-relevance").send_keys("0")
     browser.find_element(By.ID, "search-go").click()
     wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#results .hit"))
     hits = browser.find_elements(By.CSS_SELECTOR, "#results .hit")
@@ -308,6 +310,8 @@ def test_search_shows_each_hit_with_its_scores(browser: WebDriver, console: Cons
     cosines = [float(e.text) for e in browser.find_elements(By.CSS_SELECTOR, ".score-cosine")]
     assert finals == sorted(finals, reverse=True) and finals[0] > 0 and len(cosines) == len(finals)
     assert cosines[0] == max(cosines)
+    relevances = [float(e.text) for e in browser.find_elements(By.CSS_SELECTOR, ".score-relevance")]
+    assert len(relevances) == len(finals) and relevances[0] == max(relevances) > 0.5, relevances
     # "composer" is a word of the query and of the wanted note only: its keyword part shows.
     keywords = [float(e.text) for e in browser.find_elements(By.CSS_SELECTOR, ".score-keyword")]
     assert len(keywords) == len(finals) and keywords[0] > 0, keywords
@@ -325,6 +329,16 @@ def test_search_shows_each_hit_with_its_scores(browser: WebDriver, console: Cons
     explained = wait_for(browser, lambda d: d.find_elements(By.ID, "explain"))
     assert f"{third} ranks #3" in explained[0].text and "below the 1 shown" in explained[0].text
     assert len(browser.find_elements(By.CSS_SELECTOR, "#results .hit")) == 1
+    # With the service's floor, a question about nothing Ada's memory holds finds nothing, in words.
+    for name, value in (("explain", ""), ("min_relevance", ""), ("query", "What is the capital of Peru?")):
+        browser.find_element(By.NAME, name).clear()
+        if value:
+            browser.find_element(By.NAME, name).send_keys(value)
+    browser.find_element(By.ID, "search-go").click()
+    nothing = wait_for(browser, lambda d: d.find_elements(By.ID, "no-match"))
+    assert nothing[0].text.startswith("No memory matched “What is the capital of Peru?”")
+    assert browser.find_elements(By.CSS_SELECTOR, "#results .hit") == []
+    shoot(browser, console, "search-no-match")
 
 
 def test_a_timeline_shows_an_update_and_a_supersede_with_their_commands_and_channels(

@@ -14,6 +14,8 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from engram_ledger.services.agents.specs import MIN_RELEVANCE
+from engram_ledger.services.application.relevance import DEFAULT_FLOOR
 from tests.support import ENGRAM_CLI, ROOT, ServeProcess, cli, engram_env, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -54,6 +56,30 @@ async def test_an_mcp_client_lists_and_calls_the_runtime_tools_over_stdio(env: d
         assert hits[0]["note_id"] == body["note_id"] and hits[0]["text"] == "User's name is Shantanu"
         missing = await session.call_tool("memory_update", {"note_id": "ZZZZZZZZ", "content": "x"})
         assert missing.is_error and json.loads(missing.content[0].text)["error"]["code"] == "MEMORY_NOT_FOUND"  # type: ignore[union-attr]
+
+
+async def test_over_mcp_a_search_that_matches_nothing_says_so_and_the_floor_off_ranks_everything(
+    env: dict[str, str],
+) -> None:
+    server = params(env, "--profile", "engram", "--user", "alice-floor")
+    async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        await session.call_tool("save", {"content": "Alice's manager is Alec Torres"})
+        await session.call_tool("save", {"content": "Alice keeps bees on her roof"})
+        asked = {"query": "What is the capital of Peru?"}
+        nothing = json.loads((await session.call_tool("search", asked)).content[0].text)  # type: ignore[union-attr]
+        assert nothing["results"] == []
+        assert nothing["message"].startswith("No memory matched 'What is the capital of Peru?'")
+        every = json.loads((await session.call_tool("search", {**asked, "min_relevance": 0})).content[0].text)  # type: ignore[union-attr]
+        assert len(every["results"]) == 2 and "message" not in every
+        assert all(0 <= hit["relevance"] < DEFAULT_FLOOR for hit in every["results"]), every
+        found = json.loads((await session.call_tool("search", {"query": "who is Alice's manager?"})).content[0].text)  # type: ignore[union-attr]
+        best, *rest = found["results"]
+        assert best["content"] == "Alice's manager is Alec Torres" and best["relevance"] > 0.5
+        assert all(h["relevance"] < best["relevance"] for h in rest)
+        listed = await session.list_tools()
+        search = next(t for t in listed.tools if t.name == "search")
+        assert search.input_schema["properties"]["min_relevance"] == {**MIN_RELEVANCE}
 
 
 async def test_the_engram_profiles_forget_over_mcp_needs_two_calls_and_takes_the_saved_note_id(

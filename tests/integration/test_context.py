@@ -108,6 +108,12 @@ async def test_xml_is_seed_004s_block_with_profile_facts_procedures_and_relevant
     assert "<relevant_episodes>" in focused.text and 'timestamp="2026-01-20 19:00"' in focused.text
     assert "<summary>Dinner plans with sister Sarah</summary>" in focused.text
     assert episode.note_id in focused.note_ids
+    # The search's floor holds for the block too: a query about nothing the user holds brings no
+    # episode, and with the floor off the best episode is there, however weak.
+    unrelated = await client.context("alex", format="xml", query="What is the capital of Peru?")
+    assert "<relevant_episodes>" not in unrelated.text and episode.note_id not in unrelated.note_ids
+    weak = await client.context("alex", format="xml", query="What is the capital of Peru?", min_relevance=0)
+    assert "<relevant_episodes>" in weak.text and episode.note_id in weak.note_ids
     empty = await client.context("nobody", format="xml")
     assert empty.text == "<user_memory>\n  <profile>\n  </profile>\n  <facts></facts>\n</user_memory>\n"
 

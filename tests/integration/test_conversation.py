@@ -103,8 +103,9 @@ async def test_a_search_without_a_session_finds_every_past_conversation(client: 
 async def test_another_users_conversations_are_never_found(client: EngramClient) -> None:
     await import_sessions(client, "alice")
     written = await client.record_messages("bob", "x", [MessageDraft(content="nothing about bread here")])
+    # The floor off: bob's one turn is the whole ranking, and none of alice's is in it.
     hits = await client.search(
-        "bob", "sourdough starter Clint Yeastwood", include_conversation=True, after=written.token
+        "bob", "sourdough starter Clint Yeastwood", include_conversation=True, after=written.token, min_relevance=0
     )
     assert [h.note_id for h in hits.results] == [written.notes[0].note_id]
 
@@ -114,7 +115,7 @@ async def test_a_turn_is_found_through_the_turns_before_it(client: EngramClient)
     the context points the reply is not among the first results."""
     ids, token = await import_sessions(client, "alice")
     hits = await client.search(
-        "alice", "How is Clint Yeastwood doing?", include_conversation=True, top_k=3, after=token
+        "alice", "How is Clint Yeastwood doing?", include_conversation=True, top_k=3, after=token, min_relevance=0
     )
     assert ids["bread"][2] in [h.note_id for h in hits.results]
 
@@ -136,11 +137,12 @@ async def test_a_time_window_keeps_only_what_was_said_within_it(client: EngramCl
         since=JUNE,
         until=JUNE + timedelta(days=1),
         after=token,
+        min_relevance=0,  # a vague query: what the window holds, however weak the match
     )
     found = {h.note_id for h in june.results}
     assert found and found <= set(ids["bread"]) | set(ids["week"])
     may = await client.search(
-        "alice", "what happened?", include_conversation=True, top_k=20, until=MAY + timedelta(days=1)
+        "alice", "what happened?", include_conversation=True, top_k=20, until=MAY + timedelta(days=1), min_relevance=0
     )
     assert {h.note_id for h in may.results} == set(ids["hike"])
     saved = await client.save("alice", "I ran a marathon", occurred_at=MAY, advise=False)
@@ -203,7 +205,13 @@ async def test_the_engram_search_tool_reaches_past_conversations_and_time_window
     assert notes_only["results"] == []
     may = await tools.call(
         "search",
-        {"query": "what happened?", "include_conversations": True, "until": "2023-05-09T00:00:00", "top_k": 20},
+        {
+            "query": "what happened?",
+            "include_conversations": True,
+            "until": "2023-05-09T00:00:00",
+            "top_k": 20,
+            "min_relevance": 0,
+        },
     )
     assert {r["note_id"] for r in may["results"]} == set(ids["hike"])
     bad = await tools.call("search", {"query": "x", "since": "last tuesday"})

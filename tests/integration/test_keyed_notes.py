@@ -88,9 +88,13 @@ async def test_filters_compare_values_and_pages_count_every_match(client: Engram
     page = await client.list_notes("alice", category="items", keyed_only=True, offset=2, limit=2, after=token)
     assert [n.key for n in page.notes] == ["k2", "k3"] and page.total == 6
     assert (await client.list_notes("alice", category="items", after=token)).total == 7
-    keyed = await client.search("alice", "an item saved as text", category="items", keyed_only=True, after=token)
+    keyed = await client.search(
+        "alice", "an item saved as text", category="items", keyed_only=True, after=token, min_relevance=0
+    )
     assert plain.note_id not in [h.note_id for h in keyed.results] and len(keyed.results) == 5
-    hits = await client.search("alice", "item", category="items", where={"tag": "odd"}, top_k=5, after=token)
+    hits = await client.search(
+        "alice", "item", category="items", where={"tag": "odd"}, top_k=5, after=token, min_relevance=0
+    )
     assert sorted(h.note.key for h in hits.results if h.note) == ["k1", "k3", "k5"]
     with pytest.raises(EngramError) as refused:
         await client.list_notes("alice", where={"n": {"$like": 1}})
@@ -103,9 +107,11 @@ async def test_search_pages_through_results(client: EngramClient) -> None:
         value = {"text": f"my dog number {i} likes the park" if i % 2 else f"my cat number {i} sleeps all day"}
         token = (await client.put("alice", "pets", f"p{i}", value)).token
     # The pages of one search (same query, same top_k) are slices of one ranking: none repeats
-    # a hit, together they hold every note, and the dogs come before the cats.
+    # a hit, together they hold every note (the floor off), and the dogs come before the cats.
     pages = [
-        (await client.search("alice", "dog park", top_k=10, offset=o, category="pets", after=token)).results
+        (
+            await client.search("alice", "dog park", top_k=10, offset=o, category="pets", after=token, min_relevance=0)
+        ).results
         for o in (0, 10, 20)
     ]
     seen = [h.note.key for page in pages for h in page if h.note]
@@ -129,7 +135,7 @@ async def test_categories_nest_and_a_prefix_takes_whole_segments(client: EngramC
     assert under.categories == ["memories", "memories/alice", "memories/alice/work"]
     notes = await client.list_notes("u1", category_prefix="memories/alice", after=token)
     assert [n.category for n in notes.notes] == ["memories/alice", "memories/alice/work"]
-    hits = await client.search("u1", "note in", top_k=10, category_prefix="memories", after=token)
+    hits = await client.search("u1", "note in", top_k=10, category_prefix="memories", after=token, min_relevance=0)
     assert sorted(h.note.category for h in hits.results if h.note) == [
         "memories",
         "memories/alice",

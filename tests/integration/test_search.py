@@ -49,8 +49,9 @@ async def test_hybrid_search_finds_by_meaning_and_by_rare_keyword(client: Engram
     assert rare[0].keyword > 0 and all(h.keyword == 0 for h in rare[1:]), [(h.content, h.keyword) for h in rare]
     assert meaning.results[0].keyword == 0, "no word of the question is in 'Alec is my boss at TechCorp'"
     assert await top(client, "alice", "pets", top_k=1) == ["My dog Max needs a walk at 7am every day"]
-    assert len((await client.search("alice", "anything at all", top_k=20)).results) == len(FACTS)
-    only = await top(client, "alice", "what do I like", category="preference")
+    everything = await client.search("alice", "anything at all", top_k=20, min_relevance=0)
+    assert len(everything.results) == len(FACTS)
+    only = await top(client, "alice", "what do I like", category="preference", min_relevance=0)
     assert set(only) == {"I prefer tasks to have due dates on Fridays", "I like my coffee black, no sugar"}
 
 
@@ -162,7 +163,9 @@ async def test_conversation_search_stays_in_its_session_and_merges_with_memory(c
         await client.update("alice", said.note_id, content="rewriting a message")
     assert info.value.code is ErrorCode.MEMORY_NOT_FOUND
     # Without a session: every conversation of hers (long-term memory), never Bob's.
-    everywhere = await client.search("alice", "when does my flight leave?", include_conversation=True, top_k=10)
+    everywhere = await client.search(
+        "alice", "when does my flight leave?", include_conversation=True, top_k=10, min_relevance=0
+    )
     contents = {hit.content for hit in everywhere.results}
     assert "In another chat, my flight leaves at 6am" in contents and said.note_id in {
         h.note_id for h in everywhere.results

@@ -36,7 +36,7 @@ async def test_runtime_profile(client: EngramClient) -> None:
     assert len(note) == 8 and "message" in saved
     found = await t.call("memory_search", {"query": "what is the user's name?"})
     assert found["results"][0] == {**found["results"][0], "note_id": note, "text": "User's name is Shantanu"}
-    assert set(found["results"][0]) == {"note_id", "text", "score", "source"}
+    assert set(found["results"][0]) == {"note_id", "text", "score", "relevance", "source"}
     updated = await t.call("memory_update", {"note_id": note, "content": "User prefers to be called SG"})
     assert updated["note_id"] == note
     found = await t.call("memory_search", {"query": "what should I call the user?"})
@@ -223,3 +223,25 @@ async def test_the_tools_that_list_notes_page_them(client: EngramClient) -> None
 
 def _shape(result: dict[str, Any]) -> set[str]:
     return set(result)
+
+
+@pytest.mark.parametrize(
+    ("profile", "tool", "listed"),
+    [
+        ("engram", "search", "results"),
+        ("memento", "search_memories", "memories"),
+        ("runtime", "memory_search", "results"),
+    ],
+)
+async def test_every_search_tool_says_in_words_when_nothing_matched(
+    client: EngramClient, profile: str, tool: str, listed: str
+) -> None:
+    t = tools(client, profile, user=f"floor-{profile}", session="chat-1")
+    save = {"engram": "save", "memento": "store_memory", "runtime": "memory_save"}[profile]
+    await t.call(save, {"content": "Keeps bees on the roof"})
+    nothing = await t.call(tool, {"query": "What is the capital of Peru?"})
+    assert nothing[listed] == [] and nothing["message"].startswith("No memory matched 'What is the capital of Peru?'")
+    every = await t.call(tool, {"query": "What is the capital of Peru?", "min_relevance": 0})
+    assert len(every[listed]) == 1 and "message" not in every
+    found = await t.call(tool, {"query": "who keeps bees?"})
+    assert len(found[listed]) == 1 and "message" not in found

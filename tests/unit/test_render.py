@@ -177,23 +177,34 @@ def test_search_marks_superseded_hits_and_where_each_was_found() -> None:
     )
     reply = SearchReply(
         results=[
-            SearchHit(note_id=old.id, content=old.content, score=0.91, similarity=0.7, found_in="memory", note=old),
+            SearchHit(
+                note_id=old.id,
+                content=old.content,
+                score=0.5,
+                similarity=0.7,
+                relevance=0.91,
+                found_in="memory",
+                note=old,
+            ),
             SearchHit(
                 note_id=turn.id,
                 content=turn.content,
-                score=0.52,
+                score=0.1,
                 similarity=0.4,
+                relevance=0.52,
                 found_in="conversation",
                 message=turn,
             ),
         ]
     )
-    assert render.search(reply).plain.splitlines() == [
+    assert render.search(reply, "my boss").plain.splitlines() == [
         "0.91 [id:AAAAAAAA] (memory, person, v1) (superseded by BBBBBBBB) [Alec] Alec is my boss",
         "0.52 [id:MMMMMMMM] (conversation s-42, Caroline, 2026-05-01 12:00:00 UTC) I went to the support group "
         "yesterday",
     ]
-    assert render.search(SearchReply(results=[])).plain == "(nothing found)"
+    assert render.search(SearchReply(results=[]), "who is my manager?").plain == (
+        "No memory matched 'who is my manager?'."
+    )
 
 
 def test_a_forget_reply_says_until_when_to_confirm_and_the_receipt() -> None:

@@ -28,6 +28,7 @@ from engram_ledger.contracts.queries import SearchNotes, SearchReply
 from engram_ledger.projections.qdrant_edge import QdrantEdgeIndex
 from engram_ledger.services.application.commands import CommandService, command_handlers
 from engram_ledger.services.application.forget import ForgetService
+from engram_ledger.services.application.relevance import DEFAULT_FLOOR
 from engram_ledger.services.application.search import SearchService
 from engram_ledger.services.application.terms import sparse_query
 from engram_ledger.services.application.vector_index import CONVERSATION, MEMORY, SPARSE, NearestQuery
@@ -278,3 +279,36 @@ async def test_forget_by_query_lists_candidates_from_the_search_and_deletes_noth
     assert reply.status == "candidates" and [c.note_id for c in reply.candidates][:1] == [lives]
     assert reply.forgotten == [] and reply.pending == []
     assert (await world.history.get_note("alice", lives)).status is NoteStatus.ACTIVE  # type: ignore[union-attr]
+
+
+async def test_each_hit_says_how_relevant_it_is_and_the_floor_leaves_out_what_is_not(world: World) -> None:
+    # given
+    boss = await world.save("Alec is my boss at TechCorp")
+    await world.save("Likes black coffee in the morning")
+    await world.save("Has a dog named Max")
+    # when
+    found = await world.find("who is my boss?")
+    ranked = await world.find("who is my boss?", min_relevance=0)
+    about_nothing = await world.find("What is the capital of Peru?")
+    # then the note that answers is kept, the others fall below the service's floor
+    assert [h.note_id for h in found.results] == [boss] and found.results[0].relevance >= DEFAULT_FLOOR
+    assert len(ranked.results) == 3 and all(0 <= h.relevance <= 1 for h in ranked.results)
+    assert all(h.relevance < DEFAULT_FLOOR for h in ranked.results[1:])
+    assert about_nothing.results == []
+    # and a floor of the caller's own replaces the service's
+    assert (await world.find("who is my boss?", min_relevance=0.99)).results == []
+
+
+async def test_pages_are_slices_of_one_ranking_above_the_floor(world: World) -> None:
+    for i in range(6):
+        await world.save(f"coffee fact number {i}")
+    await world.save("Has a dog named Max")
+    whole = await world.find("coffee", top_k=2, min_relevance=0)
+    pages = [(await world.find("coffee", top_k=2, offset=offset)).results for offset in (0, 2, 4, 6)]
+    kept = [h for page in pages for h in page]
+    # Each hit has the relevance it has in the whole ranking, and the pages hold, in order, the
+    # hits of that ranking at or above the floor.
+    deep = {h.note_id: h for h in (await world.find("coffee", top_k=8, min_relevance=0)).results}
+    assert [h.note_id for h in kept] == [n for n, h in deep.items() if h.relevance >= DEFAULT_FLOOR]
+    assert all(h.relevance == deep[h.note_id].relevance for h in kept) and whole.results[0].relevance >= DEFAULT_FLOOR
+    assert "Has a dog named Max" not in {h.content for h in kept}

@@ -14,6 +14,7 @@ from engram_ledger.services.agents.specs import (
     ID,
     LIMIT,
     LONG_TEXT,
+    MIN_RELEVANCE,
     OFFSET,
     QUERY,
     READ_TIMEOUT,
@@ -26,6 +27,7 @@ from engram_ledger.services.agents.specs import (
     ToolSpec,
     given,
     list_page,
+    no_match,
     schema,
 )
 
@@ -57,6 +59,7 @@ SEARCH = ToolSpec(
                 "default": "relevance",
                 "description": "blended: also favour recently used and important notes",
             },
+            "min_relevance": MIN_RELEVANCE,
         },
         ["query"],
     ),
@@ -67,10 +70,18 @@ SEARCH = ToolSpec(
 
 async def search(s: AgentSession, a: Arguments) -> Result:
     options = given(
-        a, "top_k", "category", "include_superseded", "ranking", include_conversation="include_conversations"
+        a,
+        "top_k",
+        "category",
+        "include_superseded",
+        "ranking",
+        "min_relevance",
+        include_conversation="include_conversations",
     )
     options.update({bound: parse_time(a[bound]) for bound in ("since", "until") if bound in a})
     reply = await s.client.search(s.user_id, a["query"], after=s.last_token, **options)
+    if not reply.results:
+        return {"results": [], "message": no_match(a["query"])}
     return {"results": [msgspec.to_builtins(h) for h in reply.results]}
 
 
@@ -193,6 +204,7 @@ CONTEXT = ToolSpec(
             "format": {"type": "string", "enum": ["markdown", "xml"], "default": "markdown"},
             "query": QUERY,
             "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_CONTEXT_TOKENS},
+            "min_relevance": {**MIN_RELEVANCE, "description": "with query: what counts as relevant to it"},
         }
     ),
     read_only=True,
@@ -202,7 +214,10 @@ CONTEXT = ToolSpec(
 
 async def context(s: AgentSession, a: Arguments) -> Result:
     reply = await s.client.context(
-        s.user_id, after=s.last_token, update_tool="update", **given(a, "format", "query", "max_tokens")
+        s.user_id,
+        after=s.last_token,
+        update_tool="update",
+        **given(a, "format", "query", "max_tokens", "min_relevance"),
     )
     return {"text": reply.text, "tokens": reply.tokens, "note_ids": reply.note_ids, "truncated": reply.truncated}
 

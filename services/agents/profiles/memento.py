@@ -10,6 +10,7 @@ from engram_ledger.services.agents.session import AgentSession
 from engram_ledger.services.agents.specs import (
     CONTENT,
     ID,
+    MIN_RELEVANCE,
     QUERY,
     READ_TIMEOUT,
     TOP_K,
@@ -19,6 +20,7 @@ from engram_ledger.services.agents.specs import (
     ToolSpec,
     contract_default,
     given,
+    no_match,
     schema,
 )
 
@@ -92,15 +94,17 @@ async def supersede_memory(s: AgentSession, a: Arguments) -> Result:
 SEARCH_MEMORIES = ToolSpec(
     "search_memories",
     "Search for relevant memories based on a query. Automatically filters out superseded memories.",
-    schema({"query": QUERY, "limit": TOP_K}, ["query"]),  # the search's top_k, by memento's name
+    # limit: the search's top_k, by memento's name.
+    schema({"query": QUERY, "limit": TOP_K, "min_relevance": MIN_RELEVANCE}, ["query"]),
     read_only=True,
     timeout=READ_TIMEOUT,
 )
 
 
 async def search_memories(s: AgentSession, a: Arguments) -> Result:
-    reply = await s.client.search(s.user_id, a["query"], after=s.last_token, **given(a, top_k="limit"))
-    return {"memories": [memento_memory(h.note, h.score) for h in reply.results if h.note is not None]}
+    reply = await s.client.search(s.user_id, a["query"], after=s.last_token, **given(a, "min_relevance", top_k="limit"))
+    memories = [memento_memory(h.note, h.score) for h in reply.results if h.note is not None]
+    return {"memories": memories} if memories else {"memories": [], "message": no_match(a["query"])}
 
 
 LIST_RECENT_MEMORIES = ToolSpec(

@@ -8,6 +8,7 @@ from engram_ledger.services.agents.session import AgentSession
 from engram_ledger.services.agents.specs import (
     CONTENT,
     ID,
+    MIN_RELEVANCE,
     QUERY,
     READ_TIMEOUT,
     TOP_K,
@@ -16,6 +17,7 @@ from engram_ledger.services.agents.specs import (
     Tool,
     ToolSpec,
     given,
+    no_match,
     schema,
 )
 
@@ -34,6 +36,7 @@ MEMORY_SEARCH = ToolSpec(
                 "default": False,
                 "description": "Also search the current conversation session",
             },
+            "min_relevance": MIN_RELEVANCE,
         },
         ["query"],
     ),
@@ -51,11 +54,14 @@ async def memory_search(s: AgentSession, a: Arguments) -> Result:
         include_conversation=conversation,
         session_id=s.session_id if conversation else None,
         after=s.last_token,
-        **given(a, "top_k"),
+        **given(a, "top_k", "min_relevance"),
     )
+    if not reply.results:
+        return {"results": [], "message": no_match(a["query"])}
     return {
         "results": [
-            {"note_id": h.note_id, "text": h.content, "score": h.score, "source": h.found_in} for h in reply.results
+            {"note_id": h.note_id, "text": h.content, "score": h.score, "relevance": h.relevance, "source": h.found_in}
+            for h in reply.results
         ]
     }
 

@@ -1,0 +1,117 @@
+"""``relevance``: how likely a search hit is to be what the query asks for, in [0, 1].
+
+The fused ``score`` orders one query's candidates but means nothing across queries: it is scaled
+over each query's own candidates, so the best hit always looks strong. ``relevance`` is a
+logistic model over what the ranking knows of a hit that does not depend on how many notes the
+user has (a BM25 score grows with the collection, and the fused score is scaled over it): its
+cosine, how far below the best candidate's it is, how many of the query's words it holds, its
+rank, and whether it is about someone the query names or lacks a name the query says.
+
+Fitted by leave-one-conversation-out (``bench/fit_relevance.py``, which prints the weights
+below, the reliability table and the floor's figures) on LoCoMo's development conversations
+(each question asked of its own user and of another conversation's, whose memory should match
+nothing) and on ``bench_quality``'s dev set (personal facts among filler notes, questions that
+paraphrase them). A hit is relevant when it is the evidence for the question, so ``relevance``
+estimates that.
+
+Pure functions over the ranked hits: the search service and the fitting script compute the same
+features the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engram_ledger.services.application.ranking import names_in, words
+from engram_ledger.services.application.terms import sparse_document, sparse_query
+
+FEATURES = (
+    "cosine",  # the query's cosine with the hit's best point
+    "cosine_below_best",  # the best candidate's cosine minus this one's (0 for the best)
+    "coverage",  # the share of the query's BM25 terms (stop words out, stemmed) the hit holds
+    "log_rank",  # log(1 + rank), rank 1 the best
+    "conversation",  # 1 for a conversation turn, 0 for a note
+    "named",  # 1 when the query names the hit's subject or speaker
+    "names_missing",  # the share of the names the query says (capitalized words) the hit lacks
+)
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What the ranking knows of one hit, in ranking order."""
+
+    similarity: float
+    conversation: bool
+    text: str  # the words searched: the content, after the speaker's or subject's name
+    name: str | None
+
+
+@dataclass(frozen=True)
+class RelevanceModel:
+    """``sigmoid(bias + sum(weight * feature))``, one weight per name in ``FEATURES``."""
+
+    weights: tuple[float, ...]
+    bias: float
+
+    def __post_init__(self) -> None:
+        if len(self.weights) != len(FEATURES):
+            raise ValueError(f"{len(FEATURES)} weights expected, one per feature, got {len(self.weights)}")
+
+    def estimate(self, rows: Sequence[Sequence[float]]) -> list[float]:
+        return [_sigmoid(self.bias + sum(w * x for w, x in zip(self.weights, row, strict=True))) for row in rows]
+
+
+def features(query: str, hits: Sequence[Signals], best: float | None = None) -> list[list[float]]:
+    """One row per hit, in the order of ``FEATURES``; ``hits`` best first. ``best``: the best
+    cosine among every candidate (by default among ``hits``); a search passes it so that each
+    page of it gives a hit the same relevance, whatever the page's depth."""
+    if not hits:
+        return []
+    asked = set(sparse_query(query).indices)
+    said = words(query)
+    names = proper_names(query)
+    best = max([h.similarity for h in hits] + ([best] if best is not None else []))
+    rows = []
+    for rank, hit in enumerate(hits, start=1):
+        held = set(sparse_document(hit.text).indices) if asked else set()
+        rows.append(
+            [
+                hit.similarity,
+                best - hit.similarity,
+                len(asked & held) / len(asked) if asked else 0.0,
+                math.log1p(rank),
+                1.0 if hit.conversation else 0.0,
+                1.0 if names_in(said, hit.name) else 0.0,
+                len(names - words(hit.text)) / len(names) if names else 0.0,
+            ]
+        )
+    return rows
+
+
+_CAPITALIZED = re.compile(r"\b[A-Z]\w*")
+
+
+def proper_names(query: str) -> set[str]:
+    """Capitalized words after a query's first (its first is capitalized anyway), casefolded:
+    names of people, places and things, the words a memory about someone else lacks."""
+    found = _CAPITALIZED.findall(query.strip())
+    first = query.strip()[:1].isupper()
+    return {w.casefold() for w in found[1 if first else 0 :] if w != "I"} - {"i"}
+
+
+def _sigmoid(z: float) -> float:
+    if z >= 0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)
+    return e / (1.0 + e)
+
+
+# Fitted by ``.venv/bin/python -m bench.fit_relevance --data ../shared/datasets/locomo-dev`` on
+# every LoCoMo conversation and dev set user (the dev set a quarter of the weight).
+MODEL = RelevanceModel(weights=(0.8582, -1.0624, 1.0349, -2.7565, -0.2277, 0.1432, -2.9183), bias=0.9448)
+# The floor a search applies when the caller gives none (``min_relevance``), chosen by the same
+# script: most questions of a user's own memory keep a hit, most asked of a stranger's get none.
+DEFAULT_FLOOR = 0.17
