@@ -8,10 +8,12 @@ user around the facts, as bench/bench_quality.py does), then asks every dev ques
 forget query would: a search of the user's notes with forget's ``top_k``. Each hit is a true
 match (a note the question is about) or another hit.
 
-It prints, for a range of floors on the hit's ``similarity`` (the cosine) and on its fused
-``score``, the share of true matches kept and of other hits dropped, and each signal's AUC (the
-chance that a true match outranks another hit); then the same with a margin under each query's
-best cosine; then the rule forget applies (services/application/forget.py ``close_enough``).
+It prints, for a range of floors on the hit's ``similarity`` (the cosine), on its fused
+``score`` and on its ``relevance`` (the search's floor is on it; the dev set is part of what the
+relevance model was fitted on, so its figures here flatter it a little), the share of true
+matches kept and of other hits dropped, and each signal's AUC (the chance that a true match
+outranks another hit); then the same with a margin under each query's best cosine; then the
+rule forget applies (services/application/forget.py ``close_enough``).
 The dev questions paraphrase their facts on purpose (few shared words), so their true matches
 are weaker than a forget request naming its memory would be: a floor that keeps them all is a
 conservative one.
@@ -30,9 +32,10 @@ from bench.bench_quality import DEVSET, devset_service
 from engram_ledger.contracts.limits import SEARCH_TOP_K_DEFAULT
 from engram_ledger.contracts.queries import SearchNotes
 from engram_ledger.services.application.forget import FORGET_SIMILARITY_FLOOR, FORGET_SIMILARITY_MARGIN, close_enough
+from engram_ledger.services.application.relevance import DEFAULT_FLOOR
 from engram_ledger.services.application.search import SearchService
 
-Hit = tuple[float, float, bool]  # similarity, score, true match
+Hit = tuple[float, float, bool, float]  # similarity, score, true match, relevance
 
 
 async def collect(
@@ -44,9 +47,12 @@ async def collect(
         uid = user["user"]
         key_of = {v: k for k, v in ids[uid].items()}
         for q in user["queries"]:
-            reply = await search.search(SearchNotes(user_id=uid, query=q["q"], top_k=top_k))
+            # Forget's search: its own rule decides, not the search's relevance floor.
+            reply = await search.search(SearchNotes(user_id=uid, query=q["q"], top_k=top_k, min_relevance=0.0))
             relevant = set(q["relevant"])
-            queries.append([(h.similarity, h.score, key_of.get(h.note_id) in relevant) for h in reply.results])
+            queries.append(
+                [(h.similarity, h.score, key_of.get(h.note_id) in relevant, h.relevance) for h in reply.results]
+            )
     return queries
 
 
@@ -102,6 +108,7 @@ async def main() -> None:
     for name, column, floors in (
         ("similarity", 0, [round(0.05 * i, 2) for i in range(1, 10)]),
         ("score", 1, [round(0.1 * i, 1) for i in range(1, 10)]),
+        ("relevance", 3, [0.05, 0.1, 0.15, DEFAULT_FLOOR, 0.2, 0.25, 0.3]),
     ):
         area = auc([h[column] for h in matches], [h[column] for h in others])
         spread = {"true": quantiles([h[column] for h in matches]), "other": quantiles([h[column] for h in others])}

@@ -71,7 +71,14 @@ TOP_K = 10
 BATCH = 100  # the most one record_messages or save_many takes
 # Compared in this process over the service's own index, beside the configured ranking.
 # Plain signals: no name boost, and a turn's context point counts as much as its own words.
-PLAIN = {"name_boost": 0.0, "context_weight": 1.0, "dense_span": 0.0, "keyword_floor": 0.0}
+PLAIN = {
+    "name_boost": 0.0,
+    "context_weight": 1.0,
+    "dense_span": 0.0,
+    "keyword_floor": 0.0,
+    "session_boost": 0.0,
+    "time_boost": 0.0,
+}
 COSINE = RankingPolicy("minmax", 1.0, 0.0, **PLAIN)  # type: ignore[arg-type]
 # BM25 alone: ``score`` keeps BM25's order (s / (s + 6)) and gives 0 exactly to candidates with
 # no BM25 score, which are dropped; ``minmax`` would also give 0 to the weakest BM25 candidate.

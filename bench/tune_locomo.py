@@ -25,16 +25,29 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
 from bench.locomo import Conversation, load
 from engram_ledger.projections.index import indexed_text
-from engram_ledger.services.application.ranking import RankingPolicy, boost_named, context_text, context_vector, fuse
+from engram_ledger.services.application.ranking import (
+    RankingPolicy,
+    boost_named,
+    boost_period,
+    boost_sessions,
+    context_text,
+    context_vector,
+    fuse,
+)
+from engram_ledger.services.application.search import NAMED_WINDOW
 from engram_ledger.services.application.vector_index import IndexHit
+from engram_ledger.services.application.when import asked_period
 
 LIMIT = 50  # candidates per signal, as the search service asks the index for
+# "now" for the questions' relative times (LoCoMo's questions name absolute dates).
+NOW = datetime(2026, 11, 27, tzinfo=UTC)
 
 
 def encode(model, texts: list[str], cache: Path) -> np.ndarray:  # type: ignore[no-untyped-def]
@@ -87,6 +100,9 @@ class Mode:
     cases: list[tuple[list[IndexHit], list[IndexHit], set[str], int, str]]
     # doc id -> its speaker or subject
     names: dict[str, str | None] = field(default_factory=dict)
+    # doc id -> the session a turn was said in (notes have none), and when it happened
+    sessions: dict[str, str | None] = field(default_factory=dict)
+    times: dict[str, datetime] = field(default_factory=dict)
 
 
 def hits(
@@ -164,8 +180,20 @@ def build_modes(
         f_idx = [i for i, d in enumerate(fact_docs) if d[0] == c.name]
         f_ids = [fact_docs[i][1] for i in f_idx]
         f_ev = {fact_docs[i][1]: fact_docs[i][3] for i in f_idx}
-        tm = Mode(c.name, [], {t.dia_id: t.speaker for t in c.turns})
-        fm = Mode(c.name, [], {f"F{j}": f.speaker for j, f in enumerate(c.facts)})
+        tm = Mode(
+            c.name,
+            [],
+            {t.dia_id: t.speaker for t in c.turns},
+            {t.dia_id: f"session-{t.session}" for t in c.turns},
+            {t.dia_id: t.sent_at for t in c.turns},
+        )
+        fm = Mode(
+            c.name,
+            [],
+            {f"F{j}": f.speaker for j, f in enumerate(c.facts)},
+            {},
+            {f"F{j}": f.occurred_at for j, f in enumerate(c.facts)},
+        )
         for qi, (name, q) in enumerate(questions):
             if name != c.name:
                 continue
@@ -249,11 +277,25 @@ def build_codewords(model, cache: Path) -> list[Mode]:  # type: ignore[no-untype
     return modes
 
 
+def reordered(
+    m: Mode, fused: list[tuple[str, float, float]], query: str, policy: RankingPolicy
+) -> list[tuple[str, float, float]]:
+    """What the search service does to its first slice of candidates (``SearchService._reordered``):
+    the name boost, then the session and time levers."""
+    head, tail = fused[:NAMED_WINDOW], fused[NAMED_WINDOW:]
+    head = boost_named(head, m.names, query, policy.name_boost)
+    head = boost_sessions(head, m.sessions, policy.session_boost)
+    period = asked_period(query, NOW) if policy.time_boost else None
+    if period is not None:
+        head = boost_period(head, {n: n in m.times and period.holds(m.times[n]) for n, _, _ in head}, policy.time_boost)
+    return head + tail
+
+
 def score(modes: list[Mode], policy: RankingPolicy) -> dict[str, float]:
     n = r1 = r5 = r10 = mrr = 0.0
     for m in modes:
         for dense, sparse, relevant, _, query in m.cases:
-            fused = boost_named(fuse(dense, sparse, policy), m.names, query, policy.name_boost)
+            fused = reordered(m, fuse(dense, sparse, policy), query, policy)
             ranked = [note for note, _, _ in fused[:10]]
             rank = next((i + 1 for i, note in enumerate(ranked) if note in relevant), None)
             n += 1
@@ -370,13 +412,20 @@ def ablate(
     }
     rows = [
         ("as shipped", "as shipped", shipped),
-        ("score fusion (1.0, 0.1)", "as shipped", RankingPolicy(method="score", dense_weight=1.0, keyword_weight=0.1)),
+        (
+            "score fusion (1.0, 0.1)",
+            "as shipped",
+            RankingPolicy(method="score", dense_weight=1.0, keyword_weight=0.1, session_boost=0.0, time_boost=0.0),
+        ),
         ("no context points", "no context", shipped),
         ("context weight 1.0", "as shipped", replace(shipped, context_weight=1.0)),
         ("no names in the indexed text", "no names in text", shipped),
         ("no name boost", "as shipped", replace(shipped, name_boost=0.0)),
         ("no keyword floor", "as shipped", replace(shipped, keyword_floor=0.0)),
         ("no dense span", "as shipped", replace(shipped, dense_span=0.0)),
+        ("no session boost", "as shipped", replace(shipped, session_boost=0.0)),
+        ("no time boost", "as shipped", replace(shipped, time_boost=0.0)),
+        ("neither", "as shipped", replace(shipped, session_boost=0.0, time_boost=0.0)),
     ]
     say(f"{'':<30} turns R@10 MRR   facts R@10 MRR   dev MRR  codewords R@1")
     for label, variant, policy in rows:
@@ -385,6 +434,39 @@ def ablate(
         dev, rare = score(devset, policy)["MRR@10"], score(codewords, policy)["R@1"]
         figures = f"{t['R@10']:.3f} {t['MRR@10']:.3f}    {f['R@10']:.3f} {f['MRR@10']:.3f}    {dev:.3f}    {rare:.3f}"
         say(f"{label:<30} {figures}")
+
+
+def choose_levers(convs: list[Conversation], model, cache: Path, say: Callable[[str], None]) -> None:  # type: ignore[no-untyped-def]
+    """The session and time boosts, the fusion as shipped: for each conversation the pair best
+    on the other four (mean of R@10 and MRR@10, turns and facts) is scored on it."""
+    from dataclasses import replace
+
+    turns, facts = build_modes(convs, model, cache, 2, 256.0, True, True)
+    pairs = list(itertools.product((0.0, 0.1, 0.15, 0.2, 0.3), (0.0, 0.2, 0.5)))
+    results = {
+        pair: {
+            m.conv: (score([m], replace(RankingPolicy(), session_boost=pair[0], time_boost=pair[1])), f)
+            for m, f in zip(turns, facts, strict=True)
+        }
+        for pair in pairs
+    }
+    per_conv = {
+        pair: {
+            c: (t, score([f], replace(RankingPolicy(), session_boost=pair[0], time_boost=pair[1])))
+            for c, (t, f) in found.items()
+        }
+        for pair, found in results.items()
+    }
+    held: list[tuple[dict[str, float], dict[str, float]]] = []
+    for conv in per_conv[pairs[0]]:
+        best = max(pairs, key=lambda p: sum(objective(*per_conv[p][c]) for c in per_conv[p] if c != conv))
+        say(f"held out {conv}: chose session +{best[0]:g}, time +{best[1]:g}")
+        held.append(per_conv[best][conv])
+    n = len(held)
+    for i, mode in enumerate(("turns", "facts")):
+        r10 = sum(h[i]["R@10"] for h in held) / n
+        mrr = sum(h[i]["MRR@10"] for h in held) / n
+        say(f"held out, {mode}: R@10 {r10:.3f}, MRR@10 {mrr:.3f} (mean over the folds)")
 
 
 def main() -> None:
@@ -404,11 +486,15 @@ def main() -> None:
     parser.add_argument("--avg-lens", default="256", help="BM25 avg_len (Qdrant's default 256), e.g. 256,24")
     parser.add_argument("--speaker", default="1", help="the name in a turn's or fact's indexed text: 1, 0 or 1,0")
     parser.add_argument("--ablate", action="store_true", help="only: the shipped ranking with each lever removed")
+    parser.add_argument("--levers", action="store_true", help="only: choose the session and time boosts")
     args = parser.parse_args()
     from engram_ledger.services.adapters.embedder import load_model, model_path
 
     model = load_model(model_path())
     convs = load(args.data)
+    if args.levers:
+        choose_levers(convs, model, args.cache, print)
+        return
     if args.ablate:
         ablate(convs, model, args.cache, build_devset(model, args.cache), build_codewords(model, args.cache), print)
         return

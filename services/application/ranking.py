@@ -63,6 +63,13 @@ class RankingPolicy:
     # Added to a note whose subject, or a turn whose speaker, the query names ("What did
     # Caroline say about ...?"): names carry much of a dialogue's evidence.
     name_boost: float = 0.1
+    # Added to a conversation turn, times the best score of another candidate turn of its
+    # session: evidence that spans turns sits in one session, and a session that holds two
+    # strong candidates is likely the one asked about.
+    session_boost: float = 0.2
+    # Added to what happened within the time the query names ("in May 2023", "last week";
+    # ``when.asked_period``): large enough to bring it ahead of the candidates outside it.
+    time_boost: float = 0.5
 
     def __str__(self) -> str:
         tail = f", s/(s+{self.saturation:g})" if self.method in ("score", "mixed") else ""
@@ -72,6 +79,10 @@ class RankingPolicy:
             tail += f", context {self.context_weight:g}"
         if self.name_boost:
             tail += f", name +{self.name_boost:g}"
+        if self.session_boost:
+            tail += f", session +{self.session_boost:g}"
+        if self.time_boost:
+            tail += f", time +{self.time_boost:g}"
         return f"{self.method}({self.dense_weight:g}, {self.keyword_weight:g}{tail})"
 
 
@@ -171,4 +182,38 @@ def boost_named(
         return list(ranked)
     said = words(query)
     lifted = [(n, s + boost if names_in(said, names.get(n)) else s, c) for n, s, c in ranked]
+    return sorted(lifted, key=lambda item: (-item[1], item[0]))
+
+
+def boost_sessions(
+    ranked: Sequence[tuple[str, float, float]], sessions: Mapping[str, str | None], boost: float
+) -> list[tuple[str, float, float]]:
+    """Each candidate with a session (a conversation turn) gains ``boost`` times the best score
+    of another candidate of the same session; re-sorted."""
+    if not boost:
+        return list(ranked)
+    best: dict[str, list[float]] = {}
+    for n, s, _ in ranked:
+        session = sessions.get(n)
+        if session is not None:
+            best.setdefault(session, []).append(s)
+    for scores in best.values():
+        scores.sort(reverse=True)
+
+    def other(n: str, s: float) -> float:
+        scores = best.get(sessions.get(n) or "", [])
+        # The best of the others: the second best when this one is the best.
+        return (scores[1] if scores[0] == s else scores[0]) if len(scores) > 1 else 0.0
+
+    lifted = [(n, s + boost * other(n, s) if sessions.get(n) is not None else s, c) for n, s, c in ranked]
+    return sorted(lifted, key=lambda item: (-item[1], item[0]))
+
+
+def boost_period(
+    ranked: Sequence[tuple[str, float, float]], within: Mapping[str, bool], boost: float
+) -> list[tuple[str, float, float]]:
+    """``boost`` added to the candidates that happened within the period the query names."""
+    if not boost or not any(within.values()):
+        return list(ranked)
+    lifted = [(n, s + boost if within.get(n) else s, c) for n, s, c in ranked]
     return sorted(lifted, key=lambda item: (-item[1], item[0]))

@@ -16,7 +16,15 @@ from engram_ledger.contracts.limits import SEARCH_DEPTH_MAX
 from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView
 from engram_ledger.contracts.queries import SearchHit, SearchNotes, SearchReply
 from engram_ledger.services.application.ports import AccessStats, NoteHistory
-from engram_ledger.services.application.ranking import DEFAULT_POLICY, RankingPolicy, best_per_note, boost_named, fuse
+from engram_ledger.services.application.ranking import (
+    DEFAULT_POLICY,
+    RankingPolicy,
+    best_per_note,
+    boost_named,
+    boost_period,
+    boost_sessions,
+    fuse,
+)
 from engram_ledger.services.application.relevance import DEFAULT_FLOOR, MODEL, RelevanceModel, Signals, features
 from engram_ledger.services.application.terms import sparse_query
 from engram_ledger.services.application.vector_index import (
@@ -29,6 +37,7 @@ from engram_ledger.services.application.vector_index import (
     TimeWindow,
     VectorIndex,
 )
+from engram_ledger.services.application.when import Period, asked_period
 from engram_ledger.services.domain.values import matches
 
 
@@ -251,23 +260,41 @@ class SearchService:
                     )
                 )
             ]
-            results += self._named(query.query, hits) if start == 0 else hits
+            results += self._reordered(query.query, hits) if start == 0 else hits
             start, size = start + size, wanted * 2
         return results[:wanted]
 
-    def _named(self, text: str, hits: list[SearchHit]) -> list[SearchHit]:
+    def _reordered(self, text: str, hits: list[SearchHit]) -> list[SearchHit]:
+        """The first slice re-ordered by what only the read model knows: whom a hit is about
+        (the name boost), the session a turn was said in, and when it happened."""
         by_id = {h.note_id: h for h in hits}
-        ranked = [(h.note_id, h.score, h.similarity) for h in hits]
-        names = {h.note_id: _name(h) for h in hits}
-        return [
-            msgspec.structs.replace(by_id[n], score=round(score, 6))
-            for n, score, _ in boost_named(ranked, names, text, self._policy.name_boost)
-        ]
+        ranked = boost_named(
+            [(h.note_id, h.score, h.similarity) for h in hits],
+            {h.note_id: _name(h) for h in hits},
+            text,
+            self._policy.name_boost,
+        )
+        sessions = {h.note_id: h.message.session_id for h in hits if h.message is not None}
+        ranked = boost_sessions(ranked, sessions, self._policy.session_boost)
+        period = asked_period(text, self._clock()) if self._policy.time_boost else None
+        if period is not None:
+            ranked = boost_period(ranked, {h.note_id: _within(h, period) for h in hits}, self._policy.time_boost)
+        return [msgspec.structs.replace(by_id[n], score=round(score, 6)) for n, score, _ in ranked]
 
 
 def lapsed(view: NoteView, now: datetime) -> bool:
     """A note whose time to live has run out reads as gone, before the saga's timer forgets it."""
     return view.expires_at is not None and view.expires_at <= now
+
+
+def _within(hit: SearchHit, period: Period) -> bool:
+    """Whether a hit happened within the period: a turn when it was said, a note when it
+    occurred (else when it was saved)."""
+    if hit.message is not None:
+        return period.holds(hit.message.sent_at or hit.message.created_at)
+    if hit.note is not None:
+        return period.holds(hit.note.occurred_at or hit.note.created_at)
+    return False
 
 
 def _name(hit: SearchHit) -> str | None:

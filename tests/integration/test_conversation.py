@@ -216,3 +216,23 @@ async def test_the_engram_search_tool_reaches_past_conversations_and_time_window
     assert {r["note_id"] for r in may["results"]} == set(ids["hike"])
     bad = await tools.call("search", {"query": "x", "since": "last tuesday"})
     assert bad["error"]["code"] == "INVALID_PARAMETER"
+
+
+async def test_a_time_the_question_names_brings_what_was_said_then_first(client: EngramClient) -> None:
+    """Two trips told alike in two conversations a month apart: the question's month decides
+    which one it asks about; without a month, the closer words win."""
+    may = await client.record_messages(
+        "tess", "may", turns([("Tess", "We went hiking up Mount Tamalpais with the kids, what a view!")], MAY)
+    )
+    june = await client.record_messages(
+        "tess", "june", turns([("Tess", "We went hiking again, a long walk along the coast this time.")], JUNE)
+    )
+    asked = {"include_conversation": True, "after": june.token, "min_relevance": 0}
+    plain = await client.search("tess", "Where did Tess go hiking with the kids up the mountain?", **asked)
+    assert plain.results[0].note_id == may.notes[0].note_id
+    in_june = await client.search(
+        "tess", "Where did Tess go hiking with the kids up the mountain in June 2023?", **asked
+    )
+    assert in_june.results[0].note_id == june.notes[0].note_id
+    in_may = await client.search("tess", "Where did Tess go hiking in May 2023?", **asked)
+    assert in_may.results[0].note_id == may.notes[0].note_id

@@ -4,17 +4,21 @@ Figures for the choices are in README (LoCoMo, leave-one-conversation-out; bench
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import UTC, datetime
 
 from engram_ledger.services.application.ranking import (
     DEFAULT_POLICY,
     RankingPolicy,
     boost_named,
+    boost_period,
+    boost_sessions,
     context_text,
     fuse,
     names_in,
     words,
 )
 from engram_ledger.services.application.vector_index import IndexHit
+from engram_ledger.services.application.when import Period, asked_period
 
 
 def hit(note_id: str, score: float, context: bool = False) -> IndexHit:
@@ -97,3 +101,43 @@ def test_near_duplicates_stay_near_so_a_rare_keyword_tells_them_apart() -> None:
     sparse = [hit("target", 5.0)]
     assert order(dense, sparse)[0] == "target"
     assert order(dense, sparse, replace(DEFAULT_POLICY, dense_span=0.0))[0] == "dup-a", "noise scaled to 0-1"
+
+
+def test_a_turn_whose_session_holds_another_strong_candidate_is_lifted() -> None:
+    # "When did Melanie go camping?": the answer sits beside the turn that names the trip, in
+    # one session; an equally scored turn alone in another session stays behind.
+    ranked = [("lone", 0.50, 0.4), ("names-trip", 0.48, 0.5), ("answer", 0.45, 0.4), ("noise", 0.10, 0.1)]
+    sessions = {"lone": "s1", "names-trip": "s2", "answer": "s2", "noise": "s3"}
+    lifted = [n for n, _, _ in boost_sessions(ranked, sessions, DEFAULT_POLICY.session_boost)]
+    assert lifted[:2] == ["names-trip", "answer"] and lifted.index("answer") < lifted.index("lone")
+    assert [n for n, _, _ in boost_sessions(ranked, sessions, 0.0)] == [n for n, _, _ in ranked]
+    # A note has no session: it neither gains nor lends.
+    assert boost_sessions([("note", 0.5, 0.5), ("turn", 0.4, 0.4)], {"turn": "s1"}, 0.2)[0][0] == "note"
+
+
+def test_what_happened_in_the_period_the_query_names_comes_first() -> None:
+    ranked = [("march", 0.60, 0.6), ("october", 0.40, 0.4), ("may", 0.30, 0.3)]
+    within = {"march": False, "october": True, "may": False}
+    assert next(n for n, _, _ in boost_period(ranked, within, DEFAULT_POLICY.time_boost)) == "october"
+    assert next(n for n, _, _ in boost_period(ranked, within, 0.0)) == "march", "without the lever"
+    assert boost_period(ranked, dict.fromkeys(within, False), 0.5) == ranked
+
+
+def test_the_time_a_query_names_is_read_as_a_period() -> None:
+    now = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
+    month = asked_period("What setback did Melanie face in October 2023?", now)
+    assert month == Period(datetime(2023, 10, 1, tzinfo=UTC), datetime(2023, 11, 1, tzinfo=UTC))
+    day = asked_period("What did Gina find for her store on 1 February, 2023?", now)
+    assert (
+        day is not None and day.holds(datetime(2023, 2, 1, tzinfo=UTC)) and day.holds(datetime(2023, 2, 8, tzinfo=UTC))
+    )
+    assert not day.holds(datetime(2023, 2, 10, tzinfo=UTC))
+    assert asked_period("How many times has Melanie gone to the beach in 2023?", now) == Period(
+        datetime(2023, 1, 1, tzinfo=UTC), datetime(2024, 1, 1, tzinfo=UTC)
+    )
+    june = asked_period("When did Melanie go camping in June?", now)
+    assert june == Period(month=6) and june.holds(datetime(2021, 6, 9, tzinfo=UTC))
+    week = asked_period("what did I do last week?", now)
+    assert week is not None and week.holds(datetime(2026, 11, 21, tzinfo=UTC)) and not week.holds(now)
+    for nothing in ("Who is my boss?", "May I ask what Caroline likes?", "What did Melanie paint?"):
+        assert asked_period(nothing, now) is None, nothing

@@ -183,10 +183,12 @@ async def test_since_and_until_bound_when_a_note_happened(world: World) -> None:
     world.clock.now = NOW + timedelta(hours=5)
     long_ago = await world.save("coffee on a trip", occurred_at=NOW - timedelta(days=30))
     # when / then
-    assert set(ids(await world.find("coffee", since=times[1]))) == {saved[1], saved[2]}
-    assert set(ids(await world.find("coffee", until=times[1]))) == {saved[0], saved[1], long_ago}
-    assert ids(await world.find("coffee", since=times[1], until=times[1])) == [saved[1]]
-    last_month = await world.find("coffee", since=NOW - timedelta(days=31), until=NOW - timedelta(days=29))
+    assert set(ids(await world.find("coffee", min_relevance=0, since=times[1]))) == {saved[1], saved[2]}
+    assert set(ids(await world.find("coffee", min_relevance=0, until=times[1]))) == {saved[0], saved[1], long_ago}
+    assert ids(await world.find("coffee", min_relevance=0, since=times[1], until=times[1])) == [saved[1]]
+    last_month = await world.find(
+        "coffee", min_relevance=0, since=NOW - timedelta(days=31), until=NOW - timedelta(days=29)
+    )
     assert ids(last_month) == [long_ago]
 
 
