@@ -108,7 +108,7 @@ async def main() -> None:
     for name, column, floors in (
         ("similarity", 0, [round(0.05 * i, 2) for i in range(1, 10)]),
         ("score", 1, [round(0.1 * i, 1) for i in range(1, 10)]),
-        ("relevance", 3, [0.05, 0.1, 0.15, DEFAULT_FLOOR, 0.2, 0.25, 0.3]),
+        ("relevance", 3, sorted({0.05, 0.1, 0.15, DEFAULT_FLOOR, 0.2, 0.25, 0.3})),
     ):
         area = auc([h[column] for h in matches], [h[column] for h in others])
         spread = {"true": quantiles([h[column] for h in matches]), "other": quantiles([h[column] for h in others])}

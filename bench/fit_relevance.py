@@ -31,6 +31,7 @@ import asyncio
 import json
 import math
 import tempfile
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,8 @@ from bench.locomo import Conversation, load
 from engram_ledger.contracts.queries import SearchNotes
 from engram_ledger.services.adapters.redis_server import RedisServer
 from engram_ledger.services.application.relevance import FEATURES, RelevanceModel, Signals, features
-from engram_ledger.services.application.search import SearchService, _name
+from engram_ledger.services.application.search import SearchService, _name, within
+from engram_ledger.services.application.when import Period, asked_period
 from engram_ledger.services.bootstrap import build
 from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.config import Settings
@@ -57,12 +59,16 @@ GROUPS = (*MODES, "devset")
 # many, and its evidence is one turn among many alike; the dev set's paraphrases are what a
 # personal memory is mostly asked. A quarter kept both calibrated (0.5 and 0.1 were measured too).
 DEVSET_SHARE = 0.25
-SIGNALS = ("similarity", "conversation", "text", "name")
+SIGNALS = ("similarity", "conversation", "text", "name", "within")
+# The search's clock in this script: LoCoMo's questions name absolute dates.
+NOW = datetime(2026, 11, 27, tzinfo=UTC)
 
 
-def _signals(hit: Any) -> dict[str, Any]:
+def _signals(hit: Any, period: Period | None) -> dict[str, Any]:
+    """What the search service estimates a hit's relevance from (``SearchService._estimate``)."""
     name = _name(hit)
     return {
+        "within": period is not None and within(hit, period),
         "similarity": hit.similarity,
         "conversation": hit.found_in == "conversation",
         "text": f"{name}: {hit.content}" if name else hit.content,
@@ -85,7 +91,7 @@ async def collect(convs: list[Conversation]) -> list[dict[str, Any]]:
         try:
             await asyncio.wait_for(ready.wait(), 60)
             assert app.index is not None
-            service = SearchService(app.index, app.history, 30.0)
+            service = SearchService(app.index, app.history, 30.0, clock=lambda: NOW)
             async with EngramClient(server.url, timeout=120) as client:
                 for mode in MODES:
                     corpus, _ = await ingest(client, redis, mode, convs)
@@ -114,7 +120,7 @@ async def collect(convs: list[Conversation]) -> list[dict[str, Any]]:
                                             "kind": kind,
                                             "category": q.category,
                                             "query": q.text,
-                                            "hits": [_signals(h) for h in reply.results],
+                                            "hits": [_signals(h, asked_period(q.text, NOW)) for h in reply.results],
                                             "labels": [
                                                 int(
                                                     kind == "own"
@@ -166,7 +172,7 @@ async def ask_devset(client: EngramClient, service: SearchService, convs: list[C
                         "kind": "other",
                         "category": 0,
                         "query": q["q"],
-                        "hits": [_signals(h) for h in reply.results],
+                        "hits": [_signals(h, asked_period(q["q"], NOW)) for h in reply.results],
                         "labels": [0] * len(reply.results),
                     }
                 )
@@ -179,7 +185,7 @@ async def ask_devset(client: EngramClient, service: SearchService, convs: list[C
                     "kind": "own",
                     "category": 0,
                     "query": q["q"],
-                    "hits": [_signals(h) for h in reply.results],
+                    "hits": [_signals(h, asked_period(q["q"], NOW)) for h in reply.results],
                     "labels": [int(h.note_id in relevant) for h in reply.results],
                 }
             )

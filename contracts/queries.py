@@ -144,7 +144,8 @@ class SearchNotes(Query, tag="search_notes", frozen=True, kw_only=True):
     ranking: Literal["relevance", "blended"] = "relevance"
     # Hits whose ``relevance`` is below this are not returned; None: the service's floor
     # (``ENGRAM_MIN_RELEVANCE``); 0: every hit, ranked as by ``ranking``. A search with nothing
-    # above the floor has no results: nothing the user's memory holds matched.
+    # above the floor has no results: nothing the user's memory holds matched. A query that asks
+    # about a time and nothing else ("what did I do in May 2023?") keeps what happened then.
     min_relevance: UnitInterval | None = None
 
 

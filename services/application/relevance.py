@@ -4,8 +4,9 @@ The fused ``score`` orders one query's candidates but means nothing across queri
 over each query's own candidates, so the best hit always looks strong. ``relevance`` is a
 logistic model over what the ranking knows of a hit that does not depend on how many notes the
 user has (a BM25 score grows with the collection, and the fused score is scaled over it): its
-cosine, how far below the best candidate's it is, how many of the query's words it holds, its
-rank, and whether it is about someone the query names or lacks a name the query says.
+cosine (and how far it falls short of 0.3 and 0.45), how far below the best candidate's it is,
+how many of the query's words it holds, its rank, whether it is about someone the query names or
+lacks a name the query says, and whether it happened within a time the query names.
 
 Fitted by leave-one-conversation-out (``bench/fit_relevance.py``, which prints the weights
 below, the reliability table and the floor's figures) on LoCoMo's development conversations
@@ -36,6 +37,13 @@ FEATURES = (
     "conversation",  # 1 for a conversation turn, 0 for a note
     "named",  # 1 when the query names the hit's subject or speaker
     "names_missing",  # the share of the names the query says (capitalized words) the hit lacks
+    # A hit the keywords alone found has no cosine (0): its cosine terms say nothing.
+    "cosine_unknown",
+    # How far the cosine falls short of 0.3 and of 0.45 (0 above): a weak cosine means much less
+    # than a linear weight says, and an unrelated question's best hit sits near 0.15.
+    "cosine_below_0.3",
+    "cosine_below_0.45",
+    "within_period",  # 1 when the query names a time and the hit happened within it
 )
 
 
@@ -47,6 +55,7 @@ class Signals:
     conversation: bool
     text: str  # the words searched: the content, after the speaker's or subject's name
     name: str | None
+    within: bool = False  # it happened within the time the query names
 
 
 @dataclass(frozen=True)
@@ -86,12 +95,53 @@ def features(query: str, hits: Sequence[Signals], best: float | None = None) -> 
                 1.0 if hit.conversation else 0.0,
                 1.0 if names_in(said, hit.name) else 0.0,
                 len(names - words(hit.text)) / len(names) if names else 0.0,
+                1.0 if hit.similarity == 0 else 0.0,
+                max(0.0, 0.3 - hit.similarity) if hit.similarity else 0.0,
+                max(0.0, 0.45 - hit.similarity) if hit.similarity else 0.0,
+                1.0 if hit.within else 0.0,
             ]
         )
     return rows
 
 
 _CAPITALIZED = re.compile(r"\b[A-Z]\w*")
+# Capitalized, but times, not names: a note about May 2023 does not lack "May".
+_NOT_NAMES = frozenset(
+    [
+        "i",
+        "january",
+        "february",
+        "march",
+        "april",
+        "may",
+        "june",
+        "july",
+        "august",
+        "september",
+        "october",
+        "november",
+        "december",
+        "jan",
+        "feb",
+        "mar",
+        "apr",
+        "jun",
+        "jul",
+        "aug",
+        "sep",
+        "sept",
+        "oct",
+        "nov",
+        "dec",
+        "monday",
+        "tuesday",
+        "wednesday",
+        "thursday",
+        "friday",
+        "saturday",
+        "sunday",
+    ]
+)
 
 
 def proper_names(query: str) -> set[str]:
@@ -99,7 +149,7 @@ def proper_names(query: str) -> set[str]:
     names of people, places and things, the words a memory about someone else lacks."""
     found = _CAPITALIZED.findall(query.strip())
     first = query.strip()[:1].isupper()
-    return {w.casefold() for w in found[1 if first else 0 :] if w != "I"} - {"i"}
+    return {w.casefold() for w in found[1 if first else 0 :]} - _NOT_NAMES
 
 
 def _sigmoid(z: float) -> float:
@@ -111,7 +161,10 @@ def _sigmoid(z: float) -> float:
 
 # Fitted by ``.venv/bin/python -m bench.fit_relevance --data ../shared/datasets/locomo-dev`` on
 # every LoCoMo conversation and dev set user (the dev set a quarter of the weight).
-MODEL = RelevanceModel(weights=(0.8545, -0.8442, 0.9843, -2.8200, -0.1699, 0.1931, -2.8278), bias=0.9955)
+MODEL = RelevanceModel(
+    weights=(-0.2853, -2.4063, 1.0977, -2.6715, -0.2308, -0.0280, -3.2981, 1.3229, -2.9977, -3.3023, -0.2022),
+    bias=1.7237,
+)
 # The floor a search applies when the caller gives none (``min_relevance``), chosen by the same
 # script: most questions of a user's own memory keep a hit, most asked of a stranger's get none.
-DEFAULT_FLOOR = 0.18
+DEFAULT_FLOOR = 0.26

@@ -37,7 +37,7 @@ from engram_ledger.services.application.vector_index import (
     TimeWindow,
     VectorIndex,
 )
-from engram_ledger.services.application.when import Period, asked_period
+from engram_ledger.services.application.when import Period, asked_period, without_times
 from engram_ledger.services.domain.values import matches
 
 
@@ -168,8 +168,10 @@ class SearchService:
         sources = {h.payload["note_id"]: h.payload.get("record", MEMORY) for h in dense_hits + sparse_hits}
         candidates = [(sources[n], (n, score, cos)) for n, score, cos in fuse(dense_hits, sparse_hits, self._policy)]
         wanted = depth if query.ranking == "relevance" else depth * 4
-        hydrated = await self._hydrate(query, candidates, wanted, best_per_note(sparse_hits))
-        results = self._estimate(query.query, hydrated, max((cos for _, (_, _, cos) in candidates), default=0.0))
+        period = asked_period(query.query, self._clock()) if self._policy.time_boost else None
+        hydrated = await self._hydrate(query, candidates, wanted, best_per_note(sparse_hits), period)
+        best = max((cos for _, (_, _, cos) in candidates), default=0.0)
+        results = self._estimate(query.query, hydrated, best, period)
         if self._access is not None:
             results = await self._annotate(query.user_id, results)
         if query.ranking == "blended":
@@ -180,9 +182,12 @@ class SearchService:
             ]
             results = sorted(blended, key=lambda h: (-h.score, h.note_id))[:depth]
         # The floor filters the ranking before it is paged: page two of a search is what follows
-        # page one among the hits above the floor.
+        # page one among the hits above the floor. A query that asks about a time and nothing
+        # else ("what did I do in May 2023?") is answered by what happened then, whatever else.
         floor = self.floor if query.min_relevance is None else query.min_relevance
-        results = [h for h in results if h.relevance >= floor][query.offset : depth]
+        asked_then = period if period is not None and not sparse_query(without_times(query.query)).indices else None
+        results = [h for h in results if h.relevance >= floor or (asked_then is not None and within(h, asked_then))]
+        results = results[query.offset : depth]
         if self._access is not None and results:
             # Counted after the reply is built, off its path: a read is not worth a round trip.
             task = asyncio.create_task(
@@ -192,7 +197,7 @@ class SearchService:
             task.add_done_callback(self._touching.discard)
         return SearchReply(results=results)
 
-    def _estimate(self, text: str, hits: list[SearchHit], best: float) -> list[SearchHit]:
+    def _estimate(self, text: str, hits: list[SearchHit], best: float, period: Period | None) -> list[SearchHit]:
         """Each hit with its ``relevance``, from the ranking's signals in the ranking's order."""
         signals = [
             Signals(
@@ -200,6 +205,7 @@ class SearchService:
                 conversation=h.found_in == "conversation",
                 text=f"{name}: {h.content}" if (name := _name(h)) else h.content,
                 name=name,
+                within=period is not None and within(h, period),
             )
             for h in hits
         ]
@@ -229,6 +235,7 @@ class SearchService:
         candidates: list[tuple[str, tuple[str, float, float]]],
         wanted: int,
         keyword: dict[str, float],
+        period: Period | None,
     ) -> list[SearchHit]:
         """The text comes from the read model (the index holds none), read a slice at a time in
         one round trip; a hit the read model does not have (yet, or any more) is left out, and
@@ -260,11 +267,11 @@ class SearchService:
                     )
                 )
             ]
-            results += self._reordered(query.query, hits) if start == 0 else hits
+            results += self._reordered(query.query, hits, period) if start == 0 else hits
             start, size = start + size, wanted * 2
         return results[:wanted]
 
-    def _reordered(self, text: str, hits: list[SearchHit]) -> list[SearchHit]:
+    def _reordered(self, text: str, hits: list[SearchHit], period: Period | None) -> list[SearchHit]:
         """The first slice re-ordered by what only the read model knows: whom a hit is about
         (the name boost), the session a turn was said in, and when it happened."""
         by_id = {h.note_id: h for h in hits}
@@ -276,9 +283,8 @@ class SearchService:
         )
         sessions = {h.note_id: h.message.session_id for h in hits if h.message is not None}
         ranked = boost_sessions(ranked, sessions, self._policy.session_boost)
-        period = asked_period(text, self._clock()) if self._policy.time_boost else None
         if period is not None:
-            ranked = boost_period(ranked, {h.note_id: _within(h, period) for h in hits}, self._policy.time_boost)
+            ranked = boost_period(ranked, {h.note_id: within(h, period) for h in hits}, self._policy.time_boost)
         return [msgspec.structs.replace(by_id[n], score=round(score, 6)) for n, score, _ in ranked]
 
 
@@ -287,7 +293,7 @@ def lapsed(view: NoteView, now: datetime) -> bool:
     return view.expires_at is not None and view.expires_at <= now
 
 
-def _within(hit: SearchHit, period: Period) -> bool:
+def within(hit: SearchHit, period: Period) -> bool:
     """Whether a hit happened within the period: a turn when it was said, a note when it
     occurred (else when it was saved)."""
     if hit.message is not None:

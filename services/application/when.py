@@ -61,6 +61,11 @@ def asked_period(query: str, now: datetime) -> Period | None:
     return None
 
 
+def without_times(query: str) -> str:
+    """The query without the phrases that name a time: what else it asks about."""
+    return _PHRASE.sub(" ", query)
+
+
 def _read(text: str, now: datetime) -> Period | None:
     # Imported on first use: dateparser loads its language data when imported.
     from dateparser.date import DateDataParser

@@ -63,6 +63,7 @@ async def cmd_save(client: EngramClient, args: argparse.Namespace) -> None:
         confidence=args.confidence,
         source=NoteSource(args.source) if args.source else None,
         importance=args.importance,
+        occurred_at=args.occurred_at,
         command_id=args.command_id,
     )
     print_result(args, reply, lambda r: render.saved(r, args.user))

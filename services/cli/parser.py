@@ -137,6 +137,11 @@ def _memory(cli: Commands) -> None:
     p.add_argument("--confidence", type=float, help=f"default {_draft_default('confidence')}")
     p.add_argument("--importance", type=float, help=f"default {_draft_default('importance')}")
     p.add_argument("--source", choices=[s.value for s in NoteSource], help=f"default {_draft_default('source')}")
+    p.add_argument(
+        "--occurred-at",
+        type=_time_argument,
+        help="when it happened (ISO 8601; UTC if no zone), if not when saved: searches naming a time use it",
+    )
 
     p = cli.writes(cli.add("update", with_client(cmd_update), "change a note (new version, same id)", user=True))
     p.add_argument("note_id")
@@ -203,7 +208,10 @@ def _memory(cli: Commands) -> None:
 
     p = cli.add("context", with_client(cmd_context), "the user's memory as a prompt block", user=True)
     p.add_argument("--format", choices=["markdown", "xml"], default="markdown")
-    p.add_argument("--query", help="focus: the most relevant notes and episodes")
+    p.add_argument(
+        "--query",
+        help="with --max-tokens, the notes most relevant to it are kept first; in xml, its relevant episodes are shown",
+    )
     p.add_argument("--max-tokens", type=int, help="token budget (MiniLM word pieces)")
     p.add_argument("--min-relevance", type=float, help="with --query: what counts as relevant, 0-1")
     p.add_argument("--after", help="consistency token to wait for")

@@ -15,6 +15,7 @@ from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.limits import MAX_BATCH_MESSAGES
 from engram_ledger.contracts.queries import NotesWritten
 from engram_ledger.services.agents.tools import ToolDispatcher
+from engram_ledger.services.application.relevance import DEFAULT_FLOOR
 from engram_ledger.services.bus.client import EngramClient
 from tests.conftest import RunningService
 from tests.support import every_value
@@ -94,7 +95,9 @@ async def test_a_search_without_a_session_finds_every_past_conversation(client: 
     assert hike.results[0].message is not None and hike.results[0].message.session_id == "hike"
     bread = await client.search("alice", "What did Bob name his sourdough starter?", include_conversation=True)
     assert bread.results[0].note_id == ids["bread"][0]
-    only = await client.search("alice", "sourdough starter", include_conversation=True, session_id="hike")
+    only = await client.search(
+        "alice", "sourdough starter", include_conversation=True, session_id="hike", min_relevance=0
+    )
     assert {h.message.session_id for h in only.results if h.message} == {"hike"}
     notes_only = await client.search("alice", "sourdough starter")
     assert notes_only.results == [], "without include_conversation a search reads notes only"
@@ -236,3 +239,16 @@ async def test_a_time_the_question_names_brings_what_was_said_then_first(client:
     assert in_june.results[0].note_id == june.notes[0].note_id
     in_may = await client.search("tess", "Where did Tess go hiking in May 2023?", **asked)
     assert in_may.results[0].note_id == may.notes[0].note_id
+
+
+async def test_a_question_about_a_time_and_nothing_else_is_answered_by_what_happened_then(
+    client: EngramClient,
+) -> None:
+    written = await client.record_messages(
+        "ida", "june", turns([("Ida", "Finally finished repainting the garden shed, it took all weekend.")], JUNE)
+    )
+    await client.record_messages("ida", "may", turns([("Ida", "Booked the dentist for next month.")], MAY))
+    # Nothing in the turn is like the words of the question: only its time answers it.
+    then = await client.search("ida", "What did I do in June 2023?", include_conversation=True, after=written.token)
+    assert [h.note_id for h in then.results] == [written.notes[0].note_id]
+    assert then.results[0].relevance < DEFAULT_FLOOR, "kept for its time, not for its relevance"

@@ -33,7 +33,10 @@ from engram_ledger.services.agents.specs import (
 
 SEARCH = ToolSpec(
     "search",
-    "Search the user's memory by meaning and keywords; best first, superseded notes left out unless asked.",
+    "Search the user's memory by meaning and keywords; best first, superseded notes left out unless asked. "
+    "Each result has a relevance from 0 to 1; results too unlikely to be relevant are left out, and when none "
+    "is left the answer says no memory matched. A time in the query ('in May 2023', 'last week') brings what "
+    "happened then first.",
     schema(
         {
             "query": QUERY,
