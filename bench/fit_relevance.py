@@ -45,7 +45,7 @@ from bench.locomo import Conversation, load
 from engram_ledger.contracts.queries import SearchNotes
 from engram_ledger.services.adapters.redis_server import RedisServer
 from engram_ledger.services.application.relevance import FEATURES, RelevanceModel, Signals, features
-from engram_ledger.services.application.search import SearchService, _name, within
+from engram_ledger.services.application.search import Estimate, SearchService, _name, within
 from engram_ledger.services.application.when import Period, asked_period
 from engram_ledger.services.bootstrap import build
 from engram_ledger.services.bus.client import EngramClient
@@ -91,7 +91,7 @@ async def collect(convs: list[Conversation]) -> list[dict[str, Any]]:
         try:
             await asyncio.wait_for(ready.wait(), 60)
             assert app.index is not None
-            service = SearchService(app.index, app.history, 30.0, clock=lambda: NOW)
+            service = capturing(SearchService(app.index, app.history, 30.0, clock=lambda: NOW))
             async with EngramClient(server.url, timeout=120) as client:
                 for mode in MODES:
                     corpus, _ = await ingest(client, redis, mode, convs)
@@ -121,6 +121,7 @@ async def collect(convs: list[Conversation]) -> list[dict[str, Any]]:
                                             "category": q.category,
                                             "query": q.text,
                                             "hits": [_signals(h, asked_period(q.text, NOW)) for h in reply.results],
+                                            "best": service.best,  # type: ignore[attr-defined]
                                             "labels": [
                                                 int(
                                                     kind == "own"
@@ -173,6 +174,7 @@ async def ask_devset(client: EngramClient, service: SearchService, convs: list[C
                         "category": 0,
                         "query": q["q"],
                         "hits": [_signals(h, asked_period(q["q"], NOW)) for h in reply.results],
+                        "best": service.best,  # type: ignore[attr-defined]
                         "labels": [0] * len(reply.results),
                     }
                 )
@@ -186,18 +188,32 @@ async def ask_devset(client: EngramClient, service: SearchService, convs: list[C
                     "category": 0,
                     "query": q["q"],
                     "hits": [_signals(h, asked_period(q["q"], NOW)) for h in reply.results],
+                    "best": service.best,  # type: ignore[attr-defined]
                     "labels": [int(h.note_id in relevant) for h in reply.results],
                 }
             )
     return records
 
 
+def capturing(service: SearchService) -> SearchService:
+    """The service, keeping the best cosine among the candidates of its last search (``best``),
+    which a hit's relevance is estimated against and a reply does not carry."""
+    estimate = service._estimate
+
+    def keep(found: Estimate, hits: list[Any], ranked_before: int) -> list[Any]:
+        service.best = found.best  # type: ignore[attr-defined]
+        return estimate(found, hits, ranked_before)
+
+    service._estimate = keep  # type: ignore[method-assign]
+    return service
+
+
 def rows_of(records: list[dict[str, Any]]) -> list[np.ndarray]:
     """Each record's feature rows, computed as the service computes them."""
     return [
-        np.array(features(r["query"], [Signals(**{k: h[k] for k in SIGNALS}) for h in r["hits"]]), dtype=float).reshape(
-            -1, len(FEATURES)
-        )
+        np.array(
+            features(r["query"], [Signals(**{k: h[k] for k in SIGNALS}) for h in r["hits"]], r.get("best")), dtype=float
+        ).reshape(-1, len(FEATURES))
         for r in records
     ]
 

@@ -73,10 +73,11 @@ class RelevanceModel:
         return [_sigmoid(self.bias + sum(w * x for w, x in zip(self.weights, row, strict=True))) for row in rows]
 
 
-def features(query: str, hits: Sequence[Signals], best: float | None = None) -> list[list[float]]:
-    """One row per hit, in the order of ``FEATURES``; ``hits`` best first. ``best``: the best
-    cosine among every candidate (by default among ``hits``); a search passes it so that each
-    page of it gives a hit the same relevance, whatever the page's depth."""
+def features(query: str, hits: Sequence[Signals], best: float | None = None, first_rank: int = 1) -> list[list[float]]:
+    """One row per hit, in the order of ``FEATURES``; ``hits`` best first, the first at
+    ``first_rank``. ``best``: the best cosine among every candidate (by default among ``hits``);
+    a search passes it so that each page of it gives a hit the same relevance, whatever the
+    page's depth."""
     if not hits:
         return []
     asked = set(sparse_query(query).indices)
@@ -84,7 +85,7 @@ def features(query: str, hits: Sequence[Signals], best: float | None = None) -> 
     names = proper_names(query)
     best = max([h.similarity for h in hits] + ([best] if best is not None else []))
     rows = []
-    for rank, hit in enumerate(hits, start=1):
+    for rank, hit in enumerate(hits, start=first_rank):
         held = set(sparse_document(hit.text).indices) if asked else set()
         rows.append(
             [
@@ -162,8 +163,8 @@ def _sigmoid(z: float) -> float:
 # Fitted by ``.venv/bin/python -m bench.fit_relevance --data ../shared/datasets/locomo-dev`` on
 # every LoCoMo conversation and dev set user (the dev set a quarter of the weight).
 MODEL = RelevanceModel(
-    weights=(-0.2853, -2.4063, 1.0977, -2.6715, -0.2308, -0.0280, -3.2981, 1.3229, -2.9977, -3.3023, -0.2022),
-    bias=1.7237,
+    weights=(-0.3099, -2.3686, 1.0934, -2.6712, -0.2309, -0.0175, -3.2937, 1.2991, -3.0230, -3.3350, -0.1861),
+    bias=1.7362,
 )
 # The floor a search applies when the caller gives none (``min_relevance``), chosen by the same
 # script: most questions of a user's own memory keep a hit, most asked of a stranger's get none.

@@ -37,7 +37,7 @@ from engram_ledger.services.application.vector_index import (
     TimeWindow,
     VectorIndex,
 )
-from engram_ledger.services.application.when import Period, asked_period, without_times
+from engram_ledger.services.application.when import Period, asked_period, time_only
 from engram_ledger.services.domain.values import matches
 
 
@@ -169,9 +169,18 @@ class SearchService:
         candidates = [(sources[n], (n, score, cos)) for n, score, cos in fuse(dense_hits, sparse_hits, self._policy)]
         wanted = depth if query.ranking == "relevance" else depth * 4
         period = asked_period(query.query, self._clock()) if self._policy.time_boost else None
-        hydrated = await self._hydrate(query, candidates, wanted, best_per_note(sparse_hits), period)
-        best = max((cos for _, (_, _, cos) in candidates), default=0.0)
-        results = self._estimate(query.query, hydrated, best, period)
+        # The floor filters the ranking before it is paged, and the read model is read until a
+        # page's worth is above it: page two of a search is what follows page one among the hits
+        # above the floor. A query that asks about a time and nothing else ("what did I do in
+        # May 2023?") is answered by what happened then, whatever else.
+        floor = self.floor if query.min_relevance is None else query.min_relevance
+        asked_then = period if period is not None and time_only(query.query) else None
+
+        def kept(hit: SearchHit) -> bool:
+            return hit.relevance >= floor or (asked_then is not None and within(hit, asked_then))
+
+        estimate = Estimate(query.query, max((cos for _, (_, _, cos) in candidates), default=0.0), period)
+        results = await self._hydrate(query, candidates, wanted, best_per_note(sparse_hits), estimate, kept)
         if self._access is not None:
             results = await self._annotate(query.user_id, results)
         if query.ranking == "blended":
@@ -181,12 +190,6 @@ class SearchService:
                 for h in results
             ]
             results = sorted(blended, key=lambda h: (-h.score, h.note_id))[:depth]
-        # The floor filters the ranking before it is paged: page two of a search is what follows
-        # page one among the hits above the floor. A query that asks about a time and nothing
-        # else ("what did I do in May 2023?") is answered by what happened then, whatever else.
-        floor = self.floor if query.min_relevance is None else query.min_relevance
-        asked_then = period if period is not None and not sparse_query(without_times(query.query)).indices else None
-        results = [h for h in results if h.relevance >= floor or (asked_then is not None and within(h, asked_then))]
         results = results[query.offset : depth]
         if self._access is not None and results:
             # Counted after the reply is built, off its path: a read is not worth a round trip.
@@ -197,19 +200,21 @@ class SearchService:
             task.add_done_callback(self._touching.discard)
         return SearchReply(results=results)
 
-    def _estimate(self, text: str, hits: list[SearchHit], best: float, period: Period | None) -> list[SearchHit]:
-        """Each hit with its ``relevance``, from the ranking's signals in the ranking's order."""
+    def _estimate(self, estimate: Estimate, hits: list[SearchHit], ranked_before: int) -> list[SearchHit]:
+        """Each hit with its ``relevance``, from the ranking's signals; ``ranked_before``: how
+        many hits rank ahead of these (a hit's rank is one of its signals)."""
         signals = [
             Signals(
                 similarity=h.similarity,
                 conversation=h.found_in == "conversation",
                 text=f"{name}: {h.content}" if (name := _name(h)) else h.content,
                 name=name,
-                within=period is not None and within(h, period),
+                within=estimate.period is not None and within(h, estimate.period),
             )
             for h in hits
         ]
-        estimates = self._relevance.estimate(features(text, signals, best))
+        rows = features(estimate.query, signals, estimate.best, first_rank=ranked_before + 1)
+        estimates = self._relevance.estimate(rows)
         return [msgspec.structs.replace(h, relevance=round(r, 4)) for h, r in zip(hits, estimates, strict=True)]
 
     async def _index_and_embedding(self, text: str) -> tuple[VectorIndex, list[float]]:
@@ -235,13 +240,16 @@ class SearchService:
         candidates: list[tuple[str, tuple[str, float, float]]],
         wanted: int,
         keyword: dict[str, float],
-        period: Period | None,
+        estimate: Estimate,
+        kept: Callable[[SearchHit], bool],
     ) -> list[SearchHit]:
-        """The text comes from the read model (the index holds none), read a slice at a time in
+        """The ``wanted`` best hits that are ``kept`` (above the floor), each with its relevance.
+        The text comes from the read model (the index holds none), read a slice at a time in
         one round trip; a hit the read model does not have (yet, or any more) is left out, and
         so is one superseded meanwhile. The first slice, where the best candidates are, is
         re-ordered by the name boost: who said a turn is known only here (the index keeps no
         speakers), and a note's subject is read with it."""
+        ranked = 0
         results: list[SearchHit] = []
         # The first slice, which the name boost re-orders, is sized by the page too (see above).
         start, size = 0, max(query.top_k * 2, NAMED_WINDOW)
@@ -267,8 +275,14 @@ class SearchService:
                     )
                 )
             ]
-            results += self._reordered(query.query, hits, period) if start == 0 else hits
-            start, size = start + size, wanted * 2
+            if start == 0:
+                hits = self._reordered(query.query, hits, estimate.period)
+            # A hit's relevance depends on its rank among every hit, kept or not, so a deeper
+            # page never changes the relevance of one above it.
+            hits = self._estimate(estimate, hits, ranked)
+            ranked += len(hits)
+            results += [h for h in hits if kept(h)]
+            start, size = start + size, max(wanted * 2, NAMED_WINDOW)
         return results[:wanted]
 
     def _reordered(self, text: str, hits: list[SearchHit], period: Period | None) -> list[SearchHit]:
@@ -286,6 +300,16 @@ class SearchService:
         if period is not None:
             ranked = boost_period(ranked, {h.note_id: within(h, period) for h in hits}, self._policy.time_boost)
         return [msgspec.structs.replace(by_id[n], score=round(score, 6)) for n, score, _ in ranked]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What every hit's relevance in one search is estimated with: the query, the best cosine
+    among all its candidates and the time it names."""
+
+    query: str
+    best: float
+    period: Period | None
 
 
 def lapsed(view: NoteView, now: datetime) -> bool:

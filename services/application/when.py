@@ -20,7 +20,8 @@ _MONTH = (
 )
 _ORDINAL = r"\d{1,2}(?:st|nd|rd|th)?"
 _PHRASE = re.compile(
-    rf"\b(?:{_ORDINAL}\s+(?:of\s+)?)?{_MONTH}\b\.?(?:\s+{_ORDINAL}\b)?(?:,?\s+(?:19|20)\d\d\b)?"
+    r"\b(?:19|20)\d\d-\d\d-\d\d\b"
+    rf"|\b(?:{_ORDINAL}\s+(?:of\s+)?)?{_MONTH}\b\.?(?:\s+{_ORDINAL}\b)?(?:,?\s+(?:19|20)\d\d\b)?"
     r"|\b(?:19|20)\d\d\b"
     r"|\b(?:yesterday|today|(?:last|this|past)\s+(?:week|weekend|month|year)|\d+\s+(?:days?|weeks?|months?|years?)\s+ago"
     r"|an?\s+(?:week|month|year)\s+ago)\b",
@@ -28,6 +29,7 @@ _PHRASE = re.compile(
 )
 _MONTH_ONLY = re.compile(rf"^{_MONTH}\.?$", re.I)
 _YEAR = re.compile(r"\b(?:19|20)\d\d\b")
+_RELATIVE = re.compile(r"\b(?:ago|last|this|past)\b", re.I)
 # Before a month's name alone: what makes it a date, not a verb or a name.
 _LEAD = re.compile(r"\b(?:in|on|during|since|until|till|by|of|from|last|this|next|early|late|mid|around)\s+$", re.I)
 # The day named, and the week after it.
@@ -46,24 +48,41 @@ class Period:
     def holds(self, at: datetime) -> bool:
         if self.start is None or self.end is None:
             return at.month == self.month
-        return self.start <= at < self.end
+        # A time recorded without a zone is read as UTC, as the service writes times.
+        return self.start <= (at if at.tzinfo is not None else at.replace(tzinfo=UTC)) < self.end
 
 
 def asked_period(query: str, now: datetime) -> Period | None:
-    """The first time the query names, as a period; None when it names none."""
+    """The time the query names, as a period; several ("between March and May 2023"): from
+    the first's start to the last's end; None when it names none."""
+    periods = []
     for found in _PHRASE.finditer(query):
         text = found.group(0)
         if _MONTH_ONLY.match(text) and not _LEAD.search(query[: found.start()]):
             continue
         read = _read(text, now)
         if read is not None:
-            return read
-    return None
+            periods.append(read)
+    dated = [p for p in periods if p.start is not None and p.end is not None]
+    if len(dated) > 1:
+        return Period(min(p.start for p in dated if p.start), max(p.end for p in dated if p.end))
+    return dated[0] if dated else (periods[0] if periods else None)
 
 
-def without_times(query: str) -> str:
-    """The query without the phrases that name a time: what else it asks about."""
-    return _PHRASE.sub(" ", query)
+# Words a question about a time asks with, which say nothing of what it asks about.
+_ABOUT_NOTHING = re.compile(
+    r"\b(?:happen(?:ed|s|ing)?|do|does|did|doing|done|go|goes|went|going|gone|was|were|be|been|up\s+to)\b", re.I
+)
+
+
+def time_only(query: str) -> bool:
+    """Whether the query asks about a time and nothing else ("what did I do in May 2023?",
+    "what happened last week?"): no BM25 term is left once its times and its "did", "happen"
+    and the like are out."""
+    from engram_ledger.services.application.terms import sparse_query
+
+    rest = _ABOUT_NOTHING.sub(" ", _PHRASE.sub(" ", query))
+    return _PHRASE.search(query) is not None and not sparse_query(rest).indices
 
 
 def _read(text: str, now: datetime) -> Period | None:
@@ -79,11 +98,15 @@ def _read(text: str, now: datetime) -> Period | None:
     if period == "year":
         return Period(datetime(at.year, 1, 1, tzinfo=UTC), datetime(at.year + 1, 1, 1, tzinfo=UTC))
     if period == "month":
-        if not _YEAR.search(text) and not re.search(r"\b(?:last|this|past)\s+month\b", text, re.I):
+        # A month named without a year is that month of any year; "last month", "2 months ago"
+        # are one month.
+        if not _YEAR.search(text) and not _RELATIVE.search(text):
             return Period(month=at.month)
         start = datetime(at.year, at.month, 1, tzinfo=UTC)
         return Period(start, datetime(at.year + (at.month == 12), at.month % 12 + 1, 1, tzinfo=UTC))
     day = datetime(at.year, at.month, at.day, tzinfo=UTC)
     if period == "week":
-        return Period(day, day + timedelta(days=7))
+        # The calendar week (from Monday) the phrase falls in: "this week" is this one so far.
+        monday = day - timedelta(days=day.weekday())
+        return Period(monday, monday + timedelta(days=7))
     return Period(day - DAY_BEFORE, day + DAY_AFTER)

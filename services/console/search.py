@@ -13,6 +13,7 @@ from engram_ledger.contracts.limits import SEARCH_TOP_K_DEFAULT, SEARCH_TOP_K_MA
 from engram_ledger.contracts.model import NoteKind, NoteStatus
 from engram_ledger.contracts.queries import SearchHit
 from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.config import Settings
 from engram_ledger.services.console.auth import checked_form
 from engram_ledger.services.console.web import (
     STATUS_OF,
@@ -120,28 +121,25 @@ async def explain(
         reasons.append("its subject is not the one the search asked for.")
     if reasons:
         return reasons
-    # The floor off: a note below it is still ranked, and the explanation says which it is.
-    deeper = {**asked, "top_k": SEARCH_TOP_K_MAX, "min_relevance": 0.0}
-    for offset in range(0, EXPLAIN_DEPTH, SEARCH_TOP_K_MAX):
-        page_of = await bus.search(user, query, offset=offset, **deeper)
+    # The same search with the floor off, page by page with the page size asked (a search's
+    # candidates are sized by its page, so another size is another ranking): a note below the
+    # floor is still ranked, and the explanation says which it is.
+    floor = asked["min_relevance"] if asked["min_relevance"] is not None else Settings.from_env().min_relevance
+    size = asked["top_k"]
+    for offset in range(0, EXPLAIN_DEPTH, size):
+        page_of = await bus.search(user, query, offset=offset, **{**asked, "min_relevance": 0.0})
         for rank, hit in enumerate(page_of.results, start=offset + 1):
             if hit.note_id == note_id:
-                floor = asked["min_relevance"]
-                # Without a floor of the page's own the service's applies: a note that ranks
-                # within the page, or is left out of a page that is not full, fell below it.
-                under = (
-                    hit.relevance < floor if floor is not None else rank <= asked["top_k"] or len(hits) < asked["top_k"]
-                )
                 below = (
-                    f"its relevance is below the floor{'' if floor is None else f' ({floor:g})'}"
-                    if under
+                    f"its relevance is below the floor ({floor:g})"
+                    if hit.relevance < floor
                     else f"below the {asked['top_k']} shown"
                 )
                 return [
                     f"{note_id} ranks #{rank} (relevance {hit.relevance:.2f}, score {hit.score:.3f}, "
                     f"cosine {hit.similarity:.3f}, keyword {hit.keyword:.2f}): {below}."
                 ]
-        if len(page_of.results) < SEARCH_TOP_K_MAX:
+        if len(page_of.results) < size:
             break
     if asked["kind"] is not None:
         return [f"{note_id} is not a {asked['kind'].value}, or is not among the {EXPLAIN_DEPTH} best matches."]

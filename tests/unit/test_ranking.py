@@ -18,7 +18,7 @@ from engram_ledger.services.application.ranking import (
     words,
 )
 from engram_ledger.services.application.vector_index import IndexHit
-from engram_ledger.services.application.when import Period, asked_period
+from engram_ledger.services.application.when import Period, asked_period, time_only
 
 
 def hit(note_id: str, score: float, context: bool = False) -> IndexHit:
@@ -141,3 +141,29 @@ def test_the_time_a_query_names_is_read_as_a_period() -> None:
     assert week is not None and week.holds(datetime(2026, 11, 21, tzinfo=UTC)) and not week.holds(now)
     for nothing in ("Who is my boss?", "May I ask what Caroline likes?", "What did Melanie paint?"):
         assert asked_period(nothing, now) is None, nothing
+
+
+def test_dates_weeks_and_spans_are_read_as_what_a_person_means() -> None:
+    now = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)  # a Friday
+    iso = asked_period("what did I do on 2023-05-14?", now)
+    assert (
+        iso is not None
+        and iso.holds(datetime(2023, 5, 14, 9, tzinfo=UTC))
+        and not iso.holds(datetime(2023, 6, 1, tzinfo=UTC))
+    )
+    ago = asked_period("who did I meet 2 months ago?", now)
+    assert ago == Period(datetime(2026, 9, 1, tzinfo=UTC), datetime(2026, 10, 1, tzinfo=UTC)), (
+        "that month, not every September"
+    )
+    this_week = asked_period("what happened this week?", now)
+    assert this_week is not None and this_week.holds(now) and this_week.holds(datetime(2026, 11, 23, tzinfo=UTC))
+    span = asked_period("what did I read between March 2023 and May 2023?", now)
+    assert span == Period(datetime(2023, 3, 1, tzinfo=UTC), datetime(2023, 6, 1, tzinfo=UTC))
+    # A time recorded without a zone is read as UTC rather than refused.
+    assert span.holds(datetime(2023, 4, 2, 10, 0))
+
+
+def test_a_question_about_a_time_alone_is_told_from_one_about_something_then() -> None:
+    assert time_only("What did I do in May 2023?") and time_only("What happened last week?")
+    assert not time_only("What did Melanie paint in October 2023?")
+    assert not time_only("Who is my boss?"), "no time at all"
