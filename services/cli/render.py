@@ -243,7 +243,9 @@ def _version(v: VersionView) -> Text:
 
 
 def _note_line(view: NoteView, *, extra: Iterable[str] = ()) -> Text:
-    facts = [*extra, view.category, f"v{view.version}"]
+    # When it happened, if that is not when it was saved: a search naming a time goes by it.
+    happened = [f"happened {when(view.occurred_at)}"] if view.occurred_at is not None else []
+    facts = [*extra, view.category, f"v{view.version}", *happened]
     line = Text.assemble("[id:", _id(view.id), "] ", (f"({', '.join(facts)})", DIM), " ")
     status = _status(view)
     if status is not None:

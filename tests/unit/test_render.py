@@ -156,6 +156,13 @@ def test_long_text_is_cut_with_a_marker_and_a_listing_keeps_one_line_a_note() ->
     assert render.notes([view()], 7).plain.splitlines()[-1] == "… 6 more"
 
 
+def test_a_note_that_happened_before_it_was_saved_says_when() -> None:
+    hike = view(content="Hiked in the Alps", subject=None, occurred_at=datetime(2023, 5, 14, tzinfo=UTC))
+    assert (
+        render.notes([hike]).plain == "[id:AAAAAAAA] (person, v1, happened 2023-05-14 00:00:00 UTC) Hiked in the Alps"
+    )
+
+
 def test_control_characters_are_shown_not_sent_to_the_terminal() -> None:
     assert render.cut("a\x1b[31mred\x07", 100) == "a\\x1b[31mred\\x07"
     assert render.cut("tab\tand\nnewline", 100) == "tab\tand\nnewline"
