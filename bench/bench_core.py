@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -26,9 +29,30 @@ from engram_ledger.contracts import channels
 from engram_ledger.projections.history_reader import HistoryReader
 from engram_ledger.services.adapters.crypto import load_master_key
 from engram_ledger.services.adapters.redis_server import RedisServer
+from engram_ledger.services.bootstrap import Engram, build
 from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.bus.requester import BusRequester
+from engram_ledger.services.config import Settings
 from tests.support import ROOT, ServeProcess, engram_env
+
+
+@contextlib.asynccontextmanager
+async def service_in_process(**settings: Any) -> AsyncIterator[tuple[Engram, Settings]]:
+    """The real service in this process, on a private redis-server and a temporary data dir
+    (``settings``: the rest of its ``Settings``), started and ready; stopped after."""
+    with tempfile.TemporaryDirectory() as tmp:
+        server = RedisServer(Path(tmp) / "redis").start()
+        configured = Settings(redis_url=server.url, redis_url_configured=True, data_dir=Path(tmp), **settings)
+        app = build(configured)
+        ready = asyncio.Event()
+        serving = asyncio.create_task(app.run(ready))
+        try:
+            await asyncio.wait_for(ready.wait(), 60)
+            yield app, configured
+        finally:
+            app.stopping.set()
+            await serving
+            server.stop()
 
 
 def pct(values: list[float], q: float) -> float:

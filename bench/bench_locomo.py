@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from tqdm import tqdm
 
-from bench.bench_core import pct, summary
+from bench.bench_core import pct, service_in_process, summary
 from bench.bench_search import encode_floor, index_position
 from bench.locomo import Conversation, load
 from engram_ledger.contracts import channels
@@ -57,10 +56,8 @@ from engram_ledger.contracts.commands import MessageDraft, NoteDraft
 from engram_ledger.contracts.queries import NotesWritten, SearchNotes, SearchReply
 from engram_ledger.projections.index import indexed_text
 from engram_ledger.services.adapters.embedder import load_model, model_path
-from engram_ledger.services.adapters.redis_server import RedisServer
 from engram_ledger.services.application.ranking import RankingPolicy
 from engram_ledger.services.application.search import SearchService
-from engram_ledger.services.bootstrap import build
 from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.config import Settings
 
@@ -344,26 +341,16 @@ async def main() -> None:
     embedded: set[str] = set()
     floors: dict[tuple[str, ...], float] = {}
     timings: dict[str, Timed] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        server = RedisServer(Path(tmp) / "redis").start()
-        settings = Settings(
-            redis_url=server.url,
-            redis_url_configured=True,
-            data_dir=Path(tmp),
-            search_policy=policy,
-            encoder=env.encoder,
-            model_cache=env.model_cache,
-        )
-        app = build(settings)
-        ready = asyncio.Event()
-        serving = asyncio.create_task(app.run(ready))
-        redis = aioredis.Redis.from_url(server.url)
+    async with service_in_process(search_policy=policy, encoder=env.encoder, model_cache=env.model_cache) as (
+        app,
+        settings,
+    ):
+        redis = aioredis.Redis.from_url(settings.redis_url)
         try:
-            await asyncio.wait_for(ready.wait(), 60)
             assert app.index is not None
             await app.index.embedder.start()
             rankings = {"cosine": COSINE, "bm25": BM25, "old engram": OLD_ENGRAM}
-            async with EngramClient(server.url, timeout=120) as client:
+            async with EngramClient(settings.redis_url, timeout=120) as client:
                 for mode in modes:
                     conversational = mode == "turns"
                     texts = tuple(d.text for c in convs for d in documents(mode, c))
@@ -398,9 +385,6 @@ async def main() -> None:
                     results["modes"][mode] = {"ingest": ingested, "rankings": tables, "unmapped_hits": unmapped_hits}
         finally:
             await redis.aclose()
-            app.stopping.set()
-            await serving
-            server.stop()
 
     cold = [t for timed in timings.values() for t in timed.cold]
     encode = [t for timed in timings.values() for t in timed.encode]

@@ -17,19 +17,18 @@ import argparse
 import asyncio
 import contextlib
 import json
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from bench.bench_core import service_in_process
 from bench.corpus import notes as filler_notes
 from engram_ledger.contracts.commands import NoteDraft
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.queries import SearchNotes
-from engram_ledger.services.adapters.redis_server import RedisServer
 from engram_ledger.services.application.ranking import FUSION_METHODS, RankingPolicy
 from engram_ledger.services.application.search import SearchService
-from engram_ledger.services.bootstrap import Engram, build
+from engram_ledger.services.bootstrap import Engram
 from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.config import Settings
 
@@ -106,30 +105,13 @@ async def devset_service(
     """The real service in this process (a private redis-server, Qdrant Edge and MiniLM in a
     temporary data dir) with the dev set saved among ``filler`` notes per user and indexed;
     yields it, its settings and the dev set's note ids."""
-    with tempfile.TemporaryDirectory() as tmp:
-        server = RedisServer(Path(tmp) / "redis").start()
-        # ENGRAM_ENCODER (onnx, onnx-int8, torch) and ENGRAM_MODEL_CACHE are taken from the environment.
-        env = Settings.from_env()
-        settings = Settings(
-            redis_url=server.url,
-            redis_url_configured=True,
-            data_dir=Path(tmp),
-            encoder=env.encoder,
-            model_cache=env.model_cache,
-        )
-        app = build(settings)
-        ready = asyncio.Event()
-        serving = asyncio.create_task(app.run(ready))
-        try:
-            await asyncio.wait_for(ready.wait(), 60)
-            async with EngramClient(server.url, timeout=120) as client:
-                ids, token = await load(client, devset, filler)
-                await wait_for_index(client, devset["users"][0]["user"], token)
-            yield app, settings, ids
-        finally:
-            app.stopping.set()
-            await serving
-            server.stop()
+    # ENGRAM_ENCODER (onnx, onnx-int8, torch) and ENGRAM_MODEL_CACHE are taken from the environment.
+    env = Settings.from_env()
+    async with service_in_process(encoder=env.encoder, model_cache=env.model_cache) as (app, settings):
+        async with EngramClient(settings.redis_url, timeout=120) as client:
+            ids, token = await load(client, devset, filler)
+            await wait_for_index(client, devset["users"][0]["user"], token)
+        yield app, settings, ids
 
 
 async def main() -> None:

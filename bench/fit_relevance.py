@@ -30,26 +30,24 @@ import argparse
 import asyncio
 import json
 import math
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import redis.asyncio as aioredis
 from tqdm import tqdm
 
+from bench.bench_core import service_in_process
 from bench.bench_locomo import MODES, TOP_K, ingest, user_id
 from bench.bench_quality import DEVSET, wait_for_index
 from bench.bench_quality import load as load_devset
 from bench.locomo import Conversation, load
 from engram_ledger.contracts.queries import SearchNotes
-from engram_ledger.services.adapters.redis_server import RedisServer
 from engram_ledger.services.application.relevance import FEATURES, RelevanceModel, Signals, features
 from engram_ledger.services.application.search import Estimate, SearchService, _name, within
 from engram_ledger.services.application.when import Period, asked_period
-from engram_ledger.services.bootstrap import build
 from engram_ledger.services.bus.client import EngramClient
-from engram_ledger.services.config import Settings
 
 L2 = 1.0
 FILLER = 200  # bench_quality's default: notes per dev set user around its facts
@@ -79,20 +77,12 @@ def _signals(hit: Any, period: Period | None) -> dict[str, Any]:
 async def collect(convs: list[Conversation]) -> list[dict[str, Any]]:
     """One record per question asked: mode, conversation, own or other, the hits' signals and labels."""
     records: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        server = RedisServer(Path(tmp) / "redis").start()
-        settings = Settings(redis_url=server.url, redis_url_configured=True, data_dir=Path(tmp))
-        app = build(settings)
-        ready = asyncio.Event()
-        serving = asyncio.create_task(app.run(ready))
-        import redis.asyncio as aioredis
-
-        redis = aioredis.Redis.from_url(server.url)
+    async with service_in_process() as (app, settings):
+        assert app.index is not None
+        redis = aioredis.Redis.from_url(settings.redis_url)
         try:
-            await asyncio.wait_for(ready.wait(), 60)
-            assert app.index is not None
             service = capturing(SearchService(app.index, app.history, 30.0, clock=lambda: NOW))
-            async with EngramClient(server.url, timeout=120) as client:
+            async with EngramClient(settings.redis_url, timeout=120) as client:
                 for mode in MODES:
                     corpus, _ = await ingest(client, redis, mode, convs)
                     await client.search(corpus.users[convs[0].name], "warm up", after=corpus.token)
@@ -135,9 +125,6 @@ async def collect(convs: list[Conversation]) -> list[dict[str, Any]]:
                 records += await ask_devset(client, service, convs)
         finally:
             await redis.aclose()
-            app.stopping.set()
-            await serving
-            server.stop()
     return records
 
 

@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from xml.sax.saxutils import escape, quoteattr
 
+import msgspec
+
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.limits import LIST_NOTES_MAX, MAX_CONTEXT_TOKENS
 from engram_ledger.contracts.model import NoteKind, NoteView
@@ -188,26 +190,18 @@ class ContextService:
             # The caller's token holds for the index too: what it just saved can be relevant.
             # The search's floor holds here too: a note below it is not relevant to the query,
             # and an episode below it is not shown.
-            found = await self._search.search(
-                SearchNotes(
-                    user_id=query.user_id,
-                    query=query.query,
-                    top_k=20,
-                    after=query.after,
-                    min_relevance=query.min_relevance,
-                )
+            asked = SearchNotes(
+                user_id=query.user_id,
+                query=query.query,
+                top_k=20,
+                after=query.after,
+                min_relevance=query.min_relevance,
             )
+            found = await self._search.search(asked)
             relevance = {h.note_id: h.score for h in found.results}
             if query.format == "xml":
-                hits = await self._search.search(
-                    SearchNotes(
-                        user_id=query.user_id,
-                        query=query.query,
-                        top_k=3,
-                        kind=NoteKind.EPISODE,
-                        min_relevance=query.min_relevance,
-                    )
-                )
+                episode = msgspec.structs.replace(asked, top_k=3, kind=NoteKind.EPISODE, after=None)
+                hits = await self._search.search(episode)
                 episodes = [h.note for h in hits.results if h.note is not None]
         return await asyncio.to_thread(self._compose, query, notes, relevance, episodes)
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from engram_ledger.services.application.terms import sparse_query
+
 _MONTH = (
     r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?"
     r"|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)"
@@ -79,8 +81,6 @@ def time_only(query: str) -> bool:
     """Whether the query asks about a time and nothing else ("what did I do in May 2023?",
     "what happened last week?"): no BM25 term is left once its times and its "did", "happen"
     and the like are out."""
-    from engram_ledger.services.application.terms import sparse_query
-
     rest = _ABOUT_NOTHING.sub(" ", _PHRASE.sub(" ", query))
     return _PHRASE.search(query) is not None and not sparse_query(rest).indices
 
