@@ -223,6 +223,11 @@ class HistoryKeys(GenerationKeys):
         """The sessions a user has spoken in (an erasure of the user drops their listings)."""
         return f"{self.prefix}sessions:{part(user_id)}"
 
+    def changed(self, user_id: str) -> str:
+        """When each of a user's notes last changed (note id -> milliseconds): the notes a
+        reading of the past cannot take as they are now."""
+        return f"{self.prefix}changed:{part(user_id)}"
+
 
 class IndexKeys(GenerationKeys):
     """The vector index projection's own state (projections/index.py) of one partition and

@@ -112,6 +112,17 @@ class SupersedeNote(Command, tag="supersede_note", frozen=True, kw_only=True):
     superseded_by: NoteId
 
 
+class RevertNote(Command, tag="revert_note", frozen=True, kw_only=True):
+    """Undo as a new version: the note gets the content and fields it had at ``to_version``
+    (``NoteReverted``); its history keeps every version. Reverting a superseded note to a
+    version before its supersede brings it back to the active set. A forgotten note cannot be
+    reverted (its content is gone with its key). ``expected_version``: the note's current
+    version, else ``VERSION_CONFLICT``."""
+
+    note_id: NoteId
+    to_version: Annotated[int, msgspec.Meta(ge=1)]
+
+
 class PutNote(Command, tag="put_note", frozen=True, kw_only=True):
     """Put a structured value under a caller-chosen ``key`` in ``category`` (an upsert, as a
     key-value store's put): the first put saves a note (``NoteSaved``, version 1), a later put
@@ -242,6 +253,7 @@ AnyCommand = (
     | PutNote
     | UpdateNote
     | SupersedeNote
+    | RevertNote
     | RecordMessage
     | RecordMessages
     | RetractMessage

@@ -67,6 +67,25 @@ class NoteUpdated(Event, tag="note_updated", frozen=True, kw_only=True):
     expiry_cleared: bool = False
 
 
+class NoteReverted(Event, tag="note_reverted", frozen=True, kw_only=True):
+    """A note was given back the content and fields it had at ``to_version`` (``RevertNote``):
+    the fields below are its values from now on; ``status`` is ``active`` again if the revert
+    undid a supersede."""
+
+    to_version: int
+    content: str
+    category: str
+    subject: str | None
+    confidence: float
+    importance: float
+    # A keyed note's value at ``to_version``, as JSON text (sealed).
+    value: str | None = None
+    # Whether the note returns to the active set (it was superseded, and was not then), and
+    # the note that had superseded it.
+    reactivated: bool = False
+    replaced_by: str | None = None
+
+
 class NoteRenewed(Event, tag="note_renewed", frozen=True, kw_only=True):
     """A note's time to live started again (``RenewNote``): it now expires at ``expires_at``."""
 
@@ -158,6 +177,7 @@ AnyEvent = (
     NoteSaved
     | NoteUpdated
     | NoteSuperseded
+    | NoteReverted
     | NoteRenewed
     | MessageRecorded
     | MessageRetracted

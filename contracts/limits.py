@@ -143,6 +143,18 @@ def parse_time(text: str) -> datetime:
     return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
+AsOf = Annotated[
+    str,
+    msgspec.Meta(
+        max_length=64,
+        pattern=r"^([0-9]+:[0-9]+-[0-9]+|[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9:.]+)?(Z|[+-][0-9]{2}:?[0-9]{2})?)$",
+        description=(
+            "A moment in the past: an ISO 8601 time (without a zone it is UTC; a date alone is "
+            "that day's start) or a consistency token a command returned "
+            "('<partition>:<log entry id>'): the moment right after that write."
+        ),
+    ),
+]
 Token = Annotated[
     str,
     msgspec.Meta(

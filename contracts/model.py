@@ -112,3 +112,27 @@ class VersionView(msgspec.Struct, frozen=True, kw_only=True):
     superseded_by: str | None = None
     # A keyed note's value at this version.
     value: dict[str, Any] | None = None
+    # The log position of the change ('<ms>-<seq>'): a consistency token names a moment exactly
+    # by it. None in histories recorded before positions were kept.
+    position: str | None = None
+    # The rest of the note as it was from this version on (None in histories recorded before
+    # these were kept: the note's current values stand in).
+    confidence: float | None = None
+    importance: float | None = None
+    expires_at: datetime | None = None
+    # A revert: the version whose content and fields this one restored.
+    reverted_to: int | None = None
+
+
+class NoteChange(msgspec.Struct, frozen=True, kw_only=True):
+    """One change of a note between two moments (``DiffNotes``): ``change`` is ``saved``,
+    ``updated``, ``superseded``, ``reverted`` or ``forgotten``; ``before`` is the note as it was
+    just before (None for a save), ``after`` as it was right after (None for a forget: its
+    content is gone with its key)."""
+
+    note_id: str
+    change: str
+    version: int
+    at: datetime
+    before: VersionView | None = None
+    after: VersionView | None = None

@@ -23,6 +23,7 @@ from engram_ledger.contracts.limits import (
     SEARCH_DEPTH_MAX,
     SEARCH_TOP_K_DEFAULT,
     SEARCH_TOP_K_MAX,
+    AsOf,
     AwareTime,
     Category,
     Key,
@@ -33,7 +34,7 @@ from engram_ledger.contracts.limits import (
     UnitInterval,
     UserId,
 )
-from engram_ledger.contracts.model import MessageView, NoteKind, NoteView, VersionView
+from engram_ledger.contracts.model import MessageView, NoteChange, NoteKind, NoteView, VersionView
 
 
 class Query(Message, frozen=True, kw_only=True):
@@ -44,9 +45,12 @@ class Query(Message, frozen=True, kw_only=True):
 
 
 class GetNote(Query, tag="get_note", frozen=True, kw_only=True):
-    """One note, in its current version (superseded notes included)."""
+    """One note, in its current version (superseded notes included). With ``as_of``: the note
+    as it was at that moment (``MEMORY_NOT_FOUND`` if it was saved later); a note forgotten
+    since is its tombstone, never its old content."""
 
     note_id: NoteId
+    as_of: AsOf | None = None
 
 
 class GetNoteByKey(Query, tag="get_note_by_key", frozen=True, kw_only=True):
@@ -85,6 +89,20 @@ class ListNotes(Query, tag="list_notes", frozen=True, kw_only=True):
     # ``limit`` the page holds LIST_NOTES_MAX notes at most: a listing is never unbounded.
     offset: Annotated[int, msgspec.Meta(ge=0)] = 0
     limit: Annotated[int, msgspec.Meta(ge=1, le=LIST_NOTES_MAX)] | None = None
+    # What the memory held at that moment: the notes active then (superseded then, with
+    # ``include_superseded``), each as it was then, in the same order; notes saved later are
+    # absent; a note forgotten since, listed then, is its tombstone (status ``forgotten``).
+    as_of: AsOf | None = None
+
+
+class DiffNotes(Query, tag="diff_notes", frozen=True, kw_only=True):
+    """What changed in the user's notes between two moments, oldest first: each save, update
+    (before and after), supersede, revert and forget after ``since`` and at or before ``until``
+    (None: now). At most ``limit`` changes; ``truncated`` in the reply says more followed."""
+
+    since: AsOf
+    until: AsOf | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=LIST_NOTES_MAX)] = 200
 
 
 class ListCategories(Query, tag="list_categories", frozen=True, kw_only=True):
@@ -180,6 +198,7 @@ AnyQuery = (
     | ListMessages
     | SearchNotes
     | BuildContext
+    | DiffNotes
 )
 
 
@@ -252,6 +271,13 @@ class NotesReply(Message, tag="notes", frozen=True, kw_only=True):
 
     notes: list[NoteView]
     total: int
+
+
+class DiffReply(Message, tag="diff", frozen=True, kw_only=True):
+    """Answer to ``DiffNotes``: the changes in the order they happened."""
+
+    changes: list[NoteChange]
+    truncated: bool = False
 
 
 class CategoriesReply(Message, tag="categories", frozen=True, kw_only=True):
@@ -357,10 +383,19 @@ AnyReply = (
     | SearchReply
     | ForgetReply
     | ContextReply
+    | DiffReply
     | ErrorReply
 )
 
 CommandReply = NoteWritten | NotesWritten | ForgetReply | ErrorReply
 QueryReply = (
-    NoteReply | HistoryReply | NotesReply | CategoriesReply | MessagesReply | SearchReply | ContextReply | ErrorReply
+    NoteReply
+    | HistoryReply
+    | NotesReply
+    | CategoriesReply
+    | MessagesReply
+    | SearchReply
+    | ContextReply
+    | DiffReply
+    | ErrorReply
 )

@@ -29,6 +29,7 @@ from engram_ledger.contracts.events import (
     MessageRecorded,
     MessageRetracted,
     NoteForgotten,
+    NoteReverted,
     NoteSaved,
     NoteSuperseded,
     SessionForgotten,
@@ -38,6 +39,8 @@ from engram_ledger.contracts.events import (
 from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView, VersionView
 from engram_ledger.projections.history_model import (
     add_supersedes,
+    changed_score,
+    drop_supersedes,
     evolve_view,
     keyed_field,
     message_view,
@@ -87,6 +90,8 @@ class _Writes(msgspec.Struct):
     digests: dict[str, str] = msgspec.field(default_factory=dict)
     # Each touched note's data key (None: forgotten), to seal what is written.
     ciphers: dict[tuple[str, str], Any] = msgspec.field(default_factory=dict)
+    # When each note written last changed (``HistoryKeys.changed``), per user.
+    changed: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
 
 
 class HistoryProjection(GenerationalProjection[_Writes]):
@@ -185,6 +190,8 @@ class HistoryProjection(GenerationalProjection[_Writes]):
                 pipe.zadd(name, {message_id: score})
         for user_id, listings in writes.sessions.items():
             pipe.sadd(keys.sessions(user_id), *listings)  # relative names: a rebuild's keys match
+        for user_id, scores in writes.changed.items():
+            pipe.zadd(keys.changed(user_id), scores)  # type: ignore[arg-type]
 
     async def make_live(self, previous: int) -> bool:
         """Switch queries to this generation if ``previous`` is still live; then drop the old one."""
@@ -222,6 +229,8 @@ def _touched(batch: Sequence[LogEntry]) -> tuple[dict[tuple[str, str], None], di
         notes[(event.user_id, event.note_id)] = None
         if isinstance(event, NoteSuperseded):
             notes[(event.user_id, event.superseded_by)] = None
+        if isinstance(event, NoteReverted) and event.replaced_by is not None:
+            notes[(event.user_id, event.replaced_by)] = None
     return notes, messages
 
 
@@ -254,8 +263,9 @@ def _fold(
                     writes.views.pop(key, None)
                     writes.messages.pop(key, None)
                     views.pop(key, None)
-            writes.erased |= {keys.order(user, True), keys.order(user, False), keys.recent(user)}
+            writes.erased |= {keys.order(user, True), keys.order(user, False), keys.recent(user), keys.changed(user)}
             writes.stale_members.pop(user, None)
+            writes.changed.pop(user, None)
             continue
         if isinstance(event, SessionForgotten):
             said_key = keys.said(event.user_id, event.session_id)
@@ -296,20 +306,27 @@ def _fold(
             writes.stale_members.setdefault(event.user_id, set()).add(order_member(current))
         views[key] = view
         writes.views[key] = view
+        writes.changed.setdefault(event.user_id, {})[event.note_id] = changed_score(event, entry.position)
         if isinstance(event, NoteForgotten):
             writes.versions.pop((event.user_id, event.note_id), None)
             writes.dropped.add(keys.versions(event.user_id, event.note_id))
             if current is not None:
                 writes.stale_members.setdefault(event.user_id, set()).add(order_member(current))
             continue
-        writes.versions.setdefault((event.user_id, event.note_id), {})[str(event.version)] = version_entry(view, event)
-        if isinstance(event, NoteSuperseded):
-            other_key = keys.note(event.user_id, event.superseded_by)
-            other = views.get(other_key)
-            if other is not None:
+        entry_ = version_entry(view, event, entry.position)
+        writes.versions.setdefault((event.user_id, event.note_id), {})[str(event.version)] = entry_
+        replacement = event.superseded_by if isinstance(event, NoteSuperseded) else None
+        if isinstance(event, NoteReverted):
+            replacement = event.replaced_by
+        other_key = keys.note(event.user_id, replacement) if replacement is not None else None
+        other = views.get(other_key) if other_key is not None else None
+        if other_key is not None and other is not None:
+            if isinstance(event, NoteSuperseded):
                 other = add_supersedes(other, event.note_id)
-                views[other_key] = other
-                writes.views[other_key] = other
+            else:
+                other = drop_supersedes(other, event.note_id)
+            views[other_key] = other
+            writes.views[other_key] = other
     return writes
 
 

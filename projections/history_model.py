@@ -15,6 +15,7 @@ from engram_ledger.contracts.events import (
     MessageRetracted,
     NoteForgotten,
     NoteRenewed,
+    NoteReverted,
     NoteSaved,
     NoteSuperseded,
     NoteUpdated,
@@ -107,6 +108,19 @@ def evolve_view(view: NoteView | None, event: AnyEvent) -> NoteView:
             status=NoteStatus.SUPERSEDED,
             superseded_by=event.superseded_by,
         )
+    if isinstance(event, NoteReverted):
+        reverted: dict[str, Any] = {
+            "content": event.content,
+            "category": event.category,
+            "subject": event.subject,
+            "confidence": event.confidence,
+            "importance": event.importance,
+        }
+        if view.key is not None:
+            reverted["value"] = _object(event.value)
+        if event.reactivated:
+            reverted |= {"status": NoteStatus.ACTIVE, "superseded_by": None}
+        return msgspec.structs.replace(view, version=event.version, updated_at=event.at, **reverted)
     if isinstance(event, NoteRenewed):
         return msgspec.structs.replace(view, version=event.version, expires_at=event.expires_at)
     if isinstance(event, ForgetRequested | ForgetExpired):
@@ -137,6 +151,13 @@ def tombstone(view: NoteView, event: NoteForgotten) -> NoteView:
     )
 
 
+def drop_supersedes(view: NoteView, old_note_id: str) -> NoteView:
+    """The replacement no longer supersedes a note brought back by a revert."""
+    if old_note_id not in view.supersedes:
+        return view
+    return msgspec.structs.replace(view, supersedes=[n for n in view.supersedes if n != old_note_id])
+
+
 def add_supersedes(view: NoteView, old_note_id: str) -> NoteView:
     """The replacement note learns which note it supersedes (a set: applying twice is harmless)."""
     if old_note_id in view.supersedes:
@@ -148,6 +169,7 @@ CHANGE_NAMES = {
     NoteSaved: "saved",
     NoteUpdated: "updated",
     NoteSuperseded: "superseded",
+    NoteReverted: "reverted",
     NoteRenewed: "renewed",
     ForgetRequested: "forget_requested",
     ForgetExpired: "forget_expired",
@@ -155,7 +177,9 @@ CHANGE_NAMES = {
 }
 
 
-def version_entry(view: NoteView, event: AnyEvent) -> VersionView:
+def version_entry(view: NoteView, event: AnyEvent, position: str | None = None) -> VersionView:
+    """The history's entry of the version ``event`` made, ``view`` being the note after it;
+    ``position``: the event's place in the log."""
     return VersionView(
         version=event.version,
         change=CHANGE_NAMES[type(event)],
@@ -168,6 +192,11 @@ def version_entry(view: NoteView, event: AnyEvent) -> VersionView:
         origin=event.origin,
         superseded_by=view.superseded_by,
         value=view.value,
+        position=position,
+        confidence=view.confidence,
+        importance=view.importance,
+        expires_at=view.expires_at,
+        reverted_to=event.to_version if isinstance(event, NoteReverted) else None,
     )
 
 
@@ -191,6 +220,14 @@ def order_member(view: NoteView) -> bytes:
     then id. Sorting these bytes is the deterministic order requirements §3 needs for prompt caching."""
     ms = int(view.created_at.timestamp() * 1000)
     return f"{view.category}\x00{ms:015d}\x00{view.id}".encode()
+
+
+def changed_score(event: AnyEvent, position: str) -> float:
+    """When a note changed, for ``HistoryKeys.changed`` (milliseconds): the later of the event's
+    time and its log position's, so a reading of a moment before either (by time or by token)
+    finds the note among those changed since."""
+    ms, _ = position.split("-")
+    return float(max(int(event.at.timestamp() * 1000), int(ms)))
 
 
 def recent_score(view: NoteView) -> float:

@@ -25,6 +25,7 @@ from engram_ledger.projections.history_records import (
 )
 from engram_ledger.projections.tracking import CheckpointReader, read_position
 from engram_ledger.services.adapters.crypto import KeyedFields, MasterKey, RecordKeys
+from engram_ledger.services.application.as_of import Listed
 
 
 def _under(category: str, prefix: str) -> bool:
@@ -276,6 +277,53 @@ class HistoryReader(CheckpointReader):
             pipe.zcard(keys.recent(user_id))
             members, total = await pipe.execute()
         return await self._views(keys, user_id, [m.decode() for m in members]), int(total)
+
+    def partition_of(self, user_id: str) -> int:
+        return channels.partition_of(user_id, self.partitions)
+
+    async def histories(self, user_id: str, note_ids: Sequence[str]) -> dict[str, tuple[NoteView, list[VersionView]]]:
+        if not note_ids:
+            return {}
+        keys = await self._keys(user_id)
+        wrapped_names = self._wrapped(user_id, note_ids)
+        # GETs, not MGETs: a Redis Cluster pipeline refuses multi-key commands.
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for note_id, wrapped_name in zip(note_ids, wrapped_names, strict=True):
+                pipe.get(keys.note(user_id, note_id))
+                pipe.get(wrapped_name)
+                pipe.hgetall(keys.versions(user_id, note_id))
+            raws = await pipe.execute()
+        found = {}
+        for j, note_id in enumerate(note_ids):
+            raw_view, wrapped, raw_versions = raws[3 * j : 3 * j + 3]
+            view = self._note(user_id, note_id, raw_view, wrapped)
+            if view is None:
+                continue
+            key = self._data_keys.of(wrapped, user_id, note_id)
+            opened = (
+                VERSIONS.open(v, key, version_label(user_id, note_id, n.decode())) for n, v in raw_versions.items()
+            )
+            found[note_id] = view, sorted((v for v in opened if v is not None), key=lambda v: v.version)
+        return found
+
+    async def changed_since(self, user_id: str, ms: int) -> list[str]:
+        keys = await self._keys(user_id)
+        return [m.decode() for m in await self._redis.zrangebyscore(keys.changed(user_id), ms, "+inf")]
+
+    async def listing(self, user_id: str, include_superseded: bool) -> list[Listed]:
+        keys = await self._keys(user_id)
+        members = await self._redis.zrange(keys.order(user_id, include_superseded), 0, -1)
+        listed = []
+        for member in members:
+            category, created, note_id = member.split(b"\x00")
+            listed.append(Listed(category.decode(), int(created), note_id.decode()))
+        return listed
+
+    async def expired_by(self, user_id: str, ms: int) -> list[str]:
+        p = channels.partition_of(user_id, self.partitions)
+        mine = saga_member(user_id, "")
+        due = await self._redis.zrangebyscore(SagaKeys(p).expiries, "-inf", ms)
+        return [m.decode()[len(mine) :] for m in due if m.decode().startswith(mine)]
 
     async def _views(self, keys: HistoryKeys, user_id: str, ids: list[str]) -> list[NoteView]:
         return [v for v in await self._notes(keys, user_id, ids) if v is not None]

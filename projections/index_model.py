@@ -18,6 +18,7 @@ from engram_ledger.contracts.events import (
     MessageRecorded,
     MessageRetracted,
     NoteForgotten,
+    NoteReverted,
     NoteSaved,
     NoteSuperseded,
     NoteUpdated,
@@ -213,6 +214,12 @@ def _apply(
             changes.texts[key] = (event.user_id, event.note_id, event.content)
         elif renamed:
             changes.retext[key] = (event.user_id, event.note_id)
+    elif isinstance(event, NoteReverted):
+        meta.category = event.category
+        meta.status = "active"
+        meta.subject_key = subject_key(event.user_id, event.subject)
+        changes.names[key] = event.subject
+        changes.texts[key] = (event.user_id, event.note_id, event.content)
     elif isinstance(event, NoteSuperseded):
         meta.status = "superseded"
     elif isinstance(event, NoteForgotten | MessageRetracted):

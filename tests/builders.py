@@ -57,6 +57,8 @@ TAGS = [
     "save_notes",
     "update_note",
     "supersede_note",
+    "revert_note",
+    "diff_notes",
     "record_message",
     "request_forget",
     "nope",

@@ -15,6 +15,7 @@ import msgspec
 
 from engram_ledger.contracts.events import AnyEvent
 from engram_ledger.contracts.model import MessageView, NoteView, VersionView
+from engram_ledger.services.application.as_of import Listed
 from engram_ledger.services.domain.appends import StreamAppend
 from engram_ledger.services.domain.note import NoteState
 
@@ -205,6 +206,22 @@ class NoteHistory(Protocol):
 
     async def list_recent(self, user_id: str, limit: int) -> tuple[list[NoteView], int]:
         """The most recently used notes and how many notes the user has."""
+
+    def partition_of(self, user_id: str) -> int:
+        """The partition whose log holds the user's changes (a token's positions compare there)."""
+
+    async def histories(self, user_id: str, note_ids: Sequence[str]) -> dict[str, tuple[NoteView, list[VersionView]]]:
+        """``history`` of several notes in one round trip (unknown ones left out)."""
+
+    async def changed_since(self, user_id: str, ms: int) -> list[str]:
+        """The user's notes changed at or after ``ms`` (milliseconds since the epoch), forgotten
+        ones included: those a reading of the past cannot take as they are now."""
+
+    async def listing(self, user_id: str, include_superseded: bool) -> list[Listed]:
+        """The user's listing as it is now (``list_notes``' order), by place only."""
+
+    async def expired_by(self, user_id: str, ms: int) -> list[str]:
+        """The user's notes whose time to live had run out by ``ms`` and that are not forgotten yet."""
 
 
 class AccessStats(Protocol):

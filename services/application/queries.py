@@ -9,13 +9,16 @@ from typing import Any
 
 import msgspec
 
+from engram_ledger.contracts.channels import parse_entry_id
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.limits import LIST_NOTES_MAX
-from engram_ledger.contracts.model import NoteStatus, NoteView
+from engram_ledger.contracts.model import NoteChange, NoteStatus, NoteView
 from engram_ledger.contracts.queries import (
     AnyQuery,
     BuildContext,
     CategoriesReply,
+    DiffNotes,
+    DiffReply,
     GetHistory,
     GetNote,
     GetNoteByKey,
@@ -29,6 +32,15 @@ from engram_ledger.contracts.queries import (
     NotesReply,
     QueryReply,
     SearchNotes,
+)
+from engram_ledger.services.application.as_of import (
+    Moment,
+    changes_between,
+    in_categories,
+    listed_then,
+    listing_as_of,
+    note_as_of,
+    parse_moment,
 )
 from engram_ledger.services.application.context import ContextService
 from engram_ledger.services.application.decoding import decode_request
@@ -94,12 +106,19 @@ def query_handlers(
         ListCategories: reads.caught_up(reads.list_categories),
         ListMessages: reads.caught_up(reads.list_messages),
         ListRecent: reads.caught_up(reads.list_recent),
+        DiffNotes: reads.caught_up(reads.diff),
     }
     off = "search is off in this deployment (ENGRAM_INDEX=off)"
     handlers[SearchNotes] = _checked_where(search.search if search is not None else _refused(off))
     refused = _refused("this service builds no memory blocks")
     handlers[BuildContext] = reads.caught_up(context.build if context is not None else refused)
     return handlers
+
+
+def _place(change: NoteChange) -> tuple[int, int]:
+    """A change's log position (a forget's is not kept: first among changes at its time)."""
+    position = change.after.position if change.after is not None else None
+    return parse_entry_id(position) if position else (0, 0)
 
 
 def _refused(message: str) -> Handler:
@@ -143,10 +162,60 @@ class ReadModelQueries:
         return after_token
 
     async def get_note(self, query: GetNote) -> NoteReply:
+        if query.as_of is not None:
+            return NoteReply(note=await self._note_as_of(query.user_id, query.note_id, query.as_of))
         view = await self._history.get_note(query.user_id, query.note_id)
         if view is None:
             raise _not_found(query.note_id)
         return await self._seen(query.user_id, view)
+
+    def _moment(self, user_id: str, text: str) -> Moment:
+        return parse_moment(text).on(self._history.partition_of(user_id))
+
+    async def _note_as_of(self, user_id: str, note_id: str, as_of: str) -> NoteView:
+        moment = self._moment(user_id, as_of)
+        found = await self._history.histories(user_id, [note_id])
+        view = note_as_of(*found[note_id], moment) if note_id in found else None
+        if view is None:
+            raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"Memory with ID {note_id} did not exist at {as_of}")
+        return view
+
+    async def _listing_as_of(self, query: ListNotes, limit: int) -> NotesReply:
+        """The listing as it was at ``query.as_of``: the notes changed since, as they were then,
+        in the listing as it is now without them; only the page's other notes are read."""
+        assert query.as_of is not None
+        history, user_id = self._history, query.user_id
+        moment = self._moment(user_id, query.as_of)
+        changed_ids = await history.changed_since(user_id, moment.ms)
+        found = await history.histories(user_id, changed_ids)
+        changed: dict[str, NoteView | None] = {note_id: None for note_id in changed_ids}
+        for note_id, (view, versions) in found.items():
+            then = note_as_of(view, versions, moment)
+            if then is not None and listed_then(then, moment, query.include_superseded):
+                changed[note_id] = then
+        now = await history.listing(user_id, query.include_superseded)
+        order = listing_as_of(now, changed, await history.expired_by(user_id, moment.ms))
+        order = [e for e in order if in_categories(e.category, query.category, query.category_prefix)]
+        filtered = bool(query.where or query.keyed_only)
+        page = order if filtered else order[query.offset : query.offset + limit]
+        views, _ = await history.get_many(user_id, [e.note_id for e in page if changed.get(e.note_id) is None])
+        notes = [v for e in page if (v := changed.get(e.note_id) or views.get(e.note_id)) is not None]
+        if not filtered:
+            return NotesReply(notes=notes, total=len(order))
+        if query.keyed_only:
+            notes = [n for n in notes if n.key is not None]
+        if query.where:
+            notes = [n for n in notes if matches(n.value, query.where)]
+        return NotesReply(notes=notes[query.offset : query.offset + limit], total=len(notes))
+
+    async def diff(self, query: DiffNotes) -> DiffReply:
+        history, user_id = self._history, query.user_id
+        since = self._moment(user_id, query.since)
+        until = self._moment(user_id, query.until) if query.until is not None else None
+        found = await history.histories(user_id, await history.changed_since(user_id, since.ms))
+        changes = [c for view, versions in found.values() for c in changes_between(view, versions, since, until)]
+        changes.sort(key=lambda c: (c.at, _place(c), c.note_id, c.version))
+        return DiffReply(changes=changes[: query.limit], truncated=len(changes) > query.limit)
 
     async def get_by_key(self, query: GetNoteByKey) -> NoteReply:
         view = await self._history.get_by_key(query.user_id, query.category, query.key)
@@ -174,6 +243,8 @@ class ReadModelQueries:
         # A page, never the whole listing: without a limit, the largest one a query may ask for.
         limit = query.limit if query.limit is not None else LIST_NOTES_MAX
         now = datetime.now(UTC)
+        if query.as_of is not None:
+            return await self._listing_as_of(query, limit)
         if not query.where and not query.keyed_only:
             # Only the page is read when the listing alone says which notes are on it.
             page = await history.list_page(

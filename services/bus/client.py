@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -27,6 +27,7 @@ from engram_ledger.contracts.commands import (
     RequestForgetSession,
     RequestForgetUser,
     RetractMessage,
+    RevertNote,
     SaveNote,
     SaveNotes,
     SupersedeNote,
@@ -40,6 +41,8 @@ from engram_ledger.contracts.queries import (
     BuildContext,
     CategoriesReply,
     ContextReply,
+    DiffNotes,
+    DiffReply,
     ForgetReply,
     GetHistory,
     GetNote,
@@ -303,6 +306,27 @@ class EngramClient:
         )
         return await self.execute(command, NoteWritten)
 
+    async def revert(
+        self,
+        user_id: str,
+        note_id: str,
+        to_version: int,
+        *,
+        expected_version: int | None = None,
+        command_id: str | None = None,
+        origin: Origin | None = None,
+    ) -> NoteWritten:
+        """A new version of the note with the content and fields it had at ``to_version``."""
+        command = RevertNote(
+            command_id=command_id or new_command_id(),
+            user_id=user_id,
+            note_id=note_id,
+            to_version=to_version,
+            expected_version=expected_version,
+            origin=origin,
+        )
+        return await self.execute(command, NoteWritten)
+
     async def record_message(
         self,
         user_id: str,
@@ -425,9 +449,28 @@ class EngramClient:
         )
         return await self.ask(request, ContextReply)
 
-    async def get_note(self, user_id: str, note_id: str, *, after: str | None = None) -> NoteView:
-        reply = await self.ask(GetNote(user_id=user_id, note_id=note_id, after=after), NoteReply)
+    async def get_note(
+        self, user_id: str, note_id: str, *, after: str | None = None, as_of: str | datetime | None = None
+    ) -> NoteView:
+        """``as_of``: the note as it was then (a time, or a token a command returned)."""
+        query = GetNote(user_id=user_id, note_id=note_id, after=after, as_of=_moment(as_of))
+        reply = await self.ask(query, NoteReply)
         return reply.note
+
+    async def diff(
+        self,
+        user_id: str,
+        since: str | datetime,
+        until: str | datetime | None = None,
+        *,
+        limit: int = 200,
+        after: str | None = None,
+    ) -> DiffReply:
+        """What changed in the user's notes after ``since`` and up to ``until`` (None: now)."""
+        since_ = _moment(since)
+        assert since_ is not None
+        query = DiffNotes(user_id=user_id, since=since_, until=_moment(until), limit=limit, after=after)
+        return await self.ask(query, DiffReply)
 
     async def get_by_key(self, user_id: str, category: str, key: str, *, after: str | None = None) -> NoteView | None:
         """The active note put under ``key`` in ``category``, or None."""
@@ -470,8 +513,11 @@ class EngramClient:
         offset: int = 0,
         limit: int | None = None,
         after: str | None = None,
+        as_of: str | datetime | None = None,
     ) -> NotesReply:
+        """``as_of``: the listing as it was then (a time, or a token a command returned)."""
         query = ListNotes(
+            as_of=_moment(as_of),
             user_id=user_id,
             category=category,
             category_prefix=category_prefix,
@@ -601,3 +647,10 @@ def _expect(raw: bytes, expect: type[R]) -> R:
 
 def iso(dt: datetime | None) -> str | None:
     return dt.isoformat() if dt else None
+
+
+def _moment(at: str | datetime | None) -> str | None:
+    """An ``as_of`` as the query carries it: a time in ISO 8601 (one without a zone is UTC)."""
+    if isinstance(at, datetime):
+        return (at if at.tzinfo is not None else at.replace(tzinfo=UTC)).isoformat()
+    return at

@@ -87,6 +87,18 @@ async def cmd_supersede(client: EngramClient, args: argparse.Namespace) -> None:
     print_result(args, reply, render.superseded)
 
 
+async def cmd_revert(client: EngramClient, args: argparse.Namespace) -> None:
+    reply = await client.revert(
+        args.user, args.note_id, args.to_version, expected_version=args.expected_version, command_id=args.command_id
+    )
+    print_result(args, reply, lambda r: render.reverted(r, args.to_version))
+
+
+async def cmd_diff(client: EngramClient, args: argparse.Namespace) -> None:
+    reply = await client.diff(args.user, args.since, args.until, limit=args.limit, after=args.after)
+    print_result(args, reply, render.diff)
+
+
 async def cmd_forget(client: EngramClient, args: argparse.Namespace) -> None:
     if args.all or args.session is not None:
         if args.query is not None or args.note_ids or (args.all and args.session is not None):
@@ -106,7 +118,7 @@ async def cmd_forget(client: EngramClient, args: argparse.Namespace) -> None:
 
 
 async def cmd_get(client: EngramClient, args: argparse.Namespace) -> None:
-    note = await client.get_note(args.user, args.note_id, after=args.after)
+    note = await client.get_note(args.user, args.note_id, after=args.after, as_of=getattr(args, "as_of", None))
     print_result(args, note, render.note)
 
 
@@ -130,6 +142,7 @@ async def cmd_list(client: EngramClient, args: argparse.Namespace) -> None:
         offset=args.offset,
         limit=args.limit,
         after=args.after,
+        as_of=args.as_of,
     )
     more = max(reply.total - args.offset - len(reply.notes), 0)
     listed = {"notes": reply.notes, "total": reply.total, "more": more}

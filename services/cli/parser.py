@@ -17,12 +17,14 @@ from engram_ledger.services.adapters.minilm import ENCODER_KINDS
 from engram_ledger.services.cli.agents import cmd_mcp, cmd_tokens, cmd_tools
 from engram_ledger.services.cli.notes import (
     cmd_context,
+    cmd_diff,
     cmd_forget,
     cmd_get,
     cmd_history,
     cmd_list,
     cmd_memory,
     cmd_recent,
+    cmd_revert,
     cmd_save,
     cmd_search,
     cmd_supersede,
@@ -155,6 +157,19 @@ def _memory(cli: Commands) -> None:
     p.add_argument("new_id")
 
     p = cli.writes(
+        cli.add("revert", with_client(cmd_revert), "give a note back what an earlier version held", user=True)
+    )
+    p.add_argument("note_id")
+    p.add_argument("--to-version", type=int, required=True, help="the version whose content and fields come back")
+    p.add_argument("--expected-version", type=int, help="refuse unless the note is at this version now")
+
+    p = cli.add("diff", with_client(cmd_diff), "what changed in a user's notes between two moments", user=True)
+    p.add_argument("--since", required=True, help="from this moment (ISO 8601, UTC if no zone; or a token)")
+    p.add_argument("--until", help="up to this moment (default: now)")
+    p.add_argument("--limit", type=int, default=200, help=f"changes at most (1-{LIST_NOTES_MAX})")
+    p.add_argument("--after", help="consistency token to wait for")
+
+    p = cli.writes(
         cli.add(
             "forget",
             with_client(cmd_forget),
@@ -175,6 +190,8 @@ def _memory(cli: Commands) -> None:
         p = cli.add(name, with_client(fn), help, user=True)
         p.add_argument("note_id")
         p.add_argument("--after", help="consistency token to wait for")
+        if name == "get":
+            p.add_argument("--as-of", help="the note as it was then (ISO 8601, UTC if no zone; or a token)")
 
     p = cli.add("list", with_client(cmd_list), "list notes by category, then creation time", user=True)
     p.add_argument("--category")
@@ -182,6 +199,7 @@ def _memory(cli: Commands) -> None:
     p.add_argument("--limit", type=int, default=LIST_NOTES_PAGE, help=f"notes a page (1-{LIST_NOTES_MAX})")
     p.add_argument("--offset", type=int, default=0, help="where the page starts (the listing's order)")
     p.add_argument("--after")
+    p.add_argument("--as-of", help="the notes as they were then (ISO 8601, UTC if no zone; or a token)")
 
     p = cli.add("recent", with_client(cmd_recent), "most recently created notes", user=True)
     p.add_argument("--limit", type=int, default=10)

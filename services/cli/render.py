@@ -22,12 +22,20 @@ from engram_ledger.contracts.events import (
     MessageRetracted,
     NoteForgotten,
     NoteRenewed,
+    NoteReverted,
     NoteSaved,
     NoteSuperseded,
     NoteUpdated,
 )
-from engram_ledger.contracts.model import NoteStatus, NoteView, VersionView
-from engram_ledger.contracts.queries import ForgetReply, HistoryReply, NoteWritten, SearchHit, SearchReply
+from engram_ledger.contracts.model import NoteChange, NoteStatus, NoteView, VersionView
+from engram_ledger.contracts.queries import (
+    DiffReply,
+    ForgetReply,
+    HistoryReply,
+    NoteWritten,
+    SearchHit,
+    SearchReply,
+)
 
 if TYPE_CHECKING:
     from engram_ledger.services.bus.deliveries import Delivery
@@ -143,6 +151,40 @@ def saved(reply: NoteWritten, user: str = "USER") -> Text:
 
 def updated(reply: NoteWritten) -> Text:
     return Text.assemble("updated ", _id(reply.note_id), f" to version {reply.version}", _written(reply))
+
+
+def reverted(reply: NoteWritten, to_version: int) -> Text:
+    return Text.assemble(
+        "reverted ",
+        _id(reply.note_id),
+        f" to what version {to_version} held: now version {reply.version}",
+        _written(reply),
+    )
+
+
+def diff(reply: DiffReply) -> Text:
+    """``DiffNotes``: one line a change, oldest first; an update shows before and after."""
+    if not reply.changes:
+        return Text("nothing changed in that time")
+    parts: list[Text | None] = [_change(c) for c in reply.changes]
+    if reply.truncated:
+        parts.append(Text("… more changes follow: narrow the time or raise --limit", style=DIM))
+    return _lines(*parts)
+
+
+def _change(change: NoteChange) -> Text:
+    head = Text.assemble(f"{when(change.at)}  ", _id(change.note_id), f"  v{change.version}  {change.change:<10}  ")
+    after, before = change.after, change.before
+    if after is None:
+        return Text.assemble(head, ("its content is gone", GONE))
+    if change.change == "superseded":
+        return Text.assemble(head, ("by ", SUPERSEDED), _id(after.superseded_by or "?"))
+    text = cut(after.content, LINE_CHARS, one_line=True)
+    if before is not None and before.content != after.content:
+        return Text.assemble(head, (cut(before.content, LINE_CHARS // 2, one_line=True), DIM), " → ", text)
+    if change.change == "reverted" and after.reverted_to is not None:
+        return Text.assemble(head, f"(to v{after.reverted_to}) ", text)
+    return Text.assemble(head, text)
 
 
 def superseded(reply: NoteWritten) -> Text:
@@ -445,6 +487,8 @@ def _event_details(event: AnyEvent) -> list[str]:
         return [f"changed {', '.join(changed + (['expiry cleared'] if event.expiry_cleared else [])) or 'nothing'}"]
     if isinstance(event, NoteSuperseded):
         return [f"superseded by {event.superseded_by}"]
+    if isinstance(event, NoteReverted):
+        return [f"reverted to version {event.to_version}" + (", active again" if event.reactivated else "")]
     if isinstance(event, NoteRenewed):
         return [f"renewed: expires {when(event.expires_at)}"]
     if isinstance(event, MessageRecorded):

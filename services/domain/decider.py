@@ -24,6 +24,7 @@ from engram_ledger.contracts.commands import (
     RenewNote,
     RequestForget,
     RetractMessage,
+    RevertNote,
     SaveNote,
     SaveNotes,
     SupersedeNote,
@@ -35,6 +36,7 @@ from engram_ledger.contracts.events import (
     MessageRetracted,
     NoteForgotten,
     NoteRenewed,
+    NoteReverted,
     NoteSaved,
     NoteSuperseded,
     NoteUpdated,
@@ -154,6 +156,7 @@ RULES: dict[type[AnyCommand], Rule] = {
     RetractMessage: Rule(
         ids=lambda c, _: [c.message_id], decide=lambda c, s, ids, w: _retract(c, s[c.message_id], w.now)
     ),
+    RevertNote: Rule(ids=lambda c, _: [c.note_id], decide=lambda c, s, ids, w: _revert(c, s[c.note_id], w.now)),
     RenewNote: Rule(ids=lambda c, _: [c.note_id], decide=lambda c, s, ids, w: _renew(c, s[c.note_id], w.now)),
     ExpireNote: Rule(ids=lambda c, _: [c.note_id], decide=lambda c, s, ids, w: _expire(c, s[c.note_id], w.now)),
     RequestForget: Rule(
@@ -422,3 +425,54 @@ def _supersede(command: SupersedeNote, old: NoteState, new: NoteState, now: date
         # The replacement must still be active when the supersede commits.
         StreamAppend(note_id=command.superseded_by, expected_version=new.version, events=[]),
     ]
+
+
+def _revert(command: RevertNote, state: NoteState, now: datetime) -> list[StreamAppend]:
+    """A new version with the content and fields of ``to_version``; a superseded note comes
+    back to the active set, holding its content (or key) again."""
+    if state.forgotten and not state.is_message:
+        raise EngramError(
+            ErrorCode.INVALID_PARAMETER,
+            f"Memory {command.note_id} was forgotten: its content went with its key, so no version of it can come back",
+        )
+    if not state.exists or state.is_message or state.forgotten:
+        raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"Memory with ID {command.note_id} not found")
+    check_version(command.note_id, command.expected_version, state)
+    target = state.at_version(command.to_version)
+    if target is None or command.to_version >= state.version:
+        raise EngramError(
+            ErrorCode.INVALID_PARAMETER,
+            f"Memory {command.note_id} is at version {state.version}: "
+            f"revert to one of versions 1 to {state.version - 1}",
+        )
+    reactivated = state.status is NoteStatus.SUPERSEDED
+    fields = ("content", "category", "subject", "confidence", "importance", "value")
+    if not reactivated and all(getattr(target, f) == getattr(state, f) for f in fields):
+        # It already holds what that version held: nothing happens.
+        return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[])]
+    if state.key is not None and target.category != state.category:
+        raise EngramError(
+            ErrorCode.INVALID_PARAMETER,
+            f"Memory {command.note_id} is kept under key {state.key!r} in {state.category}; version "
+            f"{command.to_version} was in {target.category}, and a key's category cannot change",
+        )
+    event = NoteReverted(
+        **event_header(command, command.note_id, state.version + 1, now),
+        to_version=command.to_version,
+        content=target.content,
+        category=target.category,
+        subject=target.subject,
+        confidence=target.confidence,
+        importance=target.importance,
+        value=target.value if state.key is not None else None,
+        reactivated=reactivated,
+        replaced_by=state.superseded_by if reactivated else None,
+    )
+    reverted = msgspec.structs.replace(state, content=target.content, category=target.category)
+    claims: dict[str, Any] = {}
+    if reactivated:
+        # The supersede gave back what it held; active again, it holds it once more.
+        claims = {"claims": [identity_claim(reverted)]}
+    elif state.key is None and target.content != state.content:
+        claims = {"claims": [content_digest(target.content)], "releases": [content_digest(state.content)]}
+    return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[event], **claims)]

@@ -16,6 +16,7 @@ from engram_ledger.contracts.events import (
     MessageRetracted,
     NoteForgotten,
     NoteRenewed,
+    NoteReverted,
     NoteSaved,
     NoteSuperseded,
     NoteUpdated,
@@ -23,6 +24,21 @@ from engram_ledger.contracts.events import (
     UserForgotten,
 )
 from engram_ledger.contracts.model import NoteStatus
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """What a note held at one version: what a revert to that version gives back."""
+
+    version: int
+    status: NoteStatus | None
+    content: str
+    category: str
+    subject: str | None
+    confidence: float
+    importance: float
+    superseded_by: str | None
+    key: str | None
+    value: str | None
 
 
 class NoteState(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,6 +67,26 @@ class NoteState(msgspec.Struct, frozen=True, kw_only=True):
     # A deletion awaiting confirmation (requirements §1): until when, and how many requests so far.
     forget_expires_at: datetime | None = None
     forget_requests: int = 0
+    # Every version of a note as it was (one per version, in order; a message has none): a
+    # revert's source. Emptied when the note is forgotten.
+    past: tuple[Snapshot, ...] = ()
+
+    def at_version(self, version: int) -> Snapshot | None:
+        return self.past[version - 1] if 1 <= version <= len(self.past) else None
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            version=self.version,
+            status=self.status,
+            content=self.content,
+            category=self.category,
+            subject=self.subject,
+            confidence=self.confidence,
+            importance=self.importance,
+            superseded_by=self.superseded_by,
+            key=self.key,
+            value=self.value,
+        )
 
     @property
     def forgotten(self) -> bool:
@@ -65,6 +101,14 @@ ABSENT = NoteState()
 
 
 def evolve(state: NoteState, event: AnyEvent) -> NoteState:
+    after = _evolve(state, event)
+    if after.is_message or after.status is None or after.forgotten:
+        return after
+    # Gapless versions: a note's snapshots are its versions in order.
+    return msgspec.structs.replace(after, past=(*after.past, after.snapshot()))
+
+
+def _evolve(state: NoteState, event: AnyEvent) -> NoteState:
     if isinstance(event, NoteSaved):
         return NoteState(
             version=event.version,
@@ -93,6 +137,19 @@ def evolve(state: NoteState, event: AnyEvent) -> NoteState:
             importance=_keep(event.importance, state.importance),
             value=_keep(event.value, state.value),
             **expiry,
+        )
+    if isinstance(event, NoteReverted):
+        return msgspec.structs.replace(
+            state,
+            version=event.version,
+            status=NoteStatus.ACTIVE if event.reactivated else state.status,
+            superseded_by=None if event.reactivated else state.superseded_by,
+            content=event.content,
+            category=event.category,
+            subject=event.subject,
+            confidence=event.confidence,
+            importance=event.importance,
+            value=event.value if state.key is not None else state.value,
         )
     if isinstance(event, NoteRenewed):
         return msgspec.structs.replace(state, version=event.version, expires_at=event.expires_at)

@@ -479,3 +479,31 @@ def test_engram_model_prepares_the_encoder_in_the_model_cache() -> None:
     assert ready["model_cache"] == str(TEST_MODEL_CACHE) and list(TEST_MODEL_CACHE.glob("all-MiniLM-L6-v2-*.onnx"))
     code, refused, _ = cli(engram_env(ENGRAM_ENCODER="tf"), "model")
     assert code == 1 and "ENGRAM_ENCODER='tf' is not one of onnx, onnx-int8, torch" in refused["error"]["message"]
+
+
+def test_time_travel_through_the_cli(env: dict[str, str]) -> None:
+    _, saved, _ = cli(env, "save", "--user", "carol", "--category", "work", "Tess works at Acme")
+    note_id = saved["note_id"]
+    _, updated, _ = cli(env, "update", "--user", "carol", note_id, "Tess works at Initech")
+    # As of the save's token: the note and the listing as they were right after it.
+    code, then, _ = cli(env, "get", "--user", "carol", "--as-of", saved["token"], "--after", updated["token"], note_id)
+    assert code == 0 and (then["version"], then["content"]) == (1, "Tess works at Acme")
+    _, listed, _ = cli(env, "list", "--user", "carol", "--as-of", saved["token"])
+    assert [n["content"] for n in listed["notes"]] == ["Tess works at Acme"]
+    # What changed since the save: the update, before and after.
+    _, diff, _ = cli(env, "diff", "--user", "carol", "--since", saved["token"])
+    assert [(c["change"], c["before"]["content"], c["after"]["content"]) for c in diff["changes"]] == [
+        ("updated", "Tess works at Acme", "Tess works at Initech")
+    ]
+    shown = human(env, "diff", "--user", "carol", "--since", saved["token"])
+    assert "updated" in shown and "Tess works at Acme → Tess works at Initech" in shown
+    # Undo as a new version: version 3 holds what version 1 held.
+    reverted = human(env, "revert", "--user", "carol", note_id, "--to-version", "1")
+    assert f"reverted {note_id} to what version 1 held: now version 3" in reverted
+    history = human(env, "history", "--user", "carol", note_id)
+    assert "v3" in history and "reverted" in history
+    code, refused, _ = cli(env, "revert", "--user", "carol", note_id, "--to-version", "3")
+    assert code == 1 and refused["error"]["code"] == "INVALID_PARAMETER"
+    assert "revert to one of versions 1 to 2" in refused["error"]["message"]
+    code, bad, _ = cli(env, "get", "--user", "carol", "--as-of", "last tuesday", note_id)
+    assert code == 1 and bad["error"]["code"] == "INVALID_PARAMETER" and "as_of" in bad["error"]["message"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from engram_ledger.contracts.commands import NoteDraft, SaveNote, SaveNotes, SupersedeNote, UpdateNote
@@ -286,7 +287,13 @@ def test_state_is_a_fold_over_events() -> None:
             ),
         ]
     )
-    assert state == NoteState(
+    # Each version as it was, in order (what a revert gives back).
+    assert [(v.version, v.content, v.status) for v in state.past] == [
+        (1, "Alec is my boss", NoteStatus.ACTIVE),
+        (2, "v2", NoteStatus.ACTIVE),
+        (3, "v2", NoteStatus.SUPERSEDED),
+    ]
+    assert msgspec.structs.replace(state, past=()) == NoteState(
         version=3,
         status=NoteStatus.SUPERSEDED,
         content="v2",

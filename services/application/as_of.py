@@ -1,0 +1,163 @@
+"""The memory as it was at a moment, and what changed between two, from the read model's
+version histories (each version keeps its time and its log position). Pure functions: the
+query responders read, these decide.
+
+A moment is a time (every change at or before it counts) or a consistency token (every change
+at or before that log position counts, exactly, on the token's partition).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import NamedTuple
+
+import msgspec
+
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.limits import TOKEN_PATTERN, parse_time
+from engram_ledger.contracts.model import NoteChange, NoteStatus, NoteView, VersionView
+
+_TOKEN = re.compile(TOKEN_PATTERN)
+# The changes a diff shows; the others (a deletion requested or lapsed, a renewal) change no
+# content.
+SHOWN = {"saved", "updated", "superseded", "reverted"}
+
+
+class Moment(msgspec.Struct, frozen=True):
+    """``at``: the moment's time; ``position``: a token's log position, compared on ``partition``."""
+
+    at: datetime
+    position: tuple[int, int] | None = None
+    partition: int | None = None
+
+    @property
+    def ms(self) -> int:
+        return int(self.at.timestamp() * 1000)
+
+    def on(self, partition: int) -> Moment:
+        """The moment as the user's partition reads it: a token of another partition by its time."""
+        return self if self.partition == partition else Moment(self.at)
+
+    def covers(self, at: datetime, position: str | None) -> bool:
+        """Whether a change made at ``at``, at log ``position``, had happened by this moment."""
+        if self.position is not None and position is not None:
+            return channels.parse_entry_id(position) <= self.position
+        return at <= self.at
+
+
+def parse_moment(text: str) -> Moment:
+    """An ``AsOf`` value: a token or an ISO 8601 time (without a zone, UTC)."""
+    if _TOKEN.match(text):
+        partition, (ms, seq) = channels.parse_token(text)
+        return Moment(datetime.fromtimestamp(ms / 1000, UTC), (ms, seq), partition)
+    try:
+        return Moment(parse_time(text))
+    except EngramError:
+        raise EngramError(
+            ErrorCode.INVALID_PARAMETER, f"{text!r} is neither an ISO 8601 time nor a consistency token"
+        ) from None
+
+
+def note_as_of(view: NoteView, versions: Sequence[VersionView], moment: Moment) -> NoteView | None:
+    """The note as it was at ``moment`` (None: not saved yet). A note forgotten since is its
+    tombstone: its versions went with its key."""
+    if view.status is NoteStatus.FORGOTTEN:
+        return view if view.created_at <= moment.at else None
+    then = [v for v in versions if moment.covers(v.created_at, v.position)]
+    if not then:
+        return None
+    last = then[-1]
+    changed = next((v for v in reversed(then) if v.change in SHOWN), last)
+    return msgspec.structs.replace(
+        view,
+        version=last.version,
+        status=last.status,
+        content=last.content,
+        category=last.category,
+        subject=last.subject,
+        superseded_by=last.superseded_by,
+        value=last.value if view.key is not None else view.value,
+        confidence=last.confidence if last.confidence is not None else view.confidence,
+        importance=last.importance if last.importance is not None else view.importance,
+        # Versions recorded before their entries kept these (no confidence) leave the current ones.
+        expires_at=last.expires_at if last.confidence is not None else view.expires_at,
+        updated_at=changed.created_at,
+        # Reads are not in the log: what was read when is not part of the past.
+        last_accessed_at=None,
+        access_count=0,
+    )
+
+
+class Listed(NamedTuple):
+    """A note's place in a listing: category, then when it was created (ms), then id."""
+
+    category: str
+    created_ms: int
+    note_id: str
+
+
+def listed(view: NoteView) -> Listed:
+    return Listed(view.category, int(view.created_at.timestamp() * 1000), view.id)
+
+
+def listed_then(view: NoteView, moment: Moment, include_superseded: bool) -> bool:
+    """Whether a note, as it was at ``moment``, was in a listing (a tombstone: forgotten since)."""
+    if view.status is NoteStatus.FORGOTTEN:
+        return not moment.covers(view.updated_at, None)
+    if view.expires_at is not None and view.expires_at <= moment.at:
+        return False  # its time to live had run out
+    return view.status is NoteStatus.ACTIVE or (include_superseded and view.status is NoteStatus.SUPERSEDED)
+
+
+def in_categories(category: str, only: str | None, prefix: str | None) -> bool:
+    if only is not None and category != only:
+        return False
+    return prefix is None or category == prefix or category.startswith(prefix + "/")
+
+
+def listing_as_of(
+    now: Sequence[Listed],
+    changed: Mapping[str, NoteView | None],
+    expired: Iterable[str],
+) -> list[Listed]:
+    """The listing at a moment: the listing now without the notes changed since (or expired by
+    then), with those notes as they were then (``changed``: None, not listed then)."""
+    gone = set(changed) | set(expired)
+    kept = [entry for entry in now if entry.note_id not in gone]
+    then = [listed(view) for view in changed.values() if view is not None]
+    return sorted(kept + then)
+
+
+def changes_between(
+    view: NoteView, versions: Sequence[VersionView], since: Moment, until: Moment | None
+) -> list[NoteChange]:
+    """A note's changes after ``since`` and at or before ``until``, each with the note just
+    before and right after. A forget is the tombstone's time; the rest of a forgotten note's
+    history went with its key."""
+
+    def within(at: datetime, position: str | None) -> bool:
+        return not since.covers(at, position) and (until is None or until.covers(at, position))
+
+    if view.status is NoteStatus.FORGOTTEN:
+        if within(view.updated_at, None):
+            return [NoteChange(note_id=view.id, change="forgotten", version=view.version, at=view.updated_at)]
+        return []
+    changes = []
+    before: VersionView | None = None
+    for version in versions:
+        if version.change in SHOWN and within(version.created_at, version.position):
+            changes.append(
+                NoteChange(
+                    note_id=view.id,
+                    change=version.change,
+                    version=version.version,
+                    at=version.created_at,
+                    before=before,
+                    after=version,
+                )
+            )
+        before = version
+    return changes

@@ -1,0 +1,177 @@
+"""Time travel through the real bus (real Redis, the service's read model): reads as of a moment
+around updates, supersedes, expiry and forgets; what changed between two moments; undo as a
+new version, racing an update."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import pytest
+
+from engram_ledger.contracts.errors import EngramError, ErrorCode
+from engram_ledger.contracts.model import NoteStatus
+from engram_ledger.services.bus.client import EngramClient
+from tests.conftest import RunningService
+from tests.support import leaked
+
+
+async def moment() -> datetime:
+    """A time strictly between what came before and what comes after."""
+    await asyncio.sleep(0.01)
+    at = datetime.now(UTC)
+    await asyncio.sleep(0.01)
+    return at
+
+
+async def test_a_note_and_the_listing_read_as_they_were_around_an_update_and_a_supersede(
+    client: EngramClient,
+) -> None:
+    boss = await client.save("alice", "Alec is my boss", category="work", subject="Alec")
+    city = await client.save("alice", "I live in Lisbon", category="home")
+    t1 = await moment()
+    update = await client.update("alice", boss.note_id, content="Alec is my manager at TechCorp", category="people")
+    moved = await client.save("alice", "I live in Porto now", category="home")
+    replaced = await client.supersede("alice", city.note_id, moved.note_id)
+    t2 = await moment()
+    later = await client.save("alice", "I started learning the cello", category="hobby")
+
+    then = await client.get_note("alice", boss.note_id, as_of=t1, after=later.token)
+    assert (then.version, then.content, then.category) == (1, "Alec is my boss", "work")
+    now = await client.get_note("alice", boss.note_id)
+    assert (now.version, now.content, now.category) == (2, "Alec is my manager at TechCorp", "people")
+
+    # The listing then: both notes as they were, in the order of that time's categories.
+    listing = await client.list_notes("alice", as_of=t1, after=later.token)
+    assert [(n.id, n.content, n.category) for n in listing.notes] == [
+        (city.note_id, "I live in Lisbon", "home"),
+        (boss.note_id, "Alec is my boss", "work"),
+    ]
+    assert listing.total == 2
+    # Later: the superseded note is out unless asked for; the cello note, saved after, is absent.
+    at_t2 = await client.list_notes("alice", as_of=t2)
+    assert {n.id for n in at_t2.notes} == {boss.note_id, moved.note_id}
+    with_old = await client.list_notes("alice", as_of=t2, include_superseded=True)
+    old = next(n for n in with_old.notes if n.id == city.note_id)
+    assert old.status is NoteStatus.SUPERSEDED and old.superseded_by == moved.note_id
+    with pytest.raises(EngramError) as info:
+        await client.get_note("alice", later.note_id, as_of=t2)
+    assert info.value.code is ErrorCode.MEMORY_NOT_FOUND and "did not exist" in info.value.message
+    # A token names the moment right after its write, exactly.
+    by_token = await client.get_note("alice", boss.note_id, as_of=update.token)
+    assert by_token.version == 2
+    before_supersede = await client.list_notes("alice", as_of=moved.token)
+    assert {n.id for n in before_supersede.notes} == {boss.note_id, city.note_id, moved.note_id}
+    after_supersede = await client.list_notes("alice", as_of=replaced.token)
+    assert {n.id for n in after_supersede.notes} == {boss.note_id, moved.note_id}
+    # Category filters apply to the category a note had then.
+    assert [n.id for n in (await client.list_notes("alice", category="work", as_of=t1)).notes] == [boss.note_id]
+    assert (await client.list_notes("alice", category="work", as_of=t2)).notes == []
+
+
+async def test_a_note_forgotten_since_is_a_tombstone_in_every_reading_of_the_past(
+    client: EngramClient, service: RunningService
+) -> None:
+    secret = await client.save("alice", "my locker code is heron-7719", category="private")
+    await client.update("alice", secret.note_id, content="my locker code is heron-8820")
+    t1 = await moment()
+    gone = await client.forget("alice", note_ids=[secret.note_id], confirmed=True)
+    then = await client.get_note("alice", secret.note_id, as_of=t1, after=gone.token)
+    assert then.status is NoteStatus.FORGOTTEN and then.content == ""
+    listing = await client.list_notes("alice", as_of=t1)
+    assert [(n.id, n.status, n.content) for n in listing.notes] == [(secret.note_id, NoteStatus.FORGOTTEN, "")]
+    diff = await client.diff("alice", t1)
+    assert [(c.note_id, c.change, c.after) for c in diff.changes] == [(secret.note_id, "forgotten", None)]
+    assert await leaked(service.settings.redis_url, b"heron-") == []
+
+
+async def test_a_note_whose_time_ran_out_leaves_the_listing_of_that_moment(client: EngramClient) -> None:
+    put = await client.put("alice", "cache", "otp", {"code": "4411"}, ttl_seconds=0.5)
+    t1 = await moment()
+    await asyncio.sleep(0.6)
+    t2 = await moment()
+    assert [n.id for n in (await client.list_notes("alice", as_of=t1, after=put.token)).notes] == [put.note_id]
+    assert (await client.list_notes("alice", as_of=t2)).notes == []
+    # Once the timer has forgotten it, every earlier reading shows its tombstone.
+    for _ in range(50):
+        if (await client.history("alice", put.note_id)).status == "forgotten":
+            break
+        await asyncio.sleep(0.1)
+    earlier = await client.get_note("alice", put.note_id, as_of=t1)
+    assert earlier.status is NoteStatus.FORGOTTEN and earlier.value is None
+
+
+async def test_diff_says_what_changed_between_two_moments_in_order(client: EngramClient) -> None:
+    kept = await client.save("alice", "I drink my coffee black")
+    t1 = await moment()
+    note = await client.save("alice", "Tess works at Acme", category="people")
+    await client.update("alice", note.note_id, content="Tess works at Initech")
+    t2 = await moment()
+    await client.update("alice", note.note_id, content="Tess works at Globex")
+    diff = await client.diff("alice", t1, t2, after=kept.token)
+    assert [(c.change, c.version) for c in diff.changes] == [("saved", 1), ("updated", 2)]
+    saved, updated = diff.changes
+    assert saved.before is None and saved.after is not None and saved.after.content == "Tess works at Acme"
+    assert updated.before is not None and updated.before.content == "Tess works at Acme"
+    assert updated.after is not None and updated.after.content == "Tess works at Initech"
+    everything = await client.diff("alice", t1)
+    assert [c.version for c in everything.changes] == [1, 2, 3]
+    first = await client.diff("alice", t1, limit=1)
+    assert len(first.changes) == 1 and first.truncated
+
+
+async def test_a_revert_is_a_new_version_and_history_keeps_everything(client: EngramClient) -> None:
+    note = await client.save("alice", "Alec is my boss", category="work", importance=0.4)
+    await client.update("alice", note.note_id, content="Alec was my boss", importance=0.9)
+    reverted = await client.revert("alice", note.note_id, 1)
+    assert reverted.version == 3
+    view = await client.get_note("alice", note.note_id, after=reverted.token)
+    assert (view.content, view.importance, view.status) == ("Alec is my boss", 0.4, NoteStatus.ACTIVE)
+    history = await client.history("alice", note.note_id)
+    assert [(v.version, v.change, v.content) for v in history.versions] == [
+        (1, "saved", "Alec is my boss"),
+        (2, "updated", "Alec was my boss"),
+        (3, "reverted", "Alec is my boss"),
+    ]
+    assert history.versions[2].reverted_to == 1
+    # The search index follows: the reverted words find it.
+    hits = await client.search("alice", "who is my boss?", min_relevance=0, after=reverted.token)
+    assert hits.results[0].note_id == note.note_id and hits.results[0].content == "Alec is my boss"
+
+
+async def test_undoing_a_supersede_restores_the_old_note_to_the_active_set(client: EngramClient) -> None:
+    old = await client.save("alice", "I live in Lisbon")
+    new = await client.save("alice", "I live in Porto")
+    await client.supersede("alice", old.note_id, new.note_id)
+    back = await client.revert("alice", old.note_id, 1)
+    listing = await client.list_notes("alice", after=back.token)
+    assert {n.id for n in listing.notes} == {old.note_id, new.note_id}
+    assert (await client.get_note("alice", old.note_id)).superseded_by is None
+    assert (await client.get_note("alice", new.note_id)).supersedes == []
+    # Active again, it holds its content: saving the same words finds it, as for any active note.
+    again = await client.save("alice", "I live in Lisbon")
+    assert again.duplicate and again.note_id == old.note_id
+
+
+async def test_a_revert_racing_an_update_keeps_optimistic_concurrency(client: EngramClient) -> None:
+    note = await client.save("alice", "the wifi password is on the fridge")
+    await client.update("alice", note.note_id, content="the wifi password is in the drawer")
+    results = await asyncio.gather(
+        client.revert("alice", note.note_id, 1, expected_version=2),
+        client.update("alice", note.note_id, content="the wifi password is on the router", expected_version=2),
+        return_exceptions=True,
+    )
+    won = [r for r in results if not isinstance(r, BaseException)]
+    lost = [r for r in results if isinstance(r, EngramError)]
+    assert len(won) == 1 and len(lost) == 1 and lost[0].code is ErrorCode.VERSION_CONFLICT
+    history = await client.history("alice", note.note_id, after=won[0].token)
+    assert [v.version for v in history.versions] == [1, 2, 3]
+
+
+async def test_a_forgotten_note_cannot_be_reverted(client: EngramClient) -> None:
+    note = await client.save("alice", "temporary thought")
+    await client.update("alice", note.note_id, content="another temporary thought")
+    await client.forget("alice", note_ids=[note.note_id], confirmed=True)
+    with pytest.raises(EngramError) as info:
+        await client.revert("alice", note.note_id, 1)
+    assert info.value.code is ErrorCode.INVALID_PARAMETER and "was forgotten" in info.value.message
