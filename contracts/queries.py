@@ -165,6 +165,10 @@ class SearchNotes(Query, tag="search_notes", frozen=True, kw_only=True):
     # above the floor has no results: nothing the user's memory holds matched. A query that asks
     # about a time and nothing else ("what did I do in May 2023?") keeps what happened then.
     min_relevance: UnitInterval | None = None
+    # Search the memory as it was at that moment: the versions current then are ranked, each
+    # with its text then (notes saved later are absent; a note forgotten since is never found).
+    # Times the query names ("last week") are read from that moment.
+    as_of: AsOf | None = None
 
 
 class BuildContext(Query, tag="build_context", frozen=True, kw_only=True):
@@ -186,6 +190,9 @@ class BuildContext(Query, tag="build_context", frozen=True, kw_only=True):
     # The markdown block tells the agent to change a memory with this tool (requirements §3's
     # ``update_memory``); None: an agent without such a tool, and the block does not mention one.
     update_tool: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] | None = "update_memory"
+    # The block as the memory was at that moment (notes as they were then; with ``query``, its
+    # episodes searched as of then too).
+    as_of: AsOf | None = None
 
 
 AnyQuery = (

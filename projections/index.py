@@ -40,9 +40,12 @@ from engram_ledger.projections.index_model import (
     indexed_text,
     pieces_of,
 )
+from engram_ledger.projections.timeline import TimelineWriter
+from engram_ledger.projections.timeline_model import plan_timeline
 from engram_ledger.projections.tracking import GenerationalProjection, StaleProjection, read_generation
 from engram_ledger.services.adapters.crypto import SubjectMatcher
 from engram_ledger.services.adapters.redis_conn import transaction_client
+from engram_ledger.services.application.as_of import position_value, time_value
 from engram_ledger.services.application.ports import EventStore, LogEntry
 from engram_ledger.services.application.ranking import CONTEXT_TURNS
 from engram_ledger.services.application.vector_index import (
@@ -88,13 +91,16 @@ class IndexProjection(GenerationalProjection[_Writes]):
         *,
         store: EventStore,
         subjects: SubjectMatcher,
+        timeline: VectorIndex | None = None,
     ) -> None:
+        """``timeline``: where every version is kept for searches of the past (None: not kept)."""
         self.keys = IndexKeys(partition, generation)
         super().__init__(redis, partition, generation, self.keys)
         self._store = store
         self._subjects = subjects
         self.index = index
         self._embedder = embedder
+        self._timeline = TimelineWriter(timeline, embedder, store) if timeline is not None else None
 
     def _state_keys(self, batch: Sequence[LogEntry]) -> list[str]:
         return list(dict.fromkeys(self.keys.note(e.event.user_id, e.event.note_id) for e in batch))
@@ -103,8 +109,16 @@ class IndexProjection(GenerationalProjection[_Writes]):
         metas = {k: (_meta_decoder.decode(r) if r is not None else None) for k, r in state.items()}
         turns = _Turns(self._redis, self._store, self.keys, batch)
         await turns.load()
-        changed = await self._write_index(batch, metas, turns)
+        timeline = plan_timeline(batch, metas, self.keys.note, self._subject_key) if self._timeline else None
+        recorded = {
+            (e.event.user_id, e.event.note_id): (time_value(e.event.at), position_value(e.position))
+            for e in batch
+            if isinstance(e.event, MessageRecorded)
+        }
+        changed = await self._write_index(batch, metas, turns, recorded)
         changed |= await self._drop_contexts(await turns.followers(2 * CONTEXT_TURNS), turns, metas)
+        if self._timeline is not None and timeline is not None:
+            await self._timeline.write(timeline)
         values: dict[str, bytes | None] = {key: msgspec.json.encode(metas[key]) for key in changed}
         for key, tail in turns.tails().items():
             values[key] = msgspec.json.encode(tail) if tail else None
@@ -140,19 +154,32 @@ class IndexProjection(GenerationalProjection[_Writes]):
             if meta is None or meta.context_chunk is None:
                 continue
             await self.index.delete(user_id, note_id, from_chunk=meta.context_chunk)
+            if self._timeline is not None:
+                await self._timeline.index.delete(user_id, note_id, from_chunk=meta.context_chunk)
             meta.chunks, meta.context_chunk = meta.context_chunk, None
             changed.add(key)
         return changed
 
     async def _write_index(
-        self, batch: Sequence[LogEntry], metas: dict[str, NoteMeta | None], turns: _Turns
+        self,
+        batch: Sequence[LogEntry],
+        metas: dict[str, NoteMeta | None],
+        turns: _Turns,
+        recorded: dict[tuple[str, str], tuple[float, float]],
     ) -> set[str]:
         """Fold the batch per note, then write each changed note's final state to the index."""
-        return await self._write_changes(fold_batch(batch, metas, self.keys.note, self._subject_key, turns), metas)
+        changes = fold_batch(batch, metas, self.keys.note, self._subject_key, turns)
+        return await self._write_changes(changes, metas, recorded)
 
-    async def _write_changes(self, changes: BatchChanges, metas: dict[str, NoteMeta | None]) -> set[str]:
+    async def _write_changes(
+        self,
+        changes: BatchChanges,
+        metas: dict[str, NoteMeta | None],
+        recorded: dict[tuple[str, str], tuple[float, float]] | None = None,
+    ) -> set[str]:
         """Re-embed notes whose text changed, set payload on notes whose fields changed, delete
-        the points of notes forgotten."""
+        the points of notes forgotten. The timeline gets the turns' points (``recorded``: when
+        each turn the batch records was said) and loses every point of what is forgotten."""
         await self._from_store(changes.retext, changes.texts, changes.names, changes.forgotten, metas)
         chunked = {t: self._embedder.chunks(t) for _, _, t in changes.texts.values() if t}  # a tokenizer run each
         chunked |= {
@@ -164,10 +191,14 @@ class IndexProjection(GenerationalProjection[_Writes]):
         vectors = dict(zip(unique, await self._embedder.embed(unique, background=True), strict=True)) if unique else {}
         points, chunk_counts = build_points(changes, metas, chunked, vectors)
         await self.index.upsert(points)
+        if self._timeline is not None:
+            await self._timeline.mirror([p for p in points if p.payload["record"] == CONVERSATION], recorded or {})
         for key, (user_id, note_id) in changes.touched.items():
             meta = metas[key]
             if meta is None or key in changes.forgotten:
                 await self.index.delete(user_id, note_id)
+                if self._timeline is not None:
+                    await self._timeline.index.delete(user_id, note_id)
                 if meta is not None:
                     meta.chunks = 0
             elif key in changes.texts:

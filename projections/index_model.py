@@ -155,7 +155,7 @@ def fold_batch(
             meta.subject_key, meta.subject = subject_key(event.user_id, meta.subject), None
         if key not in changes.old_chunks:
             changes.old_chunks[key] = meta.chunks if meta is not None else 0
-        meta = _apply(event, key, meta, changes, subject_key, turns)
+        meta = apply_event(event, key, meta, changes, subject_key, turns)
         if meta is None:
             continue  # an event for a note the index never saw saved: nothing to update
         metas[key] = meta
@@ -163,7 +163,7 @@ def fold_batch(
     return changes
 
 
-def _apply(
+def apply_event(
     event: Any,
     key: str,
     meta: NoteMeta | None,

@@ -62,14 +62,19 @@ class IndexRuntime:
         drop_index: Callable[[int], None] | None = None,
         *,
         subjects: SubjectMatcher,
+        open_timeline: Callable[[int], VectorIndex] | None = None,
     ) -> None:
+        """``open_timeline``: a generation's timeline index, every version of every note for
+        searches of the past (None: this deployment keeps none)."""
         self.redis = redis
         self.embedder = embedder
         self.subjects = subjects
         self.open_index = open_index
+        self.open_timeline = open_timeline
         self._drop_index = drop_index
         self.generation = -1
         self._index: VectorIndex | None = None
+        self._timeline: VectorIndex | None = None
         self.error: Exception | None = None
         self._lock = asyncio.Lock()
         # What `engram health` reports for this process (services/observability/health.py).
@@ -89,6 +94,11 @@ class IndexRuntime:
             raise self.error or RuntimeError("the vector index is not open yet")
         return self._index
 
+    @property
+    def timeline(self) -> VectorIndex | None:
+        """The live generation's timeline index, once open (None where none is kept)."""
+        return self._timeline if self._index is not None else None
+
     async def sync(self) -> None:
         """Open the live generation if it is not the one open now."""
         async with self._lock:
@@ -102,9 +112,15 @@ class IndexRuntime:
                 raise
             index = self.open_index(generation)
             await index.ensure(self.embedder.dimension)
+            timeline = self.open_timeline(generation) if self.open_timeline is not None else None
+            if timeline is not None:
+                await timeline.ensure(self.embedder.dimension)
             previous, previous_generation = self._index, self.generation
-            self._index, self.generation, self.error = index, generation, None
+            previous_timeline = self._timeline
+            self._index, self._timeline, self.generation, self.error = index, timeline, generation, None
             log.info("vector index generation %d is live", generation)
+            if previous_timeline is not None:
+                await previous_timeline.close()
             if previous is not None:
                 await previous.close()
                 if self._drop_index is not None:
@@ -148,6 +164,9 @@ class IndexRuntime:
         await every(interval, stop, self.sync, "index generation check", log)
 
     async def close(self) -> None:
+        if self._timeline is not None:
+            await self._timeline.close()
+            self._timeline = None
         if self._index is not None:
             await self._index.close()
             self._index = None
@@ -181,9 +200,14 @@ def edge_directory(data_dir: Path, generation: int) -> Path:
     return data_dir / "index" / f"g{generation}"
 
 
+def timeline_directory(data_dir: Path, generation: int) -> Path:
+    return data_dir / "index" / f"g{generation}-timeline"
+
+
 def drop_edge_directory(data_dir: Path) -> Callable[[int], None]:
     def drop(generation: int) -> None:
         shutil.rmtree(edge_directory(data_dir, generation), ignore_errors=True)
+        shutil.rmtree(timeline_directory(data_dir, generation), ignore_errors=True)
 
     return drop
 
@@ -204,6 +228,7 @@ def live_index(
             runtime.generation,
             store=store,
             subjects=runtime.subjects,
+            timeline=runtime.timeline,
         )
 
     return open_live

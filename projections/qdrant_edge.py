@@ -44,6 +44,7 @@ from engram_ledger.services.application.vector_index import (
     IndexHit,
     IndexPoint,
     NearestQuery,
+    Ranges,
 )
 
 
@@ -70,7 +71,7 @@ def _request(query: NearestQuery) -> QueryRequest:
     return QueryRequest(
         limit=query.limit,
         query=Query.Nearest(vector, using=query.using),
-        filter=_filter(conditions(query.user_id, query.match, window=query.window)),
+        filter=_filter(conditions(query.user_id, query.match, window=query.window, ranges=query.ranges)),
         score_threshold=query.threshold,
         with_payload=PayloadSelector.Include(query.fields) if query.fields is not None else True,
     )
@@ -136,8 +137,11 @@ class QdrantEdgeIndex:
         operation = UpdateOperation.delete_points_by_filter(_filter(conditions(user_id, {}, note_id, from_chunk)))
         await self._run(self.shard.update, operation)
 
-    async def set_payload(self, user_id: str, note_id: str, fields: dict[str, Any]) -> None:
-        operation = UpdateOperation.set_payload_by_filter(_filter(conditions(user_id, {}, note_id)), fields)
+    async def set_payload(
+        self, user_id: str, note_id: str, fields: dict[str, Any], ranges: Ranges | None = None
+    ) -> None:
+        where = _filter(conditions(user_id, {}, note_id, ranges=ranges))
+        operation = UpdateOperation.set_payload_by_filter(where, fields)
         await self._run(self.shard.update, operation)
 
     async def nearest(self, query: NearestQuery) -> list[IndexHit]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engram_ledger.services.application.vector_index import ANY_TIME, TimeWindow
+from engram_ledger.services.application.vector_index import ANY_TIME, Ranges, TimeWindow
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ def conditions(
     note_id: str | None = None,
     from_chunk: int = 0,
     window: TimeWindow = ANY_TIME,
+    ranges: Ranges | None = None,
 ) -> list[Condition]:
     """Every condition a point must meet (all of them)."""
     found = [Condition("user_id", value=user_id)]
@@ -39,6 +40,8 @@ def conditions(
         found.append(Condition("chunk", gte=from_chunk))
     if window.since is not None or window.until is not None:
         found.append(Condition("time", gte=window.since, lte=window.until))
+    for key, (low, high) in (ranges or {}).items():
+        found.append(Condition(key, gte=low, lte=high))
     for key, value in match.items():
         found.append(Condition(key, values=list(value)) if isinstance(value, list) else Condition(key, value=value))
     return found

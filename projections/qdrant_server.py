@@ -21,6 +21,7 @@ from engram_ledger.services.application.vector_index import (
     IndexHit,
     IndexPoint,
     NearestQuery,
+    Ranges,
 )
 
 
@@ -93,10 +94,11 @@ class QdrantServerIndex:
         selector = models.FilterSelector(filter=_filter(conditions(user_id, {}, note_id, from_chunk)))
         await self._client.delete(self.collection, points_selector=selector, wait=True)
 
-    async def set_payload(self, user_id: str, note_id: str, fields: dict[str, Any]) -> None:
-        await self._client.set_payload(
-            self.collection, payload=fields, points=_filter(conditions(user_id, {}, note_id)), wait=True
-        )
+    async def set_payload(
+        self, user_id: str, note_id: str, fields: dict[str, Any], ranges: Ranges | None = None
+    ) -> None:
+        where = _filter(conditions(user_id, {}, note_id, ranges=ranges))
+        await self._client.set_payload(self.collection, payload=fields, points=where, wait=True)
 
     async def nearest(self, query: NearestQuery) -> list[IndexHit]:
         if query.using == SPARSE:
@@ -110,7 +112,7 @@ class QdrantServerIndex:
             self.collection,
             query=vector,
             using=query.using,
-            query_filter=_filter(conditions(query.user_id, query.match, window=query.window)),
+            query_filter=_filter(conditions(query.user_id, query.match, window=query.window, ranges=query.ranges)),
             limit=query.limit,
             score_threshold=query.threshold,
             with_payload=query.fields if query.fields is not None else True,

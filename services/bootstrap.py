@@ -395,7 +395,7 @@ def build(settings: Settings) -> Engram:
 def build_index_runtime(redis: Redis, settings: Settings, subjects: SubjectMatcher) -> IndexRuntime:
     """Qdrant Edge under the data dir by default; a Qdrant server when ENGRAM_QDRANT_URL is set.
     ``subjects`` hashes subjects for the index's payloads and for the filters that match them."""
-    from engram_ledger.projections.index_runtime import drop_edge_directory, edge_directory
+    from engram_ledger.projections.index_runtime import drop_edge_directory, edge_directory, timeline_directory
     from engram_ledger.services.adapters.embedder import MiniLMEmbedder
 
     embedder = MiniLMEmbedder(
@@ -406,7 +406,11 @@ def build_index_runtime(redis: Redis, settings: Settings, subjects: SubjectMatch
 
         url, key = settings.qdrant_url, settings.qdrant_api_key
         return IndexRuntime(
-            redis, embedder, lambda g: QdrantServerIndex.from_url(url, f"engram_g{g}", key), subjects=subjects
+            redis,
+            embedder,
+            lambda g: QdrantServerIndex.from_url(url, f"engram_g{g}", key),
+            subjects=subjects,
+            open_timeline=lambda g: QdrantServerIndex.from_url(url, f"engram_g{g}_timeline", key),
         )
     from engram_ledger.projections.qdrant_edge import QdrantEdgeIndex
 
@@ -417,6 +421,7 @@ def build_index_runtime(redis: Redis, settings: Settings, subjects: SubjectMatch
         lambda g: QdrantEdgeIndex(edge_directory(data_dir, g)),
         drop_edge_directory(data_dir),
         subjects=subjects,
+        open_timeline=lambda g: QdrantEdgeIndex(timeline_directory(data_dir, g)),
     )
 
 

@@ -442,6 +442,8 @@ class InMemoryIndexRuntime:
     def __init__(self, store: InMemoryEventStore, index: VectorIndex, embedder: HashEmbedder) -> None:
         self.redis = _ProjectionKeys()
         self.index = index
+        # This runtime keeps no past (searches as of a moment are refused, as where none is kept).
+        self.timeline = None
         self.embedder = embedder
         self.subjects = SubjectMatcher.from_master(MasterKey(bytes(32)))
         self.generation = 0

@@ -21,6 +21,9 @@ from engram_ledger.contracts.limits import TOKEN_PATTERN, parse_time
 from engram_ledger.contracts.model import NoteChange, NoteStatus, NoteView, VersionView
 
 _TOKEN = re.compile(TOKEN_PATTERN)
+# The timeline index's payload fields: when a version began and ended, as a time and as a log
+# position (``projections/timeline_model.py``).
+FROM_AT, UNTIL_AT, FROM_POSITION, UNTIL_POSITION = "from_at", "until_at", "from_position", "until_position"
 # The changes a diff shows; the others (a deletion requested or lapsed, a renewal) change no
 # content.
 SHOWN = {"saved", "updated", "superseded", "reverted"}
@@ -46,6 +49,29 @@ class Moment(msgspec.Struct, frozen=True):
         if self.position is not None and position is not None:
             return channels.parse_entry_id(position) <= self.position
         return at <= self.at
+
+
+def position_value(position: str) -> float:
+    """A log position as one number (milliseconds, then the sequence within one): exact for
+    sequences below 1000 within one millisecond of one partition's log."""
+    ms, seq = position.split("-")
+    return int(ms) * 1000 + min(int(seq), 999)
+
+
+def time_value(at: datetime) -> float:
+    """A time as the timeline index keeps it: microseconds since the epoch."""
+    return float(round(at.timestamp() * 1_000_000))
+
+
+def current_at(moment: Moment) -> dict[str, tuple[float | None, float | None]]:
+    """The timeline index's bounds for the versions current at ``moment``: begun at or before
+    it, ended after it (by log position for a token, else by time)."""
+    if moment.position is not None:
+        ms, seq = moment.position
+        value = position_value(f"{ms}-{seq}")
+        return {FROM_POSITION: (None, value), UNTIL_POSITION: (value + 1, None)}
+    value = time_value(moment.at)
+    return {FROM_AT: (None, value), UNTIL_AT: (value + 1, None)}
 
 
 def parse_moment(text: str) -> Moment:

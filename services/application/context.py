@@ -28,8 +28,9 @@ import msgspec
 
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.limits import LIST_NOTES_MAX, MAX_CONTEXT_TOKENS
-from engram_ledger.contracts.model import NoteKind, NoteView
+from engram_ledger.contracts.model import NoteKind, NoteStatus, NoteView
 from engram_ledger.contracts.queries import BuildContext, ContextReply, SearchNotes
+from engram_ledger.services.application.past import listing_then, moment_of
 from engram_ledger.services.application.ports import NoteHistory
 from engram_ledger.services.application.search import SearchService, lapsed
 
@@ -182,8 +183,15 @@ class ContextService:
         return sum(self._count_many(text.split("\n")))
 
     async def build(self, query: BuildContext) -> ContextReply:
-        now = datetime.now(UTC)
-        notes = [n for n in await self._history.list_notes(query.user_id, None, False) if not lapsed(n, now)]
+        if query.as_of is not None:
+            moment = moment_of(self._history, query.user_id, query.as_of)
+            then = await listing_then(self._history, query.user_id, moment, include_superseded=False)
+            listed = await then.views(self._history, query.user_id, then.order)
+            # A note forgotten since is a tombstone there: nothing of it goes into a prompt.
+            notes = [n for n in listed if n.status is NoteStatus.ACTIVE]
+        else:
+            now = datetime.now(UTC)
+            notes = [n for n in await self._history.list_notes(query.user_id, None, False) if not lapsed(n, now)]
         relevance: dict[str, float] = {}
         episodes: list[NoteView] = []
         if query.query is not None and self._search is not None:
@@ -196,6 +204,7 @@ class ContextService:
                 top_k=20,
                 after=query.after,
                 min_relevance=query.min_relevance,
+                as_of=query.as_of,
             )
             found = await self._search.search(asked)
             relevance = {h.note_id: h.score for h in found.results}

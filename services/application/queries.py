@@ -33,18 +33,11 @@ from engram_ledger.contracts.queries import (
     QueryReply,
     SearchNotes,
 )
-from engram_ledger.services.application.as_of import (
-    Moment,
-    changes_between,
-    in_categories,
-    listed_then,
-    listing_as_of,
-    note_as_of,
-    parse_moment,
-)
+from engram_ledger.services.application.as_of import Moment, changes_between, in_categories, note_as_of
 from engram_ledger.services.application.context import ContextService
 from engram_ledger.services.application.decoding import decode_request
 from engram_ledger.services.application.fair_share import FairShare, turn_in
+from engram_ledger.services.application.past import listing_then, moment_of
 from engram_ledger.services.application.ports import AccessStats, NoteHistory
 from engram_ledger.services.application.search import SearchService, lapsed
 from engram_ledger.services.domain.values import check_where, matches
@@ -170,7 +163,7 @@ class ReadModelQueries:
         return await self._seen(query.user_id, view)
 
     def _moment(self, user_id: str, text: str) -> Moment:
-        return parse_moment(text).on(self._history.partition_of(user_id))
+        return moment_of(self._history, user_id, text)
 
     async def _note_as_of(self, user_id: str, note_id: str, as_of: str) -> NoteView:
         moment = self._moment(user_id, as_of)
@@ -181,27 +174,16 @@ class ReadModelQueries:
         return view
 
     async def _listing_as_of(self, query: ListNotes, limit: int) -> NotesReply:
-        """The listing as it was at ``query.as_of``: the notes changed since, as they were then,
-        in the listing as it is now without them; only the page's other notes are read."""
+        """The listing as it was at ``query.as_of``; only the page's notes are read, unless a
+        filter on values needs them all."""
         assert query.as_of is not None
-        history, user_id = self._history, query.user_id
-        moment = self._moment(user_id, query.as_of)
-        changed_ids = await history.changed_since(user_id, moment.ms)
-        found = await history.histories(user_id, changed_ids)
-        changed: dict[str, NoteView | None] = {note_id: None for note_id in changed_ids}
-        for note_id, (view, versions) in found.items():
-            then = note_as_of(view, versions, moment)
-            if then is not None and listed_then(then, moment, query.include_superseded):
-                changed[note_id] = then
-        now = await history.listing(user_id, query.include_superseded)
-        order = listing_as_of(now, changed, await history.expired_by(user_id, moment.ms))
-        order = [e for e in order if in_categories(e.category, query.category, query.category_prefix)]
-        filtered = bool(query.where or query.keyed_only)
-        page = order if filtered else order[query.offset : query.offset + limit]
-        views, _ = await history.get_many(user_id, [e.note_id for e in page if changed.get(e.note_id) is None])
-        notes = [v for e in page if (v := changed.get(e.note_id) or views.get(e.note_id)) is not None]
-        if not filtered:
-            return NotesReply(notes=notes, total=len(order))
+        moment = self._moment(query.user_id, query.as_of)
+        then = await listing_then(self._history, query.user_id, moment, query.include_superseded)
+        order = [e for e in then.order if in_categories(e.category, query.category, query.category_prefix)]
+        if not (query.where or query.keyed_only):
+            page = order[query.offset : query.offset + limit]
+            return NotesReply(notes=await then.views(self._history, query.user_id, page), total=len(order))
+        notes = await then.views(self._history, query.user_id, order)
         if query.keyed_only:
             notes = [n for n in notes if n.key is not None]
         if query.where:

@@ -15,6 +15,7 @@ from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.limits import SEARCH_DEPTH_MAX
 from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView
 from engram_ledger.contracts.queries import SearchHit, SearchNotes, SearchReply
+from engram_ledger.services.application.as_of import Moment, current_at, note_as_of, parse_moment
 from engram_ledger.services.application.ports import AccessStats, NoteHistory
 from engram_ledger.services.application.ranking import (
     DEFAULT_POLICY,
@@ -139,9 +140,11 @@ class SearchService:
                     ErrorCode.TIMEOUT,
                     f"the index has not reached token {query.after} within {self._wait:g} s; retry later",
                 )
-        index, dense = await self._index_and_embedding(query.query)
+        moment = parse_moment(query.as_of).on(self._history.partition_of(query.user_id)) if query.as_of else None
+        index, dense = await self._index_and_embedding(query.query, past=moment is not None)
         sparse = sparse_query(query.query)
         window = TimeWindow(_ts(query.since), _ts(query.until))
+        then = current_at(moment) if moment is not None else {}
         # Several points of one note or turn may rank together; fetch enough to fill the page (a
         # filter on values leaves some out after the index has ranked them). Sized by the page,
         # not by the offset: every page of one search (same query, same top_k)
@@ -151,12 +154,26 @@ class SearchService:
         scopes = _scopes(query, self._runtime.subject_key)
         asked = [
             NearestQuery(
-                user_id=query.user_id, using=DENSE, dense=dense, match=m, limit=limit, window=window, fields=FIELDS
+                user_id=query.user_id,
+                using=DENSE,
+                dense=dense,
+                match=m,
+                limit=limit,
+                window=window,
+                ranges=then,
+                fields=FIELDS,
             )
             for m in scopes
         ] + [
             NearestQuery(
-                user_id=query.user_id, using=SPARSE, sparse=sparse, match=m, limit=limit, window=window, fields=FIELDS
+                user_id=query.user_id,
+                using=SPARSE,
+                sparse=sparse,
+                match=m,
+                limit=limit,
+                window=window,
+                ranges=then,
+                fields=FIELDS,
             )
             for m in scopes
         ]
@@ -168,7 +185,9 @@ class SearchService:
         sources = {h.payload["note_id"]: h.payload.get("record", MEMORY) for h in dense_hits + sparse_hits}
         candidates = [(sources[n], (n, score, cos)) for n, score, cos in fuse(dense_hits, sparse_hits, self._policy)]
         wanted = depth if query.ranking == "relevance" else depth * 4
-        period = asked_period(query.query, self._clock()) if self._policy.time_boost else None
+        # A search of the past reads "last week" from its moment, and notes as they were then.
+        now = moment.at if moment is not None else self._clock()
+        period = asked_period(query.query, now) if self._policy.time_boost else None
         # The floor filters the ranking before it is paged, and the read model is read until a
         # page's worth is above it: page two of a search is what follows page one among the hits
         # above the floor. A query that asks about a time and nothing else ("what did I do in
@@ -180,22 +199,21 @@ class SearchService:
             return hit.relevance >= floor or (asked_then is not None and within(hit, asked_then))
 
         estimate = Estimate(query.query, max((cos for _, (_, _, cos) in candidates), default=0.0), period)
-        results = await self._hydrate(query, candidates, wanted, best_per_note(sparse_hits), estimate, kept)
-        if self._access is not None:
+        results = await self._hydrate(query, candidates, wanted, best_per_note(sparse_hits), estimate, kept, moment)
+        # Reads are not in the log: a search of the past neither shows nor counts them.
+        access = self._access if moment is None else None
+        if access is not None:
             results = await self._annotate(query.user_id, results)
         if query.ranking == "blended":
-            now = self._clock()
             blended = [
                 msgspec.structs.replace(h, score=round(self._blend.score(h.score, h.note, now), 6)) if h.note else h
                 for h in results
             ]
             results = sorted(blended, key=lambda h: (-h.score, h.note_id))[:depth]
         results = results[query.offset : depth]
-        if self._access is not None and results:
+        if access is not None and results:
             # Counted after the reply is built, off its path: a read is not worth a round trip.
-            task = asyncio.create_task(
-                self._access.touch(query.user_id, [h.note_id for h in results if h.note], self._clock())
-            )
+            task = asyncio.create_task(access.touch(query.user_id, [h.note_id for h in results if h.note], now))
             self._touching.add(task)
             task.add_done_callback(self._touching.discard)
         return SearchReply(results=results)
@@ -217,10 +235,18 @@ class SearchService:
         estimates = self._relevance.estimate(rows)
         return [msgspec.structs.replace(h, relevance=round(r, 4)) for h, r in zip(hits, estimates, strict=True)]
 
-    async def _index_and_embedding(self, text: str) -> tuple[VectorIndex, list[float]]:
-        """The live index (refused while it holds another model's vectors) and the query's vector."""
+    async def _index_and_embedding(self, text: str, past: bool = False) -> tuple[VectorIndex, list[float]]:
+        """The live index (refused while it holds another model's vectors), or with ``past`` its
+        timeline, and the query's vector."""
         try:
             index = self._runtime.index
+            if past:
+                timeline = self._runtime.timeline
+                if timeline is None:
+                    raise EngramError(
+                        ErrorCode.UNAVAILABLE, "this deployment's index keeps no past: searches as of a moment are off"
+                    )
+                index = timeline
             (dense,) = await self._runtime.embedder.embed([text])
         except EngramError:
             raise
@@ -242,6 +268,7 @@ class SearchService:
         keyword: dict[str, float],
         estimate: Estimate,
         kept: Callable[[SearchHit], bool],
+        moment: Moment | None = None,
     ) -> list[SearchHit]:
         """The ``wanted`` best hits that are ``kept`` (above the floor), each with its relevance.
         The text comes from the read model (the index holds none), read a slice at a time in
@@ -255,10 +282,11 @@ class SearchService:
         start, size = 0, max(query.top_k * 2, NAMED_WINDOW)
         while start < len(candidates) and len(results) < wanted:
             window = candidates[start : start + size]
-            notes, messages = await self._history.get_many(
+            notes, messages = await self._read(
                 query.user_id,
                 [record_id for source, (record_id, _, _) in window if source == MEMORY],
                 [record_id for source, (record_id, _, _) in window if source == CONVERSATION],
+                moment,
             )
             hits = [
                 hit
@@ -271,7 +299,7 @@ class SearchService:
                         (round(score, 6), round(similarity, 6), round(keyword.get(record_id, 0.0), 6)),
                         notes,
                         messages,
-                        self._clock(),
+                        moment.at if moment is not None else self._clock(),
                     )
                 )
             ]
@@ -284,6 +312,18 @@ class SearchService:
             results += [h for h in hits if kept(h)]
             start, size = start + size, max(wanted * 2, NAMED_WINDOW)
         return results[:wanted]
+
+    async def _read(
+        self, user_id: str, note_ids: list[str], message_ids: list[str], moment: Moment | None
+    ) -> tuple[dict[str, NoteView], dict[str, MessageView]]:
+        """The hits' notes and turns from the read model; as of a moment, each note as it was
+        then (a turn never changes)."""
+        if moment is None:
+            return await self._history.get_many(user_id, note_ids, message_ids)
+        _, messages = await self._history.get_many(user_id, [], message_ids)
+        found = await self._history.histories(user_id, note_ids)
+        notes = {n: view for n, (now, versions) in found.items() if (view := note_as_of(now, versions, moment))}
+        return notes, messages
 
     def _reordered(self, text: str, hits: list[SearchHit], period: Period | None) -> list[SearchHit]:
         """The first slice re-ordered by what only the read model knows: whom a hit is about

@@ -35,7 +35,9 @@ KEYWORD_FIELDS = (
 )
 INTEGER_FIELDS = ("chunk", "version")
 # When a point's note or turn happened (seconds since the epoch): sent_at, occurred_at or saved.
-FLOAT_FIELDS = ("time",)
+# In the timeline index, also when the version a point belongs to began and ended (a time in
+# microseconds, and a log position: ``projections/timeline_model.py``).
+FLOAT_FIELDS = ("time", "from_at", "until_at", "from_position", "until_position")
 
 MEMORY = "memory"
 CONVERSATION = "conversation"
@@ -62,6 +64,9 @@ class TimeWindow(msgspec.Struct, frozen=True):
 
 ANY_TIME = TimeWindow()
 
+# Inclusive bounds on float payload fields, by field (``None``: open on that side).
+Ranges = dict[str, tuple[float | None, float | None]]
+
 
 class NearestQuery(msgspec.Struct, frozen=True, kw_only=True):
     """Nearest neighbours of one user's points by one vector: ``dense`` (cosine) or ``bm25``
@@ -75,6 +80,8 @@ class NearestQuery(msgspec.Struct, frozen=True, kw_only=True):
     limit: int
     threshold: float | None = None
     window: TimeWindow = ANY_TIME
+    # Further bounds on float payload fields (a search of the past: the versions current then).
+    ranges: Ranges = msgspec.field(default_factory=dict)
     # The payload fields to return (fewer is faster); None: all of them.
     fields: list[str] | None = None
 
@@ -94,8 +101,10 @@ class VectorIndex(Protocol):
     async def delete(self, user_id: str, note_id: str, from_chunk: int = 0) -> None:
         """Delete a note's points with ``chunk >= from_chunk``."""
 
-    async def set_payload(self, user_id: str, note_id: str, fields: dict[str, Any]) -> None:
-        """Set payload fields on every point of a note."""
+    async def set_payload(
+        self, user_id: str, note_id: str, fields: dict[str, Any], ranges: Ranges | None = None
+    ) -> None:
+        """Set payload fields on every point of a note (with ``ranges``: those within them)."""
 
     async def nearest(self, query: NearestQuery) -> list[IndexHit]:
         """Chunk-level hits, best first. Fusing dense and BM25 is the search service's job."""
@@ -136,6 +145,11 @@ class SearchableIndex(Protocol):
 
     @property
     def embedder(self) -> Embedder: ...
+
+    @property
+    def timeline(self) -> VectorIndex | None:
+        """Every version of every note with when it held (``projections/timeline_model.py``):
+        what a search of the past ranks. None where this index keeps no past."""
 
     def subject_key(self, user_id: str, subject: str) -> str: ...
 

@@ -435,10 +435,13 @@ class EngramClient:
         after: str | None = None,
         update_tool: str | None = "update_memory",
         min_relevance: float | None = None,
+        as_of: str | datetime | None = None,
     ) -> ContextReply:
         """``update_tool``: the tool the agent reading the block changes a memory with (None: it
-        has none, and the block names none). ``min_relevance``: as ``search``'s, for ``query``."""
+        has none, and the block names none). ``min_relevance``: as ``search``'s, for ``query``.
+        ``as_of``: the block as the memory was then."""
         request = BuildContext(
+            as_of=_moment(as_of),
             min_relevance=min_relevance,
             user_id=user_id,
             format=format,  # type: ignore[arg-type]
@@ -554,9 +557,12 @@ class EngramClient:
         after: str | None = None,
         ranking: str = "relevance",
         min_relevance: float | None = None,
+        as_of: str | datetime | None = None,
     ) -> SearchReply:
-        """``min_relevance``: hits below it are left out (None: the service's floor; 0: none)."""
+        """``min_relevance``: hits below it are left out (None: the service's floor; 0: none).
+        ``as_of``: search the memory as it was then (a time, or a token a command returned)."""
         request = SearchNotes(
+            as_of=_moment(as_of),
             min_relevance=min_relevance,
             since=since,
             until=until,

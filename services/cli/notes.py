@@ -170,6 +170,7 @@ async def cmd_search(client: EngramClient, args: argparse.Namespace) -> None:
         after=args.after,
         ranking=args.ranking,
         min_relevance=args.min_relevance,
+        as_of=args.as_of,
     )
     results = [
         {
@@ -194,6 +195,7 @@ async def cmd_context(client: EngramClient, args: argparse.Namespace) -> None:
         max_tokens=args.max_tokens,
         after=args.after,
         min_relevance=args.min_relevance,
+        as_of=args.as_of,
     )
     if args.json:
         print_result(args, reply)

@@ -223,6 +223,7 @@ def _memory(cli: Commands) -> None:
     p.add_argument("--subject")
     p.add_argument("--include-superseded", action="store_true")
     p.add_argument("--after")
+    p.add_argument("--as-of", help="search the memory as it was then (ISO 8601, UTC if no zone; or a token)")
 
     p = cli.add("context", with_client(cmd_context), "the user's memory as a prompt block", user=True)
     p.add_argument("--format", choices=["markdown", "xml"], default="markdown")
@@ -233,6 +234,7 @@ def _memory(cli: Commands) -> None:
     p.add_argument("--max-tokens", type=int, help="token budget (MiniLM word pieces)")
     p.add_argument("--min-relevance", type=float, help="with --query: what counts as relevant, 0-1")
     p.add_argument("--after", help="consistency token to wait for")
+    p.add_argument("--as-of", help="the block as the memory was then (ISO 8601, UTC if no zone; or a token)")
 
     memory = cli.add_actions(
         "memory",

@@ -63,17 +63,29 @@ async def rebuild_index(redis: Redis, settings: Settings, partitions: int, progr
     await record_model(redis, generation, runtime.embedder)
     index = runtime.open_index(generation)
     await index.ensure(runtime.embedder.dimension)
+    timeline = runtime.open_timeline(generation) if runtime.open_timeline is not None else None
+    if timeline is not None:
+        await timeline.ensure(runtime.embedder.dimension)
     total = sum([(await store.log_head(p))[1] for p in range(partitions)])
     read = 0
     try:
         with progress("index", total) as bar:
             for p in range(partitions):
                 projection = IndexProjection(
-                    redis, index, runtime.embedder, p, generation, store=store, subjects=runtime.subjects
+                    redis,
+                    index,
+                    runtime.embedder,
+                    p,
+                    generation,
+                    store=store,
+                    subjects=runtime.subjects,
+                    timeline=timeline,
                 )
                 read += await projection.rebuild(store, progress=bar.update)
     finally:
         await index.close()
+        if timeline is not None:
+            await timeline.close()
     await switch_generation(redis, partitions, generation)
     for p in range(partitions):
         await unlink_prefix(redis, IndexKeys(p, previous).prefix)

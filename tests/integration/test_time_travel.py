@@ -175,3 +175,99 @@ async def test_a_forgotten_note_cannot_be_reverted(client: EngramClient) -> None
     with pytest.raises(EngramError) as info:
         await client.revert("alice", note.note_id, 1)
     assert info.value.code is ErrorCode.INVALID_PARAMETER and "was forgotten" in info.value.message
+
+
+async def test_a_search_of_the_past_ranks_the_versions_current_then(client: EngramClient) -> None:
+    tess = await client.save("alice", "Tess works at Acme as a designer", category="people", subject="Tess")
+    await client.save("alice", "I like climbing on weekends", category="hobby")
+    t1 = await moment()
+    await client.update("alice", tess.note_id, content="Tess works at Initech as a product manager", category="work")
+    cello = await client.save("alice", "Tess plays the cello in an orchestra", category="people", subject="Tess")
+    t2 = await client.save("alice", "unrelated: the car needs new tyres")
+
+    question = "where does Tess work?"
+    then = await client.search("alice", question, as_of=t1, min_relevance=0, after=t2.token)
+    assert [(h.note_id, h.content) for h in then.results][:1] == [(tess.note_id, "Tess works at Acme as a designer")]
+    assert then.results[0].note is not None and then.results[0].note.version == 1
+    assert cello.note_id not in {h.note_id for h in then.results}  # saved later
+    now = await client.search("alice", question, min_relevance=0)
+    assert now.results[0].content == "Tess works at Initech as a product manager"
+    # Filters apply to what a note was then: its category then was "people".
+    assert [h.note_id for h in (await client.search("alice", question, as_of=t1, category="people")).results] == [
+        tess.note_id
+    ]
+    assert (await client.search("alice", question, as_of=t1, category="work", min_relevance=0)).results == []
+    # A token names the moment right after its write.
+    by_token = await client.search("alice", "orchestra cello", as_of=cello.token, min_relevance=0)
+    assert by_token.results[0].note_id == cello.note_id
+    # An update ends the version before it: searched as of now, only the current words count.
+    old_words = "Acme designer"
+    past = {
+        h.note_id: h.similarity
+        for h in (await client.search("alice", old_words, as_of=t2.token, min_relevance=0)).results
+    }
+    live = {h.note_id: h.similarity for h in (await client.search("alice", old_words, min_relevance=0)).results}
+    assert past[tess.note_id] == live[tess.note_id]
+
+
+async def test_a_search_of_the_past_never_finds_what_was_forgotten_since(
+    client: EngramClient, service: RunningService
+) -> None:
+    secret = await client.save("alice", "my bank PIN is kestrel-2290")
+    await client.update("alice", secret.note_id, content="my bank PIN is kestrel-3301")
+    kept = await client.save("alice", "my bank is the one on the corner")
+    t1 = await moment()
+    before = await client.search("alice", "what is my bank PIN?", as_of=t1, min_relevance=0, after=kept.token)
+    assert secret.note_id in {h.note_id for h in before.results}
+    gone = await client.forget("alice", note_ids=[secret.note_id], confirmed=True)
+    after = await client.search("alice", "what is my bank PIN?", as_of=t1, min_relevance=0, after=gone.token)
+    assert secret.note_id not in {h.note_id for h in after.results}
+    assert kept.note_id in {h.note_id for h in after.results}
+    # Every version's points left the timeline too: none of the note is in the index.
+    assert service.engram.index is not None
+    timeline = service.engram.index.timeline
+    assert timeline is not None
+    assert [p for p in await timeline.payloads() if p["note_id"] == secret.note_id] == []
+
+
+async def test_a_search_of_the_past_sees_a_supersede_as_it_was(client: EngramClient) -> None:
+    old = await client.save("alice", "I live in Lisbon")
+    t1 = await moment()
+    new = await client.save("alice", "I moved to Porto")
+    await client.supersede("alice", old.note_id, new.note_id)
+    t2 = await moment()
+    await client.revert("alice", old.note_id, 1)
+    question = "which city do I live in?"
+    assert [h.note_id for h in (await client.search("alice", question, as_of=t1, min_relevance=0)).results] == [
+        old.note_id
+    ]
+    at_t2 = await client.search("alice", question, as_of=t2, min_relevance=0)
+    assert [h.note_id for h in at_t2.results] == [new.note_id]
+    with_old = await client.search("alice", question, as_of=t2, min_relevance=0, include_superseded=True)
+    assert {h.note_id for h in with_old.results} == {old.note_id, new.note_id}
+    now = await client.search("alice", question, min_relevance=0)
+    assert {h.note_id for h in now.results} == {old.note_id, new.note_id}
+
+
+async def test_conversation_turns_said_later_are_not_in_a_search_of_the_past(client: EngramClient) -> None:
+    await client.record_message("alice", "s1", "we should visit the aquarium on Saturday", speaker="Alice")
+    t1 = await moment()
+    later = await client.record_message("alice", "s1", "the aquarium trip moved to Sunday", speaker="Bob")
+    hits = await client.search(
+        "alice", "aquarium trip", include_conversation=True, as_of=t1, min_relevance=0, after=later.token
+    )
+    assert [h.content for h in hits.results] == ["we should visit the aquarium on Saturday"]
+    now = await client.search("alice", "aquarium trip", include_conversation=True, min_relevance=0)
+    assert len(now.results) == 2
+
+
+async def test_a_memory_block_as_of_a_moment_is_the_memory_then(client: EngramClient) -> None:
+    boss = await client.save("alice", "Alec is my boss", category="work")
+    t1 = await moment()
+    await client.update("alice", boss.note_id, content="Alec retired; Priya is my boss now")
+    late = await client.save("alice", "I adopted a cat named Miso", category="home")
+    block = await client.context("alice", as_of=t1, after=late.token)
+    assert "Alec is my boss" in block.text and "Priya" not in block.text and "Miso" not in block.text
+    assert block.note_ids == [boss.note_id]
+    now = await client.context("alice")
+    assert "Priya is my boss now" in now.text and "Miso" in now.text
