@@ -177,17 +177,25 @@ def test_search_and_an_index_rebuild_while_serving(env_with_index: dict[str, str
     assert code == 1 and bad["error"]["code"] == "INVALID_PARAMETER"
 
     index_dir = Path(env["ENGRAM_DATA_DIR"]) / "index"
-    assert [d.name for d in index_dir.iterdir()] == ["g0"]
+    # The live shard, and the timeline beside it (every version, for searches of the past).
+    assert sorted(d.name for d in index_dir.iterdir()) == ["g0", "g0-timeline"]
     code, rebuilt, err = cli(env, "rebuild", "index", timeout=180)
     assert code == 0, err
     assert rebuilt["events"] == 2 and rebuilt["generation"] >= 1 and rebuilt["previous"] == 0
     # The serving process follows the switch and drops the old generation.
-    wait_until(lambda: [d.name for d in index_dir.iterdir()] == [f"g{rebuilt['generation']}"], timeout=30)
+    generation = rebuilt["generation"]
+    wait_until(
+        lambda: sorted(d.name for d in index_dir.iterdir()) == [f"g{generation}", f"g{generation}-timeline"],
+        timeout=30,
+    )
     code, again, _ = cli(env, "search", "--user", "alice", "who is my manager?")
     assert again["results"][0]["note_id"] == saved["note_id"]
     code, newer, _ = cli(env, "save", "--user", "alice", "My dentist is Dr. Molar")
     code, fresh, _ = cli(env, "search", "--user", "alice", "--after", newer["token"], "dentist")
     assert fresh["results"][0]["note_id"] == newer["note_id"]
+    # The rebuilt timeline holds the past: as of the first save, only that note.
+    code, past, _ = cli(env, "search", "--user", "alice", "--as-of", saved["token"], "--min-relevance", "0", "dentist")
+    assert code == 0 and [r["note_id"] for r in past["results"]] == [saved["note_id"]]
 
 
 def test_forget_in_two_calls_with_yes_and_for_a_whole_user(env: dict[str, str]) -> None:
