@@ -63,6 +63,10 @@ class NoteDraft(msgspec.Struct, frozen=True, kw_only=True):
     trigger: LongText | None = None
     action: LongText | None = None
     links: Annotated[list[NoteId], msgspec.Meta(max_length=MAX_FORGET_IDS)] = msgspec.field(default_factory=list)
+    # When what the note says held in the world (not when it was recorded): from ``valid_from``
+    # (None: always had) until ``valid_until`` (None: still holds), the end excluded.
+    valid_from: AwareTime | None = None
+    valid_until: AwareTime | None = None
 
 
 class SaveNote(NoteDraft, tag_field="type", tag="save_note", frozen=True, kw_only=True):
@@ -101,15 +105,21 @@ class UpdateNote(Command, tag="update_note", frozen=True, kw_only=True):
     subject: Subject | None = None
     confidence: UnitInterval | None = None
     importance: UnitInterval | None = None
+    # When it held in the world (see ``NoteDraft``); None keeps what it had.
+    valid_from: AwareTime | None = None
+    valid_until: AwareTime | None = None
 
 
 class SupersedeNote(Command, tag="supersede_note", frozen=True, kw_only=True):
     """Mark the active note ``note_id`` as outdated, replaced by the active note ``superseded_by``.
     The old note leaves default searches and listings; its history stays. ``expected_version``
-    applies to the old note."""
+    applies to the old note. Unless ``close_validity`` is false, what the old note says stops
+    holding where the new one begins: its ``valid_until`` becomes the new note's ``valid_from``
+    (or, without one, when the new note was saved), if it did not end earlier."""
 
     note_id: NoteId
     superseded_by: NoteId
+    close_validity: bool = True
 
 
 class RevertNote(Command, tag="revert_note", frozen=True, kw_only=True):
@@ -140,6 +150,9 @@ class PutNote(Command, tag="put_note", frozen=True, kw_only=True):
     # provable forget as any other (``NoteForgotten``, its data key destroyed), sent by the
     # service when the time comes. None: it never expires (a put without it clears an expiry).
     ttl_seconds: Annotated[float, msgspec.Meta(gt=0, le=MAX_TTL_SECONDS)] | None = None
+    # When it held in the world (see ``NoteDraft``); on a later put, None keeps what it had.
+    valid_from: AwareTime | None = None
+    valid_until: AwareTime | None = None
 
 
 class RenewNote(Command, tag="renew_note", frozen=True, kw_only=True):

@@ -48,6 +48,9 @@ class NoteSaved(Event, tag="note_saved", frozen=True, kw_only=True):
     # When it expires (a put with a time to live), and that time to live, for renewals.
     expires_at: datetime | None = None
     ttl_seconds: float | None = None
+    # When what it says held in the world (None: open on that side).
+    valid_from: datetime | None = None
+    valid_until: datetime | None = None
 
 
 class NoteUpdated(Event, tag="note_updated", frozen=True, kw_only=True):
@@ -65,6 +68,8 @@ class NoteUpdated(Event, tag="note_updated", frozen=True, kw_only=True):
     expires_at: datetime | None = None
     ttl_seconds: float | None = None
     expiry_cleared: bool = False
+    valid_from: datetime | None = None
+    valid_until: datetime | None = None
 
 
 class NoteReverted(Event, tag="note_reverted", frozen=True, kw_only=True):
@@ -84,6 +89,9 @@ class NoteReverted(Event, tag="note_reverted", frozen=True, kw_only=True):
     # the note that had superseded it.
     reactivated: bool = False
     replaced_by: str | None = None
+    # When it held in the world, as at ``to_version``.
+    valid_from: datetime | None = None
+    valid_until: datetime | None = None
 
 
 class NoteRenewed(Event, tag="note_renewed", frozen=True, kw_only=True):
@@ -93,9 +101,11 @@ class NoteRenewed(Event, tag="note_renewed", frozen=True, kw_only=True):
 
 
 class NoteSuperseded(Event, tag="note_superseded", frozen=True, kw_only=True):
-    """An active note was marked outdated, replaced by the note ``superseded_by``."""
+    """An active note was marked outdated, replaced by the note ``superseded_by``;
+    ``valid_until``: what it says stopped holding then (None: its validity was left as it was)."""
 
     superseded_by: str
+    valid_until: datetime | None = None
 
 
 class MessageRecorded(Event, tag="message_recorded", frozen=True, kw_only=True):

@@ -75,6 +75,9 @@ class NoteView(msgspec.Struct, frozen=True, kw_only=True):
     value: dict[str, Any] | None = None
     # A note put with a time to live: when it is forgotten unless renewed or put again.
     expires_at: datetime | None = None
+    # When what it says held in the world, apart from when it was recorded (None: open).
+    valid_from: datetime | None = None
+    valid_until: datetime | None = None
 
 
 class MessageView(msgspec.Struct, frozen=True, kw_only=True):
@@ -122,6 +125,8 @@ class VersionView(msgspec.Struct, frozen=True, kw_only=True):
     expires_at: datetime | None = None
     # A revert: the version whose content and fields this one restored.
     reverted_to: int | None = None
+    valid_from: datetime | None = None
+    valid_until: datetime | None = None
 
 
 class NoteChange(msgspec.Struct, frozen=True, kw_only=True):

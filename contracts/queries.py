@@ -93,6 +93,9 @@ class ListNotes(Query, tag="list_notes", frozen=True, kw_only=True):
     # ``include_superseded``), each as it was then, in the same order; notes saved later are
     # absent; a note forgotten since, listed then, is its tombstone (status ``forgotten``).
     as_of: AsOf | None = None
+    # Only notes whose content held in the world at that time (``valid_from``/``valid_until``;
+    # a note without them always holds).
+    valid_at: AwareTime | None = None
 
 
 class DiffNotes(Query, tag="diff_notes", frozen=True, kw_only=True):
@@ -169,6 +172,10 @@ class SearchNotes(Query, tag="search_notes", frozen=True, kw_only=True):
     # with its text then (notes saved later are absent; a note forgotten since is never found).
     # Times the query names ("last week") are read from that moment.
     as_of: AsOf | None = None
+    # Only notes whose content held in the world at that time (see ``ListNotes.valid_at``).
+    # A query naming a time ("where did Tess work in 2022?") also ranks first the notes that
+    # held then.
+    valid_at: AwareTime | None = None
 
 
 class BuildContext(Query, tag="build_context", frozen=True, kw_only=True):

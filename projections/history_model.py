@@ -86,13 +86,15 @@ def evolve_view(view: NoteView | None, event: AnyEvent) -> NoteView:
             key=event.key,
             value=_object(event.value),
             expires_at=event.expires_at,
+            valid_from=event.valid_from,
+            valid_until=event.valid_until,
         )
     if view is None:
         raise ValueError(f"{type(event).__name__} for unknown note {event.note_id}")
     if isinstance(event, NoteUpdated):
         changes = {
             f: v
-            for f in ("content", "category", "subject", "confidence", "importance")
+            for f in ("content", "category", "subject", "confidence", "importance", "valid_from", "valid_until")
             if (v := getattr(event, f)) is not None
         }
         if event.value is not None:
@@ -107,6 +109,7 @@ def evolve_view(view: NoteView | None, event: AnyEvent) -> NoteView:
             updated_at=event.at,
             status=NoteStatus.SUPERSEDED,
             superseded_by=event.superseded_by,
+            valid_until=event.valid_until or view.valid_until,
         )
     if isinstance(event, NoteReverted):
         reverted: dict[str, Any] = {
@@ -115,6 +118,8 @@ def evolve_view(view: NoteView | None, event: AnyEvent) -> NoteView:
             "subject": event.subject,
             "confidence": event.confidence,
             "importance": event.importance,
+            "valid_from": event.valid_from,
+            "valid_until": event.valid_until,
         }
         if view.key is not None:
             reverted["value"] = _object(event.value)
@@ -148,6 +153,8 @@ def tombstone(view: NoteView, event: NoteForgotten) -> NoteView:
         key=None,
         value=None,
         expires_at=None,
+        valid_from=None,
+        valid_until=None,
     )
 
 
@@ -197,6 +204,8 @@ def version_entry(view: NoteView, event: AnyEvent, position: str | None = None) 
         importance=view.importance,
         expires_at=view.expires_at,
         reverted_to=event.to_version if isinstance(event, NoteReverted) else None,
+        valid_from=view.valid_from,
+        valid_until=view.valid_until,
     )
 
 

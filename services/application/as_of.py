@@ -110,6 +110,8 @@ def note_as_of(view: NoteView, versions: Sequence[VersionView], moment: Moment) 
         importance=last.importance if last.importance is not None else view.importance,
         # Versions recorded before their entries kept these (no confidence) leave the current ones.
         expires_at=last.expires_at if last.confidence is not None else view.expires_at,
+        valid_from=last.valid_from if last.confidence is not None else view.valid_from,
+        valid_until=last.valid_until if last.confidence is not None else view.valid_until,
         updated_at=changed.created_at,
         # Reads are not in the log: what was read when is not part of the past.
         last_accessed_at=None,
@@ -187,3 +189,8 @@ def changes_between(
             )
         before = version
     return changes
+
+
+def holds_at(view: NoteView, at: datetime) -> bool:
+    """Whether what a note says held in the world at ``at`` (a note without bounds always holds)."""
+    return (view.valid_from is None or view.valid_from <= at) and (view.valid_until is None or at < view.valid_until)

@@ -63,11 +63,22 @@ def canonical(notes: Sequence[NoteView]) -> list[NoteView]:
     return sorted(notes, key=lambda n: (n.category, n.created_at, n.id))
 
 
+def validity(note: NoteView) -> str:
+    """When what a note says held in the world, as the block shows it: `` (until 2023-05-01)``,
+    `` (from 2022-03-01)``, both, or nothing for a note that always holds."""
+    parts = []
+    if note.valid_from is not None:
+        parts.append(f"from {note.valid_from:%Y-%m-%d}")
+    if note.valid_until is not None:
+        parts.append(f"until {note.valid_until:%Y-%m-%d}")
+    return f" ({' '.join(parts)})" if parts else ""
+
+
 def markdown_line(note: NoteView) -> str:
     subject = f"[{note.subject}] " if note.subject else ""
     if note.kind is NoteKind.PROCEDURE and note.trigger and note.action:
         return f"- [id:{note.id}] {subject}When {note.trigger}: {note.action}"
-    return f"- [id:{note.id}] {subject}{' '.join(note.content.split())}"
+    return f"- [id:{note.id}] {subject}{' '.join(note.content.split())}{validity(note)}"
 
 
 def render_markdown(notes: Sequence[NoteView], update_tool: str | None = "update_memory") -> str:
@@ -89,6 +100,14 @@ def render_markdown(notes: Sequence[NoteView], update_tool: str | None = "update
 def sentence(text: str) -> str:
     text = " ".join(text.split())
     return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def fact_sentence(note: NoteView) -> str:
+    """A fact as a sentence of the xml block, with when it held (before its full stop)."""
+    when = validity(note)
+    if not when:
+        return sentence(note.content)
+    return sentence(" ".join(note.content.split()).rstrip(".") + when)
 
 
 def is_profile(note: NoteView) -> bool:
@@ -124,7 +143,7 @@ def render_xml(
     lines = ["<user_memory>", "  <profile>"]
     lines += [f"    <{field}>{escape(profile[field])}</{field}>" for field in PROFILE_FIELDS if field in profile]
     lines.append("  </profile>")
-    joined = " ".join(sentence(n.content) for n in canonical(facts))
+    joined = " ".join(fact_sentence(n) for n in canonical(facts))
     lines.append(f"  <facts>{escape(joined)}</facts>" if not joined else f"  <facts>\n    {escape(joined)}\n  </facts>")
     if procedures:
         lines.append("  <procedures>")
@@ -253,7 +272,9 @@ class ContextService:
                 return [n.id for n in kept] + facts + rules + [n.id for n in eps]
 
             def line(note: NoteView) -> tuple[str, int]:
-                return sentence(note.content), 8 if note.kind is NoteKind.PROCEDURE else 1
+                if note.kind is NoteKind.PROCEDURE:
+                    return sentence(note.content), 8
+                return fact_sentence(note), 1
 
         considered: list[NoteView] = []
         chars = 0

@@ -33,7 +33,7 @@ from engram_ledger.contracts.queries import (
     QueryReply,
     SearchNotes,
 )
-from engram_ledger.services.application.as_of import Moment, changes_between, in_categories, note_as_of
+from engram_ledger.services.application.as_of import Moment, changes_between, holds_at, in_categories, note_as_of
 from engram_ledger.services.application.context import ContextService
 from engram_ledger.services.application.decoding import decode_request
 from engram_ledger.services.application.fair_share import FairShare, turn_in
@@ -180,7 +180,7 @@ class ReadModelQueries:
         moment = self._moment(query.user_id, query.as_of)
         then = await listing_then(self._history, query.user_id, moment, query.include_superseded)
         order = [e for e in then.order if in_categories(e.category, query.category, query.category_prefix)]
-        if not (query.where or query.keyed_only):
+        if not (query.where or query.keyed_only or query.valid_at):
             page = order[query.offset : query.offset + limit]
             return NotesReply(notes=await then.views(self._history, query.user_id, page), total=len(order))
         notes = await then.views(self._history, query.user_id, order)
@@ -188,6 +188,8 @@ class ReadModelQueries:
             notes = [n for n in notes if n.key is not None]
         if query.where:
             notes = [n for n in notes if matches(n.value, query.where)]
+        if query.valid_at is not None:
+            notes = [n for n in notes if holds_at(n, query.valid_at)]
         return NotesReply(notes=notes[query.offset : query.offset + limit], total=len(notes))
 
     async def diff(self, query: DiffNotes) -> DiffReply:
@@ -227,7 +229,7 @@ class ReadModelQueries:
         now = datetime.now(UTC)
         if query.as_of is not None:
             return await self._listing_as_of(query, limit)
-        if not query.where and not query.keyed_only:
+        if not query.where and not query.keyed_only and query.valid_at is None:
             # Only the page is read when the listing alone says which notes are on it.
             page = await history.list_page(
                 query.user_id,
@@ -246,6 +248,8 @@ class ReadModelQueries:
             notes = [n for n in notes if n.key is not None]
         if query.where:
             notes = [n for n in notes if matches(n.value, query.where)]
+        if query.valid_at is not None:
+            notes = [n for n in notes if holds_at(n, query.valid_at)]
         return NotesReply(notes=notes[query.offset : query.offset + limit], total=len(notes))
 
     async def list_categories(self, query: ListCategories) -> CategoriesReply:

@@ -15,7 +15,7 @@ from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.limits import SEARCH_DEPTH_MAX
 from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView
 from engram_ledger.contracts.queries import SearchHit, SearchNotes, SearchReply
-from engram_ledger.services.application.as_of import Moment, current_at, note_as_of, parse_moment
+from engram_ledger.services.application.as_of import Moment, current_at, holds_at, note_as_of, parse_moment
 from engram_ledger.services.application.ports import AccessStats, NoteHistory
 from engram_ledger.services.application.ranking import (
     DEFAULT_POLICY,
@@ -150,7 +150,8 @@ class SearchService:
         # not by the offset: every page of one search (same query, same top_k)
         # is a slice of one ranking, which the fusion's scaling over the candidates would not be
         # if a deeper page fetched more of them. A page past them comes back short.
-        limit = max(CANDIDATES, query.top_k * (20 if query.where or query.keyed_only else 10))
+        filtered = query.where or query.keyed_only or query.valid_at is not None
+        limit = max(CANDIDATES, query.top_k * (20 if filtered else 10))
         scopes = _scopes(query, self._runtime.subject_key)
         asked = [
             NearestQuery(
@@ -363,7 +364,12 @@ def within(hit: SearchHit, period: Period) -> bool:
     if hit.message is not None:
         return period.holds(hit.message.sent_at or hit.message.created_at)
     if hit.note is not None:
-        return period.holds(hit.note.occurred_at or hit.note.created_at)
+        note = hit.note
+        # A note that says when it held in the world happened then: "where did Tess work in
+        # 2022?" is answered by what held in 2022.
+        if note.valid_from is not None or note.valid_until is not None:
+            return period.overlaps(note.valid_from, note.valid_until)
+        return period.holds(note.occurred_at or note.created_at)
     return False
 
 
@@ -406,7 +412,7 @@ def _hit(
         return None
     if (query.keyed_only and view.key is None) or (query.where and not matches(view.value, query.where)):
         return None
-    if lapsed(view, now):
+    if lapsed(view, now) or (query.valid_at is not None and not holds_at(view, query.valid_at)):
         return None
     return SearchHit(
         note_id=record_id,

@@ -53,6 +53,13 @@ class Period:
         # A time recorded without a zone is read as UTC, as the service writes times.
         return self.start <= (at if at.tzinfo is not None else at.replace(tzinfo=UTC)) < self.end
 
+    def overlaps(self, start: datetime | None, end: datetime | None) -> bool:
+        """Whether a span of time [start, end) (None: open on that side) meets the period (a
+        month of any year: the span's bounds fall in that month, or it is open)."""
+        if self.start is None or self.end is None:
+            return any(b is not None and b.month == self.month for b in (start, end)) or (start is None and end is None)
+        return (start is None or start < self.end) and (end is None or self.start < end)
+
 
 def asked_period(query: str, now: datetime) -> Period | None:
     """The time the query names, as a period; several ("between March and May 2023"): from

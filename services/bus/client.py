@@ -200,15 +200,20 @@ class EngramClient:
         command_id: str | None = None,
         origin: Origin | None = None,
         advise: bool = True,
+        valid_from: datetime | None = None,
+        valid_until: datetime | None = None,
         **episode_or_procedure: Any,
     ) -> NoteWritten:
-        """Save a note. A field left at None takes the contract's default (``NoteDraft``)."""
+        """Save a note. A field left at None takes the contract's default (``NoteDraft``).
+        ``valid_from``/``valid_until``: when what it says held in the world."""
         given: dict[str, Any] = {
             "kind": kind,
             "category": category,
             "confidence": confidence,
             "source": source,
             "importance": importance,
+            "valid_from": valid_from,
+            "valid_until": valid_until,
         }
         command = SaveNote(
             advise=advise,
@@ -240,12 +245,16 @@ class EngramClient:
         expected_version: int | None = None,
         command_id: str | None = None,
         origin: Origin | None = None,
+        valid_from: datetime | None = None,
+        valid_until: datetime | None = None,
     ) -> NoteWritten:
         """Put ``value`` under ``key`` in ``category``: a new note the first time, an update of
         it after (the same value again changes nothing). ``index``: the fields whose text is
         searched (dotted paths), the whole value by default. ``ttl_seconds``: forget it this
         long after (renewed by ``renew``); None: it never expires."""
         command = PutNote(
+            valid_from=valid_from,
+            valid_until=valid_until,
             command_id=command_id or new_command_id(),
             user_id=user_id,
             category=category,
@@ -271,8 +280,12 @@ class EngramClient:
         expected_version: int | None = None,
         command_id: str | None = None,
         origin: Origin | None = None,
+        valid_from: datetime | None = None,
+        valid_until: datetime | None = None,
     ) -> NoteWritten:
         command = UpdateNote(
+            valid_from=valid_from,
+            valid_until=valid_until,
             command_id=command_id or new_command_id(),
             user_id=user_id,
             note_id=note_id,
@@ -295,8 +308,11 @@ class EngramClient:
         expected_version: int | None = None,
         command_id: str | None = None,
         origin: Origin | None = None,
+        close_validity: bool = True,
     ) -> NoteWritten:
+        """``close_validity``: what the old note says stops holding where the new one begins."""
         command = SupersedeNote(
+            close_validity=close_validity,
             command_id=command_id or new_command_id(),
             user_id=user_id,
             note_id=note_id,
@@ -517,9 +533,12 @@ class EngramClient:
         limit: int | None = None,
         after: str | None = None,
         as_of: str | datetime | None = None,
+        valid_at: datetime | None = None,
     ) -> NotesReply:
-        """``as_of``: the listing as it was then (a time, or a token a command returned)."""
+        """``as_of``: the listing as it was then (a time, or a token a command returned);
+        ``valid_at``: only notes whose content held in the world then."""
         query = ListNotes(
+            valid_at=valid_at,
             as_of=_moment(as_of),
             user_id=user_id,
             category=category,
@@ -558,10 +577,12 @@ class EngramClient:
         ranking: str = "relevance",
         min_relevance: float | None = None,
         as_of: str | datetime | None = None,
+        valid_at: datetime | None = None,
     ) -> SearchReply:
         """``min_relevance``: hits below it are left out (None: the service's floor; 0: none).
         ``as_of``: search the memory as it was then (a time, or a token a command returned)."""
         request = SearchNotes(
+            valid_at=valid_at,
             as_of=_moment(as_of),
             min_relevance=min_relevance,
             since=since,

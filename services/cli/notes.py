@@ -64,6 +64,8 @@ async def cmd_save(client: EngramClient, args: argparse.Namespace) -> None:
         source=NoteSource(args.source) if args.source else None,
         importance=args.importance,
         occurred_at=args.occurred_at,
+        valid_from=args.valid_from,
+        valid_until=args.valid_until,
         command_id=args.command_id,
     )
     print_result(args, reply, lambda r: render.saved(r, args.user))
@@ -78,12 +80,16 @@ async def cmd_update(client: EngramClient, args: argparse.Namespace) -> None:
         subject=args.subject,
         expected_version=args.expected_version,
         command_id=args.command_id,
+        valid_from=args.valid_from,
+        valid_until=args.valid_until,
     )
     print_result(args, reply, render.updated)
 
 
 async def cmd_supersede(client: EngramClient, args: argparse.Namespace) -> None:
-    reply = await client.supersede(args.user, args.old_id, args.new_id, command_id=args.command_id)
+    reply = await client.supersede(
+        args.user, args.old_id, args.new_id, command_id=args.command_id, close_validity=not args.keep_validity
+    )
     print_result(args, reply, render.superseded)
 
 
@@ -143,6 +149,7 @@ async def cmd_list(client: EngramClient, args: argparse.Namespace) -> None:
         limit=args.limit,
         after=args.after,
         as_of=args.as_of,
+        valid_at=args.valid_at,
     )
     more = max(reply.total - args.offset - len(reply.notes), 0)
     listed = {"notes": reply.notes, "total": reply.total, "more": more}
@@ -171,6 +178,7 @@ async def cmd_search(client: EngramClient, args: argparse.Namespace) -> None:
         ranking=args.ranking,
         min_relevance=args.min_relevance,
         as_of=args.as_of,
+        valid_at=args.valid_at,
     )
     results = [
         {

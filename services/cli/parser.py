@@ -118,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _validity(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--valid-from", type=_time_argument, help="when what it says began to hold in the world")
+    p.add_argument("--valid-until", type=_time_argument, help="when it stopped holding (ISO 8601; UTC if no zone)")
+
+
 def _serve(cli: Commands) -> None:
     p = cli.add("serve", cmd_serve, "run the workers (command handler, projections, query responders, forget saga)")
     p.add_argument(
@@ -144,6 +149,7 @@ def _memory(cli: Commands) -> None:
         type=_time_argument,
         help="when it happened (ISO 8601; UTC if no zone), if not when saved: searches naming a time use it",
     )
+    _validity(p)
 
     p = cli.writes(cli.add("update", with_client(cmd_update), "change a note (new version, same id)", user=True))
     p.add_argument("note_id")
@@ -151,10 +157,16 @@ def _memory(cli: Commands) -> None:
     p.add_argument("--category")
     p.add_argument("--subject")
     p.add_argument("--expected-version", type=int)
+    _validity(p)
 
     p = cli.writes(cli.add("supersede", with_client(cmd_supersede), "mark OLD_ID as replaced by NEW_ID", user=True))
     p.add_argument("old_id")
     p.add_argument("new_id")
+    p.add_argument(
+        "--keep-validity",
+        action="store_true",
+        help="leave OLD_ID's valid-until as it is (by default it ends where NEW_ID begins)",
+    )
 
     p = cli.writes(
         cli.add("revert", with_client(cmd_revert), "give a note back what an earlier version held", user=True)
@@ -200,6 +212,7 @@ def _memory(cli: Commands) -> None:
     p.add_argument("--offset", type=int, default=0, help="where the page starts (the listing's order)")
     p.add_argument("--after")
     p.add_argument("--as-of", help="the notes as they were then (ISO 8601, UTC if no zone; or a token)")
+    p.add_argument("--valid-at", type=_time_argument, help="only notes whose content held in the world then")
 
     p = cli.add("recent", with_client(cmd_recent), "most recently created notes", user=True)
     p.add_argument("--limit", type=int, default=10)
@@ -224,6 +237,7 @@ def _memory(cli: Commands) -> None:
     p.add_argument("--include-superseded", action="store_true")
     p.add_argument("--after")
     p.add_argument("--as-of", help="search the memory as it was then (ISO 8601, UTC if no zone; or a token)")
+    p.add_argument("--valid-at", type=_time_argument, help="only notes whose content held in the world then")
 
     p = cli.add("context", with_client(cmd_context), "the user's memory as a prompt block", user=True)
     p.add_argument("--format", choices=["markdown", "xml"], default="markdown")

@@ -287,7 +287,12 @@ def _version(v: VersionView) -> Text:
 def _note_line(view: NoteView, *, extra: Iterable[str] = ()) -> Text:
     # When it happened, if that is not when it was saved: a search naming a time goes by it.
     happened = [f"happened {when(view.occurred_at)}"] if view.occurred_at is not None else []
-    facts = [*extra, view.category, f"v{view.version}", *happened]
+    held = []
+    if view.valid_from is not None:
+        held.append(f"held from {when(view.valid_from)}")
+    if view.valid_until is not None:
+        held.append(f"held until {when(view.valid_until)}")
+    facts = [*extra, view.category, f"v{view.version}", *happened, *held]
     line = Text.assemble("[id:", _id(view.id), "] ", (f"({', '.join(facts)})", DIM), " ")
     status = _status(view)
     if status is not None:

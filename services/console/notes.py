@@ -9,10 +9,11 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
+from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.model import VersionView
 from engram_ledger.contracts.queries import ForgetReply
 from engram_ledger.services.console.auth import checked_form
-from engram_ledger.services.console.web import Console, Pages, link, note_id_of, text_of, token_of, user_of
+from engram_ledger.services.console.web import Console, Pages, int_of, link, note_id_of, text_of, token_of, user_of
 
 
 def routes(console: Console, pages: Pages) -> list[Route]:
@@ -35,6 +36,7 @@ def routes(console: Console, pages: Pages) -> list[Route]:
             changes=timeline(history.versions, pending.expires_at if pending else None),
             pending=pending,
             done=text_of(q, "done"),
+            reverted_to=int_of(q, "to", None, 1, 10**9),
         )
 
     async def forget(request: Request) -> Response:
@@ -45,7 +47,25 @@ def routes(console: Console, pages: Pages) -> list[Route]:
         reply = await console.bus.forget(user, note_ids=[note_id])
         return after_forget("/note", reply, u=user, id=note_id)
 
-    return [Route("/note", note_page), Route("/note/forget", forget, methods=["POST"])]
+    async def revert(request: Request) -> Response:
+        """Undo as a new version; refused (``VERSION_CONFLICT``) if the note changed since the
+        page showed it."""
+        form = await checked_form(request)
+        user = user_of(text_of(form, "u"))
+        note_id = note_id_of(text_of(form, "id"))
+        to_version = int_of(form, "to_version", None, 1, 10**9)
+        shown = int_of(form, "version", None, 1, 10**9)
+        if to_version is None:
+            raise EngramError(ErrorCode.INVALID_PARAMETER, "to_version: give the version to go back to")
+        reply = await console.bus.revert(user, note_id, to_version, expected_version=shown)
+        page = link("/note", u=user, id=note_id, after=reply.token, done="reverted", to=to_version)
+        return RedirectResponse(page, status_code=303)
+
+    return [
+        Route("/note", note_page),
+        Route("/note/forget", forget, methods=["POST"]),
+        Route("/note/revert", revert, methods=["POST"]),
+    ]
 
 
 def after_forget(path: str, reply: ForgetReply, **params: str) -> Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from datetime import UTC, datetime, timedelta
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -11,7 +12,17 @@ from starlette.routing import Route
 from engram_ledger.contracts.errors import EngramError
 from engram_ledger.contracts.events import ACCOUNT
 from engram_ledger.contracts.model import NoteKind, NoteView
-from engram_ledger.services.console.web import PAGE, Console, Pages, flag_of, int_of, text_of, token_of, user_of
+from engram_ledger.services.console.web import (
+    PAGE,
+    Console,
+    Pages,
+    flag_of,
+    int_of,
+    moment_of,
+    text_of,
+    token_of,
+    user_of,
+)
 
 
 def routes(console: Console, pages: Pages) -> list[Route]:
@@ -43,8 +54,9 @@ def routes(console: Console, pages: Pages) -> list[Route]:
         superseded = flag_of(q, "superseded")
         offset = int_of(q, "offset", 0, 0, 10**9) or 0
         after = token_of(q)
+        as_of = moment_of(q, "as_of")
         listed = await console.bus.list_notes(
-            user, category=category, include_superseded=superseded, offset=offset, limit=PAGE, after=after
+            user, category=category, include_superseded=superseded, offset=offset, limit=PAGE, after=after, as_of=as_of
         )
         categories = (await console.bus.list_categories(user)).categories
         await console.log.reached(after)
@@ -61,10 +73,29 @@ def routes(console: Console, pages: Pages) -> list[Route]:
             category=category,
             categories=categories,
             superseded=superseded,
+            as_of=as_of,
             activity=console.log.user(user),
             chart=console.log.chart(user),
             pending=console.log.pending(user),
             account=ACCOUNT,
+        )
+
+    async def changes(request: Request) -> Response:
+        """What changed in the user's notes between two moments (by default, the last day)."""
+        q = request.query_params
+        user = user_of(text_of(q, "u"))
+        since = moment_of(q, "since") or (datetime.now(UTC) - timedelta(days=1)).replace(microsecond=0).isoformat()
+        until = moment_of(q, "until")
+        diff = await console.bus.diff(user, since, until, after=token_of(q))
+        return pages.page(
+            request,
+            "changes.html",
+            user_id=user,
+            section="memories",
+            since=since,
+            until=until,
+            changes=diff.changes,
+            truncated=diff.truncated,
         )
 
     async def activity(request: Request) -> Response:
@@ -73,7 +104,12 @@ def routes(console: Console, pages: Pages) -> list[Route]:
         await console.log.reached(token_of(q))
         return pages.page(request, "_chart.html", user_id=user, chart=console.log.chart(user))
 
-    return [Route("/", home), Route("/user", user_page), Route("/user/activity", activity)]
+    return [
+        Route("/", home),
+        Route("/user", user_page),
+        Route("/user/changes", changes),
+        Route("/user/activity", activity),
+    ]
 
 
 def grouped(notes: list[NoteView]) -> list[tuple[str, list[tuple[str, list[NoteView]]]]]:

@@ -22,6 +22,7 @@ from engram_ledger.contracts import channels
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.limits import MAX_CONTEXT_TOKENS, SEARCH_TOP_K_MAX
 from engram_ledger.contracts.model import NoteKind
+from engram_ledger.services.application.as_of import parse_moment
 from engram_ledger.services.application.decoding import check_user_id
 from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.console.auth import ConsoleAuth, Who, safe_next
@@ -158,6 +159,19 @@ def text_of(source: QueryParams | FormData, name: str) -> str | None:
     if not isinstance(raw, str):
         raise EngramError(ErrorCode.INVALID_PARAMETER, f"{name}: expected text, not a file")
     return raw.strip() or None
+
+
+def moment_of(source: QueryParams | FormData, name: str) -> str | None:
+    """A moment a page is asked about: an ISO 8601 time (a browser's datetime field sends one
+    without a zone: UTC, as the console shows times) or a consistency token."""
+    text = text_of(source, name)
+    if text is None:
+        return None
+    try:
+        parse_moment(text)
+    except EngramError as e:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, f"{name}: {e.message}") from None
+    return text
 
 
 def flag_of(source: QueryParams | FormData, name: str) -> bool:

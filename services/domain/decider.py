@@ -216,6 +216,7 @@ def _save(
         raise EngramError(ErrorCode.INVALID_PARAMETER, "'links' belong to episodes (kind='episode')")
     if draft.kind is not NoteKind.PROCEDURE and (draft.trigger or draft.action):
         raise EngramError(ErrorCode.INVALID_PARAMETER, "'trigger' and 'action' belong to procedures (kind='procedure')")
+    check_validity(draft.valid_from, draft.valid_until)
     event = NoteSaved(
         **event_header(command, note_id, 1, now),
         kind=draft.kind,
@@ -231,6 +232,8 @@ def _save(
         trigger=draft.trigger,
         action=draft.action,
         links=list(draft.links),
+        valid_from=draft.valid_from,
+        valid_until=draft.valid_until,
     )
     return StreamAppend(note_id=note_id, expected_version=0, events=[event], claims=[content_digest(draft.content)])
 
@@ -329,6 +332,7 @@ def decide_put(command: PutNote, note_id: str, state: NoteState, now: datetime) 
     expires_at = now + timedelta(seconds=command.ttl_seconds) if command.ttl_seconds is not None else None
     check_text("key", command.key)
     check_text("content", text)
+    check_validity(command.valid_from or state.valid_from, command.valid_until or state.valid_until)
     if not state.exists:
         if command.expected_version not in (None, 0):
             raise EngramError(
@@ -348,6 +352,8 @@ def decide_put(command: PutNote, note_id: str, state: NoteState, now: datetime) 
             value=value,
             expires_at=expires_at,
             ttl_seconds=command.ttl_seconds,
+            valid_from=command.valid_from,
+            valid_until=command.valid_until,
         )
         return [StreamAppend(note_id=note_id, expected_version=0, events=[event], claims=[identity_claim_of(event)])]
     if state.key != command.key or state.category != command.category or state.status is not NoteStatus.ACTIVE:
@@ -355,7 +361,10 @@ def decide_put(command: PutNote, note_id: str, state: NoteState, now: datetime) 
     check_version(note_id, command.expected_version, state)
     cleared = expires_at is None and state.expires_at is not None
     unchanged = same_value(state.value, command.value)
-    if text == state.content and unchanged and expires_at is None and not cleared:
+    valid_from = command.valid_from if command.valid_from not in (None, state.valid_from) else None
+    valid_until = command.valid_until if command.valid_until not in (None, state.valid_until) else None
+    same_validity = valid_from is None and valid_until is None
+    if text == state.content and unchanged and expires_at is None and not cleared and same_validity:
         return [StreamAppend(note_id=note_id, expected_version=state.version, events=[])]
     event_ = NoteUpdated(
         **event_header(command, note_id, state.version + 1, now),
@@ -364,6 +373,8 @@ def decide_put(command: PutNote, note_id: str, state: NoteState, now: datetime) 
         expires_at=expires_at,
         ttl_seconds=command.ttl_seconds,
         expiry_cleared=cleared,
+        valid_from=valid_from,
+        valid_until=valid_until,
     )
     return [StreamAppend(note_id=note_id, expected_version=state.version, events=[event_])]
 
@@ -383,19 +394,20 @@ def _update(command: UpdateNote, state: NoteState, now: datetime) -> list[Stream
             f"Memory {command.note_id} is kept under key {state.key!r} in {state.category}; its category is part of "
             "that key and cannot change (put the value under the other category instead)",
         )
+    fields = ("content", "category", "subject", "confidence", "importance", "valid_from", "valid_until")
     changes = {
         field: value
-        for field in ("content", "category", "subject", "confidence", "importance")
+        for field in fields
         if (value := getattr(command, field)) is not None and value != getattr(state, field)
     }
+    check_validity(changes.get("valid_from", state.valid_from), changes.get("valid_until", state.valid_until))
     if not changes:
-        given = [
-            f for f in ("content", "category", "subject", "confidence", "importance") if getattr(command, f) is not None
-        ]
+        given = [f for f in fields if getattr(command, f) is not None]
         if not given:
             raise EngramError(
                 ErrorCode.INVALID_PARAMETER,
-                "an update needs at least one of content, category, subject, confidence, importance",
+                "an update needs at least one of content, category, subject, confidence, importance, "
+                "valid_from, valid_until",
             )
         # Same values again: nothing happens, and the reply names the current version.
         return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[])]
@@ -414,7 +426,19 @@ def _supersede(command: SupersedeNote, old: NoteState, new: NoteState, now: date
     require_active(command.superseded_by, new)
     check_version(command.note_id, command.expected_version, old)
     version = old.version + 1
-    event = NoteSuperseded(**event_header(command, command.note_id, version, now), superseded_by=command.superseded_by)
+    # What the old note says stops holding where the new one begins, unless it ended earlier.
+    begins = new.valid_from or new.saved_at
+    closes = (
+        command.close_validity
+        and begins is not None
+        and (old.valid_until is None or old.valid_until > begins)
+        and (old.valid_from is None or old.valid_from < begins)
+    )
+    event = NoteSuperseded(
+        **event_header(command, command.note_id, version, now),
+        superseded_by=command.superseded_by,
+        valid_until=begins if closes else None,
+    )
     return [
         StreamAppend(
             note_id=command.note_id,
@@ -446,7 +470,7 @@ def _revert(command: RevertNote, state: NoteState, now: datetime) -> list[Stream
             f"revert to one of versions 1 to {state.version - 1}",
         )
     reactivated = state.status is NoteStatus.SUPERSEDED
-    fields = ("content", "category", "subject", "confidence", "importance", "value")
+    fields = ("content", "category", "subject", "confidence", "importance", "value", "valid_from", "valid_until")
     if not reactivated and all(getattr(target, f) == getattr(state, f) for f in fields):
         # It already holds what that version held: nothing happens.
         return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[])]
@@ -467,6 +491,8 @@ def _revert(command: RevertNote, state: NoteState, now: datetime) -> list[Stream
         value=target.value if state.key is not None else None,
         reactivated=reactivated,
         replaced_by=state.superseded_by if reactivated else None,
+        valid_from=target.valid_from,
+        valid_until=target.valid_until,
     )
     reverted = msgspec.structs.replace(state, content=target.content, category=target.category)
     claims: dict[str, Any] = {}
@@ -476,3 +502,12 @@ def _revert(command: RevertNote, state: NoteState, now: datetime) -> list[Stream
     elif state.key is None and target.content != state.content:
         claims = {"claims": [content_digest(target.content)], "releases": [content_digest(state.content)]}
     return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[event], **claims)]
+
+
+def check_validity(valid_from: datetime | None, valid_until: datetime | None) -> None:
+    """A time something held in the world ends after it begins."""
+    if valid_from is not None and valid_until is not None and valid_until <= valid_from:
+        raise EngramError(
+            ErrorCode.INVALID_PARAMETER,
+            f"valid_until ({valid_until.isoformat()}) must be after valid_from ({valid_from.isoformat()})",
+        )

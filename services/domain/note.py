@@ -39,6 +39,8 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     superseded_by: str | None
     key: str | None
     value: str | None
+    valid_from: datetime | None = None
+    valid_until: datetime | None = None
 
 
 class NoteState(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,6 +69,11 @@ class NoteState(msgspec.Struct, frozen=True, kw_only=True):
     # A deletion awaiting confirmation (requirements §1): until when, and how many requests so far.
     forget_expires_at: datetime | None = None
     forget_requests: int = 0
+    # When what it says held in the world, and when the note was saved (a supersede closes the
+    # old note's validity where the new one's begins: its valid_from, else this).
+    valid_from: datetime | None = None
+    valid_until: datetime | None = None
+    saved_at: datetime | None = None
     # Every version of a note as it was (one per version, in order; a message has none): a
     # revert's source. Emptied when the note is forgotten.
     past: tuple[Snapshot, ...] = ()
@@ -86,6 +93,8 @@ class NoteState(msgspec.Struct, frozen=True, kw_only=True):
             superseded_by=self.superseded_by,
             key=self.key,
             value=self.value,
+            valid_from=self.valid_from,
+            valid_until=self.valid_until,
         )
 
     @property
@@ -122,6 +131,9 @@ def _evolve(state: NoteState, event: AnyEvent) -> NoteState:
             value=event.value,
             expires_at=event.expires_at,
             ttl_seconds=event.ttl_seconds,
+            valid_from=event.valid_from,
+            valid_until=event.valid_until,
+            saved_at=event.at,
         )
     if isinstance(event, NoteUpdated):
         expiry: dict[str, Any] = {"expires_at": None, "ttl_seconds": None} if event.expiry_cleared else {}
@@ -136,6 +148,8 @@ def _evolve(state: NoteState, event: AnyEvent) -> NoteState:
             confidence=_keep(event.confidence, state.confidence),
             importance=_keep(event.importance, state.importance),
             value=_keep(event.value, state.value),
+            valid_from=_keep(event.valid_from, state.valid_from),
+            valid_until=_keep(event.valid_until, state.valid_until),
             **expiry,
         )
     if isinstance(event, NoteReverted):
@@ -150,12 +164,18 @@ def _evolve(state: NoteState, event: AnyEvent) -> NoteState:
             confidence=event.confidence,
             importance=event.importance,
             value=event.value if state.key is not None else state.value,
+            valid_from=event.valid_from,
+            valid_until=event.valid_until,
         )
     if isinstance(event, NoteRenewed):
         return msgspec.structs.replace(state, version=event.version, expires_at=event.expires_at)
     if isinstance(event, NoteSuperseded):
         return msgspec.structs.replace(
-            state, version=event.version, status=NoteStatus.SUPERSEDED, superseded_by=event.superseded_by
+            state,
+            version=event.version,
+            status=NoteStatus.SUPERSEDED,
+            superseded_by=event.superseded_by,
+            valid_until=_keep(event.valid_until, state.valid_until),
         )
     if isinstance(event, MessageRecorded):
         return NoteState(

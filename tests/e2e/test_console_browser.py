@@ -17,6 +17,7 @@ import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
 
@@ -506,3 +507,53 @@ def test_erasing_a_user_asks_twice_and_gives_a_receipt(browser: WebDriver, conso
     assert text(browser, "#users li:first-child .user-link") == user
     assert "erased" in text(browser, "#users li:first-child")
     shoot(browser, console, "users")
+
+
+def test_the_memories_as_of_a_moment_what_changed_and_a_revert(browser: WebDriver, console: Console) -> None:
+    user = user_id()
+
+    async def seed(client: EngramClient) -> tuple[str, str, str]:
+        note = await client.save(user, "Grace writes her compilers in COBOL", category="work")
+        await asyncio.sleep(0.05)
+        then = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+        await asyncio.sleep(1.1)
+        await client.update(user, note.note_id, content="Grace writes her compilers in Rust", expected_version=1)
+        await client.save(user, "Grace adopted a greyhound", category="home")
+        return note.note_id, then.isoformat(), note.token
+
+    note, then, _ = console.bus(seed)
+    # The memories page as of a moment: the note as it was, the later one absent.
+    browser.get(f"{console.url}/user?u={user}&as_of={then[:19]}")
+    wait_for(browser, lambda d: d.find_elements(By.ID, "as-of-banner"))
+    assert "The memory as it was at" in text(browser, "#as-of-banner")
+    assert text(browser, f"#note-{note} .content") == "Grace writes her compilers in COBOL"
+    assert "greyhound" not in text(browser, "#notes") and "1–1 of 1 note" in text(browser, "#notes .count")
+    assert browser.find_element(By.ID, "as-of").get_attribute("value") == then[:19]
+    shoot(browser, console, "memories-as-of")
+    # What changed since then: the update, before and after, and the new note.
+    click(browser, By.LINK_TEXT, "what changed since")
+    wait_for(browser, lambda d: d.find_elements(By.ID, "change-list"))
+    steps = browser.find_elements(By.CSS_SELECTOR, "#change-list .step")
+    assert [s.get_attribute("data-version") for s in steps] == ["2", "1"]
+    assert steps[0].find_element(By.CSS_SELECTOR, "del").text == "Grace writes her compilers in COBOL"
+    assert steps[0].find_element(By.CSS_SELECTOR, "ins").text == "Grace writes her compilers in Rust"
+    assert "greyhound" in steps[1].text
+    shoot(browser, console, "changes")
+    # Undo on the timeline: a new version with what version 1 held.
+    browser.get(f"{console.url}/note?u={user}&id={note}")
+    click(browser, By.ID, "revert-1")
+    wait_for(browser, lambda d: d.find_elements(By.ID, "done"))
+    assert "version 3 holds what version 1 held" in text(browser, "#done")
+    assert text(browser, "#content") == "Grace writes her compilers in COBOL"
+    versions = [s.get_attribute("data-version") for s in browser.find_elements(By.CSS_SELECTOR, "#timeline .step")]
+    assert versions == ["3", "2", "1"]
+    shoot(browser, console, "reverted")
+    # The form carries the version it was shown: a revert from a stale page is refused.
+    stale = browser.find_elements(By.ID, "revert-2")
+    assert (
+        stale and stale[0].find_element(By.XPATH, "..").find_element(By.NAME, "version").get_attribute("value") == "3"
+    )
+    console.bus(lambda client: client.update(user, note, content="Grace writes her compilers in Zig"))
+    click(browser, By.ID, "revert-2")
+    wait_for(browser, lambda d: "VERSION_CONFLICT" in d.page_source or "version 3" in d.page_source)
+    assert "not the expected 3" in browser.page_source

@@ -271,3 +271,39 @@ async def test_a_memory_block_as_of_a_moment_is_the_memory_then(client: EngramCl
     assert block.note_ids == [boss.note_id]
     now = await client.context("alice")
     assert "Priya is my boss now" in now.text and "Miso" in now.text
+
+
+async def test_world_time_says_when_a_fact_held_and_a_supersede_closes_it(client: EngramClient) -> None:
+    y2019, y2022 = datetime(2019, 2, 1, tzinfo=UTC), datetime(2022, 6, 1, tzinfo=UTC)
+    acme = await client.save("alice", "Tess works at Acme", category="people", subject="Tess", valid_from=y2019)
+    initech = await client.save("alice", "Tess works at Initech", category="people", subject="Tess", valid_from=y2022)
+    closed = await client.supersede("alice", acme.note_id, initech.note_id)
+    old = await client.get_note("alice", acme.note_id, after=closed.token)
+    assert (old.valid_from, old.valid_until) == (y2019, y2022)
+
+    # valid_at: what held then, superseded or not (the old note is the one that held in 2020).
+    in_2020 = datetime(2020, 7, 1, tzinfo=UTC)
+    hits = await client.search("alice", "where does Tess work?", valid_at=in_2020, include_superseded=True)
+    assert [h.note_id for h in hits.results] == [acme.note_id]
+    now = await client.search("alice", "where does Tess work?", valid_at=datetime.now(UTC))
+    assert [h.note_id for h in now.results] == [initech.note_id]
+    # A question naming a time ranks first what held then.
+    asked = await client.search("alice", "where did Tess work in 2020?", include_superseded=True, min_relevance=0)
+    assert asked.results[0].note_id == acme.note_id
+    listed = await client.list_notes("alice", include_superseded=True, valid_at=in_2020)
+    assert [n.id for n in listed.notes] == [acme.note_id]
+
+    # The memory block says when a fact held.
+    ended = await client.save("alice", "I drive a blue Fiat", valid_until=y2022)
+    block = await client.context("alice", after=ended.token)
+    assert "I drive a blue Fiat (until 2022-06-01)" in block.text
+    assert "Tess works at Initech (from 2022-06-01)" in block.text
+    xml = await client.context("alice", format="xml")
+    assert "I drive a blue Fiat (until 2022-06-01)." in xml.text
+
+
+async def test_a_supersede_can_leave_validity_as_it_was(client: EngramClient) -> None:
+    old = await client.save("alice", "my phone is a Pixel 6")
+    new = await client.save("alice", "my phone is a Pixel 9")
+    kept = await client.supersede("alice", old.note_id, new.note_id, close_validity=False)
+    assert (await client.get_note("alice", old.note_id, after=kept.token)).valid_until is None

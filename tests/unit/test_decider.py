@@ -302,5 +302,6 @@ def test_state_is_a_fold_over_events() -> None:
         confidence=1.0,
         importance=0.9,
         superseded_by="BBBBBBBB",
+        saved_at=NOW,
     )
     assert fold([]) == ABSENT and not ABSENT.exists
