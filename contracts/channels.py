@@ -223,6 +223,13 @@ class HistoryKeys(GenerationKeys):
         """The sessions a user has spoken in (an erasure of the user drops their listings)."""
         return f"{self.prefix}sessions:{part(user_id)}"
 
+    def recalls(self, user_id: str) -> str:
+        """A user's recalls (``MemoryRecalled``) by time: recall id -> milliseconds."""
+        return f"{self.prefix}recalls:{part(user_id)}"
+
+    def recall(self, user_id: str, recall_id: str) -> str:
+        return f"{self.prefix}recall:{part(user_id)}:{part(recall_id)}"
+
     def changed(self, user_id: str) -> str:
         """When each of a user's notes last changed (note id -> milliseconds): the notes a
         reading of the past cannot take as they are now."""

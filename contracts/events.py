@@ -128,6 +128,19 @@ class MessageRetracted(Event, tag="message_retracted", frozen=True, kw_only=True
     session_id: str
 
 
+class MemoryRecalled(Event, tag="memory_recalled", frozen=True, kw_only=True):
+    """What a search or a memory block showed (recorded where the deployment audits recalls):
+    ``note_id`` is the recall's own id (``recall_id``), ``notes`` and ``versions`` what it
+    showed, ``origin`` the channel and session that asked. ``query`` is sealed under a key
+    drawn from the recall's own data key and the data key of every note it names, so forgetting
+    any of them, or the user, leaves it unreadable; None when the recall was taken without one."""
+
+    kind: str
+    notes: list[str] = msgspec.field(default_factory=list)
+    versions: list[int] = msgspec.field(default_factory=list)
+    query: str | None = None
+
+
 class ForgetRequested(Event, tag="forget_requested", frozen=True, kw_only=True):
     """Deletion of the note was requested and awaits confirmation (requirements §1): the same request
     again before ``expires_at`` deletes it. ``request_count``: requests since it became pending."""
@@ -177,6 +190,15 @@ def session_stream(session_id: str) -> str:
     return f"_session:{session_id}"
 
 
+RECALL_PREFIX = "recall-"
+
+
+def is_recall(note_id: str) -> bool:
+    """A recall's stream (``MemoryRecalled``): a stream of the user's like a note's, so an
+    erasure of the user forgets it too, but never a note (note ids are 8 letters and digits)."""
+    return note_id.startswith(RECALL_PREFIX)
+
+
 def is_control_stream(note_id: str) -> bool:
     """Account and session streams hold requests and receipts, never a note (note ids are
     alphanumeric, so they never start with an underscore)."""
@@ -191,6 +213,7 @@ AnyEvent = (
     | NoteRenewed
     | MessageRecorded
     | MessageRetracted
+    | MemoryRecalled
     | ForgetRequested
     | ForgetExpired
     | NoteForgotten

@@ -141,3 +141,18 @@ class NoteChange(msgspec.Struct, frozen=True, kw_only=True):
     at: datetime
     before: VersionView | None = None
     after: VersionView | None = None
+
+
+class RecallView(msgspec.Struct, frozen=True, kw_only=True):
+    """One recall: what a search or a memory block showed an agent (``MemoryRecalled``).
+    ``query`` is None once a note it showed, or the user, was forgotten (its key is gone), or
+    when it was recorded without one; ``forgotten`` says the recall itself was erased."""
+
+    recall_id: str
+    at: datetime
+    kind: str
+    notes: list[str]
+    versions: list[int]
+    channel: str | None = None
+    session_id: str | None = None
+    query: str | None = None

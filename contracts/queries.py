@@ -34,14 +34,24 @@ from engram_ledger.contracts.limits import (
     UnitInterval,
     UserId,
 )
-from engram_ledger.contracts.model import MessageView, NoteChange, NoteKind, NoteView, VersionView
+from engram_ledger.contracts.model import (
+    MessageView,
+    NoteChange,
+    NoteKind,
+    NoteView,
+    Origin,
+    RecallView,
+    VersionView,
+)
 
 
 class Query(Message, frozen=True, kw_only=True):
-    """Fields every query carries."""
+    """Fields every query carries. ``origin``: the channel and session asking (a search or a
+    memory block recorded as a recall names them)."""
 
     user_id: UserId
     after: Token | None = None
+    origin: Origin | None = None
 
 
 class GetNote(Query, tag="get_note", frozen=True, kw_only=True):
@@ -106,6 +116,17 @@ class DiffNotes(Query, tag="diff_notes", frozen=True, kw_only=True):
     since: AsOf
     until: AsOf | None = None
     limit: Annotated[int, msgspec.Meta(ge=1, le=LIST_NOTES_MAX)] = 200
+
+
+class ListRecalls(Query, tag="list_recalls", frozen=True, kw_only=True):
+    """What searches and memory blocks showed the user's agents (where recalls are audited),
+    newest first: after ``since`` and up to ``until`` (None: open), of one ``session_id`` if
+    given, at most ``limit``."""
+
+    since: AwareTime | None = None
+    until: AwareTime | None = None
+    session_id: ShortText | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=LIST_NOTES_MAX)] = 50
 
 
 class ListCategories(Query, tag="list_categories", frozen=True, kw_only=True):
@@ -213,6 +234,7 @@ AnyQuery = (
     | SearchNotes
     | BuildContext
     | DiffNotes
+    | ListRecalls
 )
 
 
@@ -292,6 +314,12 @@ class DiffReply(Message, tag="diff", frozen=True, kw_only=True):
 
     changes: list[NoteChange]
     truncated: bool = False
+
+
+class RecallsReply(Message, tag="recalls", frozen=True, kw_only=True):
+    """Answer to ``ListRecalls``, newest first."""
+
+    recalls: list[RecallView]
 
 
 class CategoriesReply(Message, tag="categories", frozen=True, kw_only=True):
@@ -398,6 +426,7 @@ AnyReply = (
     | ForgetReply
     | ContextReply
     | DiffReply
+    | RecallsReply
     | ErrorReply
 )
 
@@ -411,5 +440,6 @@ QueryReply = (
     | SearchReply
     | ContextReply
     | DiffReply
+    | RecallsReply
     | ErrorReply
 )

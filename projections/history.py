@@ -26,6 +26,7 @@ from redis.exceptions import WatchError
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.channels import HistoryKeys
 from engram_ledger.contracts.events import (
+    MemoryRecalled,
     MessageRecorded,
     MessageRetracted,
     NoteForgotten,
@@ -35,8 +36,9 @@ from engram_ledger.contracts.events import (
     SessionForgotten,
     UserForgotten,
     is_control_stream,
+    is_recall,
 )
-from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView, VersionView
+from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView, RecallView, VersionView
 from engram_ledger.projections.history_model import (
     add_supersedes,
     changed_score,
@@ -53,9 +55,11 @@ from engram_ledger.projections.history_model import (
 from engram_ledger.projections.history_records import (
     MESSAGES,
     NOTES,
+    RECALLS,
     VERSIONS,
     message_label,
     note_label,
+    recall_label,
     version_label,
 )
 from engram_ledger.projections.tracking import GenerationalProjection, read_generation
@@ -92,6 +96,27 @@ class _Writes(msgspec.Struct):
     ciphers: dict[tuple[str, str], Any] = msgspec.field(default_factory=dict)
     # When each note written last changed (``HistoryKeys.changed``), per user.
     changed: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
+    # Recalls recorded (``MemoryRecalled``), by key, and each user's index of them by time.
+    recalls: dict[str, _Recall] = msgspec.field(default_factory=dict)
+    recalled: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
+
+
+class _Recall:
+    """A recall as the read model keeps it: everything but its query (which only the event
+    store opens, with the keys of the notes it names)."""
+
+    def __init__(self, event: MemoryRecalled) -> None:
+        self.user_id = event.user_id
+        self.recall_id = event.note_id
+        self.view = RecallView(
+            recall_id=event.note_id,
+            at=event.at,
+            kind=event.kind,
+            notes=list(event.notes),
+            versions=list(event.versions),
+            channel=event.origin.channel if event.origin else None,
+            session_id=event.origin.session_id if event.origin else None,
+        )
 
 
 class HistoryProjection(GenerationalProjection[_Writes]):
@@ -192,6 +217,11 @@ class HistoryProjection(GenerationalProjection[_Writes]):
             pipe.sadd(keys.sessions(user_id), *listings)  # relative names: a rebuild's keys match
         for user_id, scores in writes.changed.items():
             pipe.zadd(keys.changed(user_id), scores)  # type: ignore[arg-type]
+        for key, recall in writes.recalls.items():
+            cipher = ciphers.get((recall.user_id, recall.recall_id))
+            pipe.set(key, RECALLS.encode(recall.view, cipher, recall_label(recall.user_id, recall.recall_id)))
+        for user_id, scores in writes.recalled.items():
+            pipe.zadd(keys.recalls(user_id), scores)  # type: ignore[arg-type]
 
     async def make_live(self, previous: int) -> bool:
         """Switch queries to this generation if ``previous`` is still live; then drop the old one."""
@@ -263,9 +293,12 @@ def _fold(
                     writes.views.pop(key, None)
                     writes.messages.pop(key, None)
                     views.pop(key, None)
-            writes.erased |= {keys.order(user, True), keys.order(user, False), keys.recent(user), keys.changed(user)}
+            erased_keys = {keys.order(user, True), keys.order(user, False), keys.recent(user), keys.changed(user)}
+            writes.erased |= erased_keys | {keys.recalls(user)} | {keys.recall(user, n) for n in event.erased}
             writes.stale_members.pop(user, None)
             writes.changed.pop(user, None)
+            writes.recalled.pop(user, None)
+            writes.recalls = {k: v for k, v in writes.recalls.items() if v.user_id != user}
             continue
         if isinstance(event, SessionForgotten):
             said_key = keys.said(event.user_id, event.session_id)
@@ -273,6 +306,15 @@ def _fold(
             writes.said = {k: v for k, v in writes.said.items() if k[0] != said_key}
         if is_control_stream(event.note_id):
             continue  # an account or session stream: pending erasures live in the forget saga
+        if isinstance(event, MemoryRecalled):
+            writes.recalls[keys.recall(event.user_id, event.note_id)] = _Recall(event)
+            writes.recalled.setdefault(event.user_id, {})[event.note_id] = event.at.timestamp() * 1000
+            continue
+        if is_recall(event.note_id):
+            # A recall forgotten (its user erased): its record and its place go.
+            writes.erased.add(keys.recall(event.user_id, event.note_id))
+            writes.recalls.pop(keys.recall(event.user_id, event.note_id), None)
+            continue
         if isinstance(event, MessageRecorded | MessageRetracted):
             message_key = keys.message(event.user_id, event.note_id)
             known = turns.get(message_key)

@@ -11,16 +11,18 @@ from redis.asyncio import Redis
 
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.channels import HistoryKeys, SagaKeys
-from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView, VersionView
+from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView, RecallView, VersionView
 from engram_ledger.projections.forget_saga import member as saga_member
 from engram_ledger.projections.history import live_generation
 from engram_ledger.projections.history_model import keyed_field
 from engram_ledger.projections.history_records import (
     MESSAGES,
     NOTES,
+    RECALLS,
     VERSIONS,
     message_label,
     note_label,
+    recall_label,
     version_label,
 )
 from engram_ledger.projections.tracking import CheckpointReader, read_position
@@ -324,6 +326,35 @@ class HistoryReader(CheckpointReader):
         mine = saga_member(user_id, "")
         due = await self._redis.zrangebyscore(SagaKeys(p).expiries, "-inf", ms)
         return [m.decode()[len(mine) :] for m in due if m.decode().startswith(mine)]
+
+    async def recalls(
+        self, user_id: str, since: datetime | None, until: datetime | None, session_id: str | None, limit: int
+    ) -> list[RecallView]:
+        """The user's recalls, newest first, without their queries (only the event store opens
+        those). A session filter reads on until ``limit`` of that session are found."""
+        keys = await self._keys(user_id)
+        high = until.timestamp() * 1000 if until is not None else "+inf"
+        low = f"({since.timestamp() * 1000}" if since is not None else "-inf"
+        found: list[RecallView] = []
+        start = 0
+        while len(found) < limit:
+            ids = [
+                i.decode()
+                for i in await self._redis.zrevrangebyscore(keys.recalls(user_id), high, low, start=start, num=limit)
+            ]
+            if not ids:
+                break
+            start += len(ids)
+            raws = await self._redis.mget([keys.recall(user_id, i) for i in ids] + self._wrapped(user_id, ids))
+            for j, recall_id in enumerate(ids):
+                raw, wrapped = raws[j], raws[len(ids) + j]
+                if raw is None:
+                    continue
+                key = self._data_keys.of(wrapped, user_id, recall_id)
+                view = RECALLS.open(raw, key, recall_label(user_id, recall_id))
+                if view is not None and (session_id is None or view.session_id == session_id):
+                    found.append(view)
+        return found[:limit]
 
     async def _views(self, keys: HistoryKeys, user_id: str, ids: list[str]) -> list[NoteView]:
         return [v for v in await self._notes(keys, user_id, ids) if v is not None]

@@ -29,10 +29,10 @@ import msgspec
 from cryptography.exceptions import InvalidTag
 
 from engram_ledger.contracts.errors import EngramError, ErrorCode
-from engram_ledger.contracts.model import MessageView, NoteView, Origin, VersionView
+from engram_ledger.contracts.model import MessageView, NoteView, Origin, RecallView, VersionView
 from engram_ledger.services.adapters.crypto import RecordKey
 
-V = TypeVar("V", NoteView, MessageView, VersionView)
+V = TypeVar("V", NoteView, MessageView, VersionView, RecallView)
 
 
 class _Sealed(msgspec.Struct, array_like=True, frozen=True):
@@ -69,6 +69,12 @@ class _VersionSecrets(msgspec.Struct, frozen=True):
     value: dict[str, Any] | None = None
     # Where the change came from: a channel and a session name.
     origin: Origin | None = None
+
+
+class _RecallSecrets(msgspec.Struct, frozen=True):
+    # Where the recall was asked from: a channel and a session name (which may name a person).
+    channel: str | None = None
+    session_id: str | None = None
 
 
 _sealed_decoder = msgspec.json.Decoder(_Sealed)
@@ -153,6 +159,11 @@ def version_label(user_id: str, note_id: str, version: str) -> bytes:
     return _encode(["version", user_id, note_id, version])
 
 
+def recall_label(user_id: str, recall_id: str) -> bytes:
+    return _encode(["recall", user_id, recall_id])
+
+
 NOTES: RecordForm[NoteView] = RecordForm(NoteView, _NoteSecrets)
 MESSAGES: RecordForm[MessageView] = RecordForm(MessageView, _MessageSecrets)
 VERSIONS: RecordForm[VersionView] = RecordForm(VersionView, _VersionSecrets)
+RECALLS: RecordForm[RecallView] = RecordForm(RecallView, _RecallSecrets)

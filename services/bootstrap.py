@@ -69,6 +69,7 @@ from engram_ledger.services.application.fair_share import FairShare
 from engram_ledger.services.application.forget import ForgetService
 from engram_ledger.services.application.forget_timer import ForgetExpiryTimer
 from engram_ledger.services.application.queries import QueryService, query_handlers
+from engram_ledger.services.application.recalls import RecallAudit, audited_users
 from engram_ledger.services.application.search import BlendPolicy, SearchService
 from engram_ledger.services.bus.envelope import EnvelopeFormat, ReplyInKind
 from engram_ledger.services.bus.handled import DeleteHandled
@@ -302,6 +303,7 @@ def build(settings: Settings) -> Engram:
     owner, lease_ms = settings.consumer_name, settings.lease_ms
     history = HistoryReader(redis, settings.partitions, master)
     access = AccessLog(redis, settings.partitions)
+    audit = RecallAudit(store, audited_users(settings.recall_audit), utc_now)
     runners: list[ProjectionRunner] = []
     if "history" in roles:
         runners += [
@@ -321,6 +323,7 @@ def build(settings: Settings) -> Engram:
             access=access,
             blend=BlendPolicy(relevance, recency, importance, settings.recency_half_life_days),
             floor=settings.min_relevance,
+            audit=audit,
         )
         if "index" in roles:
             runners += [
@@ -347,8 +350,11 @@ def build(settings: Settings) -> Engram:
             projection_runner("forget-saga", live_saga(redis, p), redis, store, p, owner, lease_ms) for p in partitions
         ]
     timer = ForgetExpiryTimer(pending, settings.partitions, commands.execute, utc_now) if "saga" in roles else None
-    context = ContextService(history, search, count_tokens_many)
-    queries = QueryService(query_handlers(history, settings.read_wait_seconds, search, context, access=access))
+    context = ContextService(history, search, count_tokens_many, audit=audit)
+    handlers = query_handlers(
+        history, settings.read_wait_seconds, search, context, access=access, recall_queries=store.recall_queries
+    )
+    queries = QueryService(handlers)
     _subscribe(broker, settings, commands, queries)
     reclaimers = [
         PendingReclaimer(

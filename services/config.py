@@ -191,6 +191,9 @@ class Settings:
     min_relevance: float = DEFAULT_FLOOR
     # How long a requested deletion waits for its confirmation (requirements §1: 5 minutes).
     forget_ttl_seconds: float = 300.0
+    # Whose searches and memory blocks are recorded as recalls: "off", "all", or user ids,
+    # comma-separated (services/application/recalls.py).
+    recall_audit: str = "off"
     # Prometheus metrics on this port; 0: off.
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
@@ -257,6 +260,7 @@ class Settings:
             similar_threshold=_float("ENGRAM_SIMILAR_THRESHOLD", 0.5),
             min_relevance=_unit("ENGRAM_MIN_RELEVANCE", DEFAULT_FLOOR),
             forget_ttl_seconds=_float("ENGRAM_FORGET_TTL_SECONDS", 300.0),
+            recall_audit=os.environ.get("ENGRAM_RECALL_AUDIT", "off"),
             ranking_weights=_triple(os.environ.get("ENGRAM_RANKING_WEIGHTS", "0.7,0.15,0.15")),
             recency_half_life_days=_float("ENGRAM_RECENCY_HALF_LIFE_DAYS", 30.0),
             metrics_port=_int("ENGRAM_METRICS_PORT", 0),

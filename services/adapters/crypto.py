@@ -32,7 +32,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +40,7 @@ import msgspec
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDFExpand
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF, HKDFExpand
 
 from engram_ledger.contracts.events import AnyEvent
 from engram_ledger.services.adapters.private_files import private_dir, write_private
@@ -62,6 +62,8 @@ SEALED_FIELDS = (
     "key",
     "value",
     "item",
+    # A recall's query (MemoryRecalled), under ``recall_key``.
+    "query",
 )
 _NONCE = 12
 # HKDF info of the subject matching key: a new version of the label is a new key, so changing
@@ -452,6 +454,16 @@ class NoteCipher:
                 plain = self._aead.decrypt(raw[:_NONCE], raw[_NONCE:], f"{event.event_id}/{field}".encode())
                 changes[field] = plain.decode()
         return msgspec.structs.replace(event, **changes) if changes else event
+
+
+RECALL_KEY_LABEL = b"engram recall v1"
+
+
+def recall_key(own: bytes, named: Sequence[bytes]) -> bytes:
+    """The key a recall's query is sealed under: drawn (HKDF-SHA256) from the recall's own data
+    key and the data key of every note it names, in order, so destroying any one of them (a
+    forget of the note, an erasure of the user) leaves the query unreadable."""
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=RECALL_KEY_LABEL).derive(own + b"".join(named))
 
 
 def is_sealed(event: AnyEvent) -> bool:

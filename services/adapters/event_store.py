@@ -14,7 +14,7 @@ import msgspec
 from redis.asyncio import Redis
 
 from engram_ledger.contracts import channels
-from engram_ledger.contracts.events import AnyEvent, is_control_stream
+from engram_ledger.contracts.events import AnyEvent, MemoryRecalled, is_control_stream
 from engram_ledger.services.adapters.crypto import (
     REQUEST_FINGERPRINT_LABEL,
     MasterKey,
@@ -22,6 +22,7 @@ from engram_ledger.services.adapters.crypto import (
     is_sealed,
     keyed_hash,
     needs_key,
+    recall_key,
     shredded,
 )
 from engram_ledger.services.application.ports import (
@@ -168,7 +169,21 @@ class _LoadedKeys:
 def _open(event: AnyEvent, cipher: NoteCipher | None) -> AnyEvent:
     if not is_sealed(event):
         return event
+    if isinstance(event, MemoryRecalled):
+        # Its own key alone does not open it (``recall_key``): read with ``recall_queries``.
+        return msgspec.structs.replace(event, query=None)
     return cipher.open_event(event) if cipher is not None else shredded(event)
+
+
+class _Unsealed(NoteCipher):
+    """A recall whose query cannot be sealed (a note it named was forgotten meanwhile): its
+    query is left out."""
+
+    def __init__(self) -> None:
+        pass
+
+    def seal_event(self, event: AnyEvent) -> AnyEvent:
+        return msgspec.structs.replace(event, query=None) if isinstance(event, MemoryRecalled) else event
 
 
 class RedisEventStore:
@@ -304,6 +319,15 @@ class RedisEventStore:
         for item in appends:
             if not any(needs_key(e) for e in item.events):
                 continue
+            recalled = next((e for e in item.events if isinstance(e, MemoryRecalled)), None)
+            if recalled is not None and item.expected_version == 0:
+                data_key = self._master.new_data_key()
+                wrapped = self._master.wrap(data_key, f"{user_id}/{item.note_id}")
+                named = await self._data_keys(partition, user_id, recalled.notes)
+                # A note forgotten since it was shown: the query is not kept (its key is gone).
+                key = recall_key(data_key, named) if named is not None else None
+                sealing[item.note_id] = (NoteCipher(key) if key else _Unsealed(), wrapped, b"")
+                continue
             if item.expected_version == 0:
                 data_key = self._master.new_data_key()
                 wrapped = self._master.wrap(data_key, f"{user_id}/{item.note_id}")
@@ -320,6 +344,41 @@ class RedisEventStore:
                     return Conflict(note_id=note_id, actual_version=-1)
                 sealing[note_id] = (cipher, b"", raw)
         return sealing
+
+    async def _data_keys(self, partition: int, user_id: str, note_ids: Sequence[str]) -> list[bytes] | None:
+        """The notes' data keys, in order; None if one is gone (forgotten)."""
+        if not note_ids:
+            return []
+        stored = await self._redis.mget([channels.data_key(partition, user_id, n) for n in note_ids])
+        if any(raw is None for raw in stored):
+            return None
+        return [self._master.unwrap(raw, f"{user_id}/{n}") for n, raw in zip(note_ids, stored, strict=True)]
+
+    async def recall_queries(self, user_id: str, recall_ids: Sequence[str]) -> dict[str, str | None]:
+        """Each recall's query, opened with its own data key and those of the notes it named;
+        None where one of them is gone (a note it showed, or the user, was forgotten)."""
+        p = self.partition_of(user_id)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for recall_id in recall_ids:
+                pipe.xrange(channels.note_stream(p, user_id, recall_id), count=1)
+                pipe.get(channels.data_key(p, user_id, recall_id))
+            raws = await pipe.execute()
+        found: dict[str, str | None] = {}
+        for i, recall_id in enumerate(recall_ids):
+            entries, own = raws[2 * i], raws[2 * i + 1]
+            found[recall_id] = None
+            if not entries or own is None:
+                continue
+            event = decode_event(entries[0][1][b"e"])
+            if not isinstance(event, MemoryRecalled) or not event.query:
+                continue
+            named = await self._data_keys(p, user_id, event.notes)
+            if named is None:
+                continue
+            own_key = self._master.unwrap(own, f"{user_id}/{recall_id}")
+            opened = NoteCipher(recall_key(own_key, named)).open_event(event)
+            found[recall_id] = opened.query if isinstance(opened, MemoryRecalled) else None
+        return found
 
     def _cipher(self, wrapped: bytes | None, user_id: str, note_id: str) -> NoteCipher | None:
         if wrapped is None:

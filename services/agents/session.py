@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engram_ledger.contracts.model import Origin
 from engram_ledger.services.bus.client import EngramClient
 
 
@@ -16,7 +17,14 @@ class AgentSession:
     client: EngramClient
     user_id: str
     session_id: str | None = None
+    # The channel its reads name (a recall records it): the tool profile the agent uses.
+    channel: str | None = None
     _last_token: str | None = field(default=None, init=False, repr=False)
+
+    @property
+    def origin(self) -> Origin:
+        """Where this session's requests come from: its channel and conversation."""
+        return Origin(channel=self.channel, session_id=self.session_id)
 
     @property
     def last_token(self) -> str | None:

@@ -83,7 +83,7 @@ class ToolDispatcher:
         check_user_id(self.user_id)
         self.profile_name = profile_name(self.profile_name)
         self._tools = {t.spec.name: t for t in _TOOLS[self.profile_name]}
-        self._session = AgentSession(self.client, self.user_id, self.session_id)
+        self._session = AgentSession(self.client, self.user_id, self.session_id, channel=self.profile_name)
 
     @property
     def last_token(self) -> str | None:

@@ -32,6 +32,7 @@ from engram_ledger.contracts.model import NoteKind, NoteStatus, NoteView
 from engram_ledger.contracts.queries import BuildContext, ContextReply, SearchNotes
 from engram_ledger.services.application.past import listing_then, moment_of
 from engram_ledger.services.application.ports import NoteHistory
+from engram_ledger.services.application.recalls import RecallAudit
 from engram_ledger.services.application.search import SearchService, lapsed
 
 
@@ -190,11 +191,14 @@ def select(
 class ContextService:
     """Answers ``BuildContext`` from the history read model (and the search, for relevance)."""
 
-    def __init__(self, history: NoteHistory, search: SearchService | None, count: Counter) -> None:
+    def __init__(
+        self, history: NoteHistory, search: SearchService | None, count: Counter, audit: RecallAudit | None = None
+    ) -> None:
         # count: word pieces of each text, by the embedding model's tokenizer (an adapter's).
         self._history = history
         self._search = search
         self._count_many = count
+        self._audit = audit
 
     def _count(self, text: str) -> int:
         # The tokenizer splits at whitespace before anything else, so a text's count is the sum
@@ -225,13 +229,18 @@ class ContextService:
                 min_relevance=query.min_relevance,
                 as_of=query.as_of,
             )
-            found = await self._search.search(asked)
+            found = await self._search.search(asked, record=False)
             relevance = {h.note_id: h.score for h in found.results}
             if query.format == "xml":
                 episode = msgspec.structs.replace(asked, top_k=3, kind=NoteKind.EPISODE, after=None)
-                hits = await self._search.search(episode)
+                hits = await self._search.search(episode, record=False)
                 episodes = [h.note for h in hits.results if h.note is not None]
-        return await asyncio.to_thread(self._compose, query, notes, relevance, episodes)
+        reply = await asyncio.to_thread(self._compose, query, notes, relevance, episodes)
+        if self._audit is not None and query.as_of is None and self._audit.audits(query.user_id):
+            versions = {n.id: n.version for n in [*notes, *episodes]}
+            shown = [(note_id, versions.get(note_id, 1)) for note_id in reply.note_ids]
+            await self._audit.record(query.user_id, "context", query.query, shown, query.origin)
+        return reply
 
     def _compose(
         self, query: BuildContext, notes: list[NoteView], relevance: dict[str, float], episodes: list[NoteView]

@@ -14,7 +14,7 @@ from typing import Literal, Protocol
 import msgspec
 
 from engram_ledger.contracts.events import AnyEvent
-from engram_ledger.contracts.model import MessageView, NoteView, VersionView
+from engram_ledger.contracts.model import MessageView, NoteView, RecallView, VersionView
 from engram_ledger.services.application.as_of import Listed
 from engram_ledger.services.domain.appends import StreamAppend
 from engram_ledger.services.domain.note import NoteState
@@ -155,6 +155,9 @@ class EventStore(Protocol):
     async def log_head(self, partition: int) -> tuple[str | None, int]:
         """The last position of a partition's log and its length."""
 
+    async def recall_queries(self, user_id: str, recall_ids: Sequence[str]) -> dict[str, str | None]:
+        """Each recall's query (None: gone with a note it named or the user, or never kept)."""
+
 
 class NoteHistory(Protocol):
     """The version-history read model (``projections/history.py``), read side."""
@@ -219,6 +222,11 @@ class NoteHistory(Protocol):
 
     async def listing(self, user_id: str, include_superseded: bool) -> list[Listed]:
         """The user's listing as it is now (``list_notes``' order), by place only."""
+
+    async def recalls(
+        self, user_id: str, since: datetime | None, until: datetime | None, session_id: str | None, limit: int
+    ) -> list[RecallView]:
+        """The user's recalls, newest first, without their queries."""
 
     async def expired_by(self, user_id: str, ms: int) -> list[str]:
         """The user's notes whose time to live had run out by ``ms`` and that are not forgotten yet."""

@@ -26,11 +26,13 @@ from engram_ledger.contracts.queries import (
     ListCategories,
     ListMessages,
     ListNotes,
+    ListRecalls,
     ListRecent,
     MessagesReply,
     NoteReply,
     NotesReply,
     QueryReply,
+    RecallsReply,
     SearchNotes,
 )
 from engram_ledger.services.application.as_of import Moment, changes_between, holds_at, in_categories, note_as_of
@@ -87,10 +89,11 @@ def query_handlers(
     search: SearchService | None = None,
     context: ContextService | None = None,
     access: AccessStats | None = None,
+    recall_queries: Callable[[str, list[str]], Awaitable[dict[str, str | None]]] | None = None,
 ) -> dict[type, Handler]:
     """Which handler answers each query. The read model's queries (and the memory block) first
     wait for the caller's token; a search waits for the index and the read model itself."""
-    reads = ReadModelQueries(history, read_wait_seconds, access)
+    reads = ReadModelQueries(history, read_wait_seconds, access, recall_queries)
     handlers: dict[type, Handler] = {
         GetNote: reads.caught_up(reads.get_note),
         GetNoteByKey: reads.caught_up(reads.get_by_key),
@@ -100,6 +103,7 @@ def query_handlers(
         ListMessages: reads.caught_up(reads.list_messages),
         ListRecent: reads.caught_up(reads.list_recent),
         DiffNotes: reads.caught_up(reads.diff),
+        ListRecalls: reads.caught_up(reads.recalls),
     }
     off = "search is off in this deployment (ENGRAM_INDEX=off)"
     handlers[SearchNotes] = _checked_where(search.search if search is not None else _refused(off))
@@ -136,10 +140,18 @@ class ReadModelQueries:
     """The queries the history read model answers. Another user's note answers
     MEMORY_NOT_FOUND, exactly like a missing one."""
 
-    def __init__(self, history: NoteHistory, read_wait_seconds: float, access: AccessStats | None = None) -> None:
+    def __init__(
+        self,
+        history: NoteHistory,
+        read_wait_seconds: float,
+        access: AccessStats | None = None,
+        recall_queries: Callable[[str, list[str]], Awaitable[dict[str, str | None]]] | None = None,
+    ) -> None:
+        """``recall_queries``: opens recalls' queries (the event store's; None: none shown)."""
         self._history = history
         self._wait = read_wait_seconds
         self._access = access
+        self._recall_queries = recall_queries
 
     def caught_up(self, handler: Handler) -> Handler:
         """``handler``, once the read model has reached the query's ``after`` token."""
@@ -191,6 +203,13 @@ class ReadModelQueries:
         if query.valid_at is not None:
             notes = [n for n in notes if holds_at(n, query.valid_at)]
         return NotesReply(notes=notes[query.offset : query.offset + limit], total=len(notes))
+
+    async def recalls(self, query: ListRecalls) -> RecallsReply:
+        found = await self._history.recalls(query.user_id, query.since, query.until, query.session_id, query.limit)
+        if self._recall_queries is not None and found:
+            queries = await self._recall_queries(query.user_id, [r.recall_id for r in found])
+            found = [msgspec.structs.replace(r, query=queries.get(r.recall_id)) for r in found]
+        return RecallsReply(recalls=found)
 
     async def diff(self, query: DiffNotes) -> DiffReply:
         history, user_id = self._history, query.user_id

@@ -26,6 +26,7 @@ from engram_ledger.services.application.ranking import (
     boost_sessions,
     fuse,
 )
+from engram_ledger.services.application.recalls import RecallAudit
 from engram_ledger.services.application.relevance import DEFAULT_FLOOR, MODEL, RelevanceModel, Signals, features
 from engram_ledger.services.application.terms import sparse_query
 from engram_ledger.services.application.vector_index import (
@@ -111,8 +112,11 @@ class SearchService:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         relevance: RelevanceModel = MODEL,
         floor: float = DEFAULT_FLOOR,
+        audit: RecallAudit | None = None,
     ) -> None:
-        """``floor``: the ``min_relevance`` of a search that gives none."""
+        """``floor``: the ``min_relevance`` of a search that gives none; ``audit``: records
+        what searches show, for the users the deployment audits."""
+        self._audit = audit
         self._runtime = runtime
         self._history = history
         self._wait = read_wait_seconds
@@ -124,7 +128,18 @@ class SearchService:
         self.floor = floor
         self._touching: set[asyncio.Task[None]] = set()
 
-    async def search(self, query: SearchNotes) -> SearchReply:
+    async def search(self, query: SearchNotes, record: bool = True) -> SearchReply:
+        """``record``: a recall is recorded (where audited) for this search; a memory block
+        records its own instead."""
+        reply = await self._search(query)
+        if record and self._audit is not None and query.as_of is None and self._audit.audits(query.user_id):
+            shown = [
+                (h.note_id, h.note.version if h.note else h.message.version if h.message else 1) for h in reply.results
+            ]
+            await self._audit.record(query.user_id, "search", query.query, shown, query.origin)
+        return reply
+
+    async def _search(self, query: SearchNotes) -> SearchReply:
         depth = query.offset + query.top_k
         if depth > SEARCH_DEPTH_MAX:
             raise EngramError(

@@ -51,12 +51,14 @@ from engram_ledger.contracts.queries import (
     ListCategories,
     ListMessages,
     ListNotes,
+    ListRecalls,
     ListRecent,
     MessagesReply,
     NoteReply,
     NotesReply,
     NotesWritten,
     NoteWritten,
+    RecallsReply,
     SearchNotes,
     SearchReply,
 )
@@ -452,11 +454,13 @@ class EngramClient:
         update_tool: str | None = "update_memory",
         min_relevance: float | None = None,
         as_of: str | datetime | None = None,
+        origin: Origin | None = None,
     ) -> ContextReply:
         """``update_tool``: the tool the agent reading the block changes a memory with (None: it
         has none, and the block names none). ``min_relevance``: as ``search``'s, for ``query``.
         ``as_of``: the block as the memory was then."""
         request = BuildContext(
+            origin=origin,
             as_of=_moment(as_of),
             min_relevance=min_relevance,
             user_id=user_id,
@@ -475,6 +479,20 @@ class EngramClient:
         query = GetNote(user_id=user_id, note_id=note_id, after=after, as_of=_moment(as_of))
         reply = await self.ask(query, NoteReply)
         return reply.note
+
+    async def recalls(
+        self,
+        user_id: str,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        session_id: str | None = None,
+        limit: int = 50,
+        after: str | None = None,
+    ) -> RecallsReply:
+        """What searches and memory blocks showed the user's agents, newest first (where audited)."""
+        query = ListRecalls(user_id=user_id, since=since, until=until, session_id=session_id, limit=limit, after=after)
+        return await self.ask(query, RecallsReply)
 
     async def diff(
         self,
@@ -578,10 +596,12 @@ class EngramClient:
         min_relevance: float | None = None,
         as_of: str | datetime | None = None,
         valid_at: datetime | None = None,
+        origin: Origin | None = None,
     ) -> SearchReply:
         """``min_relevance``: hits below it are left out (None: the service's floor; 0: none).
         ``as_of``: search the memory as it was then (a time, or a token a command returned)."""
         request = SearchNotes(
+            origin=origin,
             valid_at=valid_at,
             as_of=_moment(as_of),
             min_relevance=min_relevance,

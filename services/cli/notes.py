@@ -105,6 +105,13 @@ async def cmd_diff(client: EngramClient, args: argparse.Namespace) -> None:
     print_result(args, reply, render.diff)
 
 
+async def cmd_recalls(client: EngramClient, args: argparse.Namespace) -> None:
+    reply = await client.recalls(
+        args.user, since=args.since, until=args.until, session_id=args.session, limit=args.limit, after=args.after
+    )
+    print_result(args, reply, render.recalls)
+
+
 async def cmd_forget(client: EngramClient, args: argparse.Namespace) -> None:
     if args.all or args.session is not None:
         if args.query is not None or args.note_ids or (args.all and args.session is not None):

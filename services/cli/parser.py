@@ -23,6 +23,7 @@ from engram_ledger.services.cli.notes import (
     cmd_history,
     cmd_list,
     cmd_memory,
+    cmd_recalls,
     cmd_recent,
     cmd_revert,
     cmd_save,
@@ -179,6 +180,15 @@ def _memory(cli: Commands) -> None:
     p.add_argument("--since", required=True, help="from this moment (ISO 8601, UTC if no zone; or a token)")
     p.add_argument("--until", help="up to this moment (default: now)")
     p.add_argument("--limit", type=int, default=200, help=f"changes at most (1-{LIST_NOTES_MAX})")
+    p.add_argument("--after", help="consistency token to wait for")
+
+    p = cli.add(
+        "recalls", with_client(cmd_recalls), "what searches and memory blocks showed the user's agents", user=True
+    )
+    p.add_argument("--since", type=_time_argument, help="after this time (ISO 8601; UTC if no zone)")
+    p.add_argument("--until", type=_time_argument, help="up to this time")
+    p.add_argument("--session", help="only this conversation's")
+    p.add_argument("--limit", type=int, default=50, help=f"recalls at most (1-{LIST_NOTES_MAX})")
     p.add_argument("--after", help="consistency token to wait for")
 
     p = cli.writes(

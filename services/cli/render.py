@@ -18,6 +18,7 @@ from engram_ledger.contracts.events import (
     AnyEvent,
     ForgetExpired,
     ForgetRequested,
+    MemoryRecalled,
     MessageRecorded,
     MessageRetracted,
     NoteForgotten,
@@ -33,6 +34,7 @@ from engram_ledger.contracts.queries import (
     ForgetReply,
     HistoryReply,
     NoteWritten,
+    RecallsReply,
     SearchHit,
     SearchReply,
 )
@@ -185,6 +187,21 @@ def _change(change: NoteChange) -> Text:
     if change.change == "reverted" and after.reverted_to is not None:
         return Text.assemble(head, f"(to v{after.reverted_to}) ", text)
     return Text.assemble(head, text)
+
+
+def recalls(reply: RecallsReply) -> Text:
+    """``ListRecalls``: one line a recall, newest first."""
+    if not reply.recalls:
+        return Text("no recalls recorded (ENGRAM_RECALL_AUDIT names whose are)")
+    lines: list[Text | None] = []
+    for r in reply.recalls:
+        where = ", ".join(x for x in (r.channel, f"session {r.session_id}" if r.session_id else None) if x)
+        asked = f"{r.query!r}" if r.query is not None else "(query gone: a note it showed, or the user, was forgotten)"
+        shown = " ".join(f"{n}@v{v}" for n, v in zip(r.notes, r.versions, strict=False)) or "nothing"
+        lines.append(
+            Text.assemble(f"{when(r.at)}  {r.kind:<8} ", (f"[{where}] " if where else "", DIM), asked, f" → {shown}")
+        )
+    return _lines(*lines)
 
 
 def superseded(reply: NoteWritten) -> Text:
@@ -492,6 +509,8 @@ def _event_details(event: AnyEvent) -> list[str]:
         return [f"changed {', '.join(changed + (['expiry cleared'] if event.expiry_cleared else [])) or 'nothing'}"]
     if isinstance(event, NoteSuperseded):
         return [f"superseded by {event.superseded_by}"]
+    if isinstance(event, MemoryRecalled):
+        return [f"{event.kind} showed {len(event.notes)} memor{'y' if len(event.notes) == 1 else 'ies'}"]
     if isinstance(event, NoteReverted):
         return [f"reverted to version {event.to_version}" + (", active again" if event.reactivated else "")]
     if isinstance(event, NoteRenewed):

@@ -20,7 +20,14 @@ from typing import Any
 
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.errors import EngramError, ErrorCode
-from engram_ledger.contracts.events import AnyEvent, ForgetExpired, ForgetRequested, NoteForgotten, UserForgotten
+from engram_ledger.contracts.events import (
+    AnyEvent,
+    ForgetExpired,
+    ForgetRequested,
+    NoteForgotten,
+    UserForgotten,
+    is_recall,
+)
 from engram_ledger.services.bus.deliveries import Delivery
 from engram_ledger.services.bus.subscription import Subscription
 
@@ -34,6 +41,7 @@ SERIES: dict[str, str] = {
     "message_recorded": "saves",
     "note_updated": "updates",
     "note_superseded": "updates",
+    "note_reverted": "updates",
     "note_forgotten": "forgets",
 }
 
@@ -208,7 +216,8 @@ class LogWatch:
         user.last_at = event.at if user.last_at is None else max(user.last_at, event.at)
         user.recent.append(shown)
         self.recent.append(shown)
-        series = SERIES.get(shown.type)
+        # A recall (what a search showed) changes no memory, nor does its erasure.
+        series = SERIES.get(shown.type) if not is_recall(event.note_id) else None
         if series is not None:
             day = event.at.astimezone(UTC).date()
             counts = user.days.setdefault(day, {"saves": 0, "updates": 0, "forgets": 0})

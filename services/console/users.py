@@ -98,6 +98,17 @@ def routes(console: Console, pages: Pages) -> list[Route]:
             truncated=diff.truncated,
         )
 
+    async def recalls(request: Request) -> Response:
+        """What searches and memory blocks showed the user's agents (where recalls are audited),
+        newest first; ``session``: one conversation's."""
+        q = request.query_params
+        user = user_of(text_of(q, "u"))
+        session = text_of(q, "session")
+        reply = await console.bus.recalls(user, session_id=session, limit=PAGE, after=token_of(q))
+        return pages.page(
+            request, "recalls.html", user_id=user, section="memories", session=session, recalls=reply.recalls
+        )
+
     async def activity(request: Request) -> Response:
         q = request.query_params
         user = user_of(text_of(q, "u"))
@@ -108,6 +119,7 @@ def routes(console: Console, pages: Pages) -> list[Route]:
         Route("/", home),
         Route("/user", user_page),
         Route("/user/changes", changes),
+        Route("/user/recalls", recalls),
         Route("/user/activity", activity),
     ]
 

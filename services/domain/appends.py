@@ -84,7 +84,7 @@ def forget_expired(command: AnyCommand, note_id: str, version: int, now: datetim
 
 
 def require_active(note_id: str, state: NoteState) -> None:
-    if not state.exists or state.is_message or state.status is NoteStatus.FORGOTTEN:
+    if not state.exists or state.is_message or state.is_recall or state.status is NoteStatus.FORGOTTEN:
         raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"Memory with ID {note_id} not found")
     if state.status is NoteStatus.SUPERSEDED:
         raise EngramError(

@@ -37,7 +37,7 @@ DEFAULT_FORGET_TTL = timedelta(seconds=300)
 
 
 def forgettable(state: NoteState) -> bool:
-    return state.exists and not state.is_message and not state.forgotten
+    return state.exists and not state.is_message and not state.is_recall and not state.forgotten
 
 
 def request_forget(
@@ -154,7 +154,7 @@ def _erase(
     for note_id in erased:
         state = targets[note_id]
         event = NoteForgotten(request_count=0, **event_header(command, note_id, state.version + 1, now))
-        releases = [] if state.is_message else [identity_claim(state)]
+        releases = [] if state.is_message or state.is_recall else [identity_claim(state)]
         appends.append(
             StreamAppend(note_id=note_id, expected_version=state.version, events=[event], releases=releases, shred=True)
         )
@@ -174,7 +174,7 @@ def erase_late(
     for note_id in erasable(late):
         state = late[note_id]
         event = NoteForgotten(request_count=0, **event_header(command, note_id, state.version + 1, now))
-        releases = [] if state.is_message else [identity_claim(state)]
+        releases = [] if state.is_message or state.is_recall else [identity_claim(state)]
         appends.append(
             StreamAppend(note_id=note_id, expected_version=state.version, events=[event], releases=releases, shred=True)
         )

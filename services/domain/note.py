@@ -12,6 +12,7 @@ from engram_ledger.contracts.events import (
     AnyEvent,
     ForgetExpired,
     ForgetRequested,
+    MemoryRecalled,
     MessageRecorded,
     MessageRetracted,
     NoteForgotten,
@@ -63,6 +64,8 @@ class NoteState(msgspec.Struct, frozen=True, kw_only=True):
     # A conversation message lives in the same kind of stream but is not a note; its session
     # and speaker (the index puts a turn in the context of the turns before it).
     is_message: bool = False
+    # A recall (``MemoryRecalled``): the user's like a note, forgotten with the user, never changed.
+    is_recall: bool = False
     session_id: str | None = None
     speaker: str | None = None
     retracted: bool = False
@@ -111,7 +114,7 @@ ABSENT = NoteState()
 
 def evolve(state: NoteState, event: AnyEvent) -> NoteState:
     after = _evolve(state, event)
-    if after.is_message or after.status is None or after.forgotten:
+    if after.is_message or after.is_recall or after.status is None or after.forgotten:
         return after
     # Gapless versions: a note's snapshots are its versions in order.
     return msgspec.structs.replace(after, past=(*after.past, after.snapshot()))
@@ -185,6 +188,8 @@ def _evolve(state: NoteState, event: AnyEvent) -> NoteState:
             session_id=event.session_id,
             speaker=event.speaker,
         )
+    if isinstance(event, MemoryRecalled):
+        return NoteState(version=event.version, status=NoteStatus.ACTIVE, is_recall=True)
     if isinstance(event, MessageRetracted):
         return msgspec.structs.replace(state, version=event.version, retracted=True)
     if isinstance(event, ForgetRequested):
@@ -199,7 +204,11 @@ def _evolve(state: NoteState, event: AnyEvent) -> NoteState:
     if isinstance(event, NoteForgotten):
         # The content was shredded with the key; nothing of it is kept.
         return NoteState(
-            version=event.version, status=NoteStatus.FORGOTTEN, is_message=state.is_message, session_id=state.session_id
+            version=event.version,
+            status=NoteStatus.FORGOTTEN,
+            is_message=state.is_message,
+            is_recall=state.is_recall,
+            session_id=state.session_id,
         )
     raise TypeError(f"unknown event {type(event).__name__}")
 

@@ -82,7 +82,7 @@ async def search(s: AgentSession, a: Arguments) -> Result:
         include_conversation="include_conversations",
     )
     options.update({bound: parse_time(a[bound]) for bound in ("since", "until") if bound in a})
-    reply = await s.client.search(s.user_id, a["query"], after=s.last_token, **options)
+    reply = await s.client.search(s.user_id, a["query"], after=s.last_token, origin=s.origin, **options)
     if not reply.results:
         return {"results": [], "message": no_match(a["query"])}
     return {"results": [msgspec.to_builtins(h) for h in reply.results]}
@@ -219,6 +219,7 @@ async def context(s: AgentSession, a: Arguments) -> Result:
     reply = await s.client.context(
         s.user_id,
         after=s.last_token,
+        origin=s.origin,
         update_tool="update",
         **given(a, "format", "query", "max_tokens", "min_relevance"),
     )

@@ -102,7 +102,9 @@ SEARCH_MEMORIES = ToolSpec(
 
 
 async def search_memories(s: AgentSession, a: Arguments) -> Result:
-    reply = await s.client.search(s.user_id, a["query"], after=s.last_token, **given(a, "min_relevance", top_k="limit"))
+    reply = await s.client.search(
+        s.user_id, a["query"], after=s.last_token, origin=s.origin, **given(a, "min_relevance", top_k="limit")
+    )
     memories = [memento_memory(h.note, h.score) for h in reply.results if h.note is not None]
     return {"memories": memories} if memories else {"memories": [], "message": no_match(a["query"])}
 

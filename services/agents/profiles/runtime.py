@@ -54,6 +54,7 @@ async def memory_search(s: AgentSession, a: Arguments) -> Result:
         include_conversation=conversation,
         session_id=s.session_id if conversation else None,
         after=s.last_token,
+        origin=s.origin,
         **given(a, "top_k", "min_relevance"),
     )
     if not reply.results:

@@ -1,0 +1,83 @@
+"""The recall audit through the real bus: where a deployment audits a user's recalls, each
+search and memory block served records what it showed (``MemoryRecalled``), with the channel
+and session that asked and the query sealed; forgetting a note it showed, or the user, leaves
+the query unreadable, provably (its key is derived from theirs)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from engram_ledger.contracts.model import Origin, RecallView
+from engram_ledger.services.bus.client import EngramClient
+from tests.conftest import RunningService, service_settings
+from tests.support import leaked
+
+
+@pytest.fixture
+async def audited(redis_url: str) -> AsyncIterator[tuple[RunningService, EngramClient]]:
+    running = await RunningService(service_settings(redis_url, recall_audit="alice")).start()
+    async with EngramClient(redis_url, timeout=10, operator=True) as client:
+        yield running, client
+    await running.stop()
+
+
+async def recalled(client: EngramClient, user: str, count: int, **filters: object) -> list[RecallView]:
+    """The user's recalls once ``count`` are in the read model (it follows the log)."""
+    for _ in range(100):
+        found = (await client.recalls(user, **filters)).recalls  # type: ignore[arg-type]
+        if len(found) >= count:
+            return found
+        await asyncio.sleep(0.05)
+    return found
+
+
+async def test_a_search_and_a_memory_block_record_what_they_showed(
+    audited: tuple[RunningService, EngramClient],
+) -> None:
+    _, client = audited
+    boss = await client.save("alice", "Alec is my boss at TechCorp", category="work")
+    cat = await client.save("alice", "I have a cat named Miso", category="home")
+    tui = Origin(channel="tui", session_id="s-1")
+    hits = await client.search("alice", "who is my boss?", origin=tui, after=cat.token)
+    assert hits.results[0].note_id == boss.note_id
+    block = await client.context("alice", query="pets", origin=Origin(channel="whatsapp", session_id="s-2"))
+    # Bob's are not audited here.
+    await client.save("bob", "Bob likes jazz")
+    await client.search("bob", "music")
+
+    search, context = sorted(await recalled(client, "alice", 2), key=lambda r: r.kind, reverse=True)
+    assert (search.kind, search.query, search.channel, search.session_id) == ("search", "who is my boss?", "tui", "s-1")
+    assert search.notes == [h.note_id for h in hits.results] and search.versions == [1] * len(hits.results)
+    assert (context.kind, context.query, context.channel) == ("context", "pets", "whatsapp")
+    assert context.notes == block.note_ids
+    assert [r.recall_id for r in await recalled(client, "alice", 1, session_id="s-1")] == [search.recall_id]
+    assert (await client.recalls("bob")).recalls == []
+
+
+async def test_a_recall_s_query_goes_with_a_note_it_showed_and_all_of_it_with_the_user(
+    audited: tuple[RunningService, EngramClient],
+) -> None:
+    service, client = audited
+    secret = await client.save("alice", "my locker code is heron-7719")
+    other = await client.save("alice", "I like tea")
+    await client.search("alice", "what is my locker code at the gym", min_relevance=0, after=other.token)
+    await client.search("alice", "what do I drink", min_relevance=0, top_k=1)
+    both, tea_only = sorted(await recalled(client, "alice", 2), key=lambda r: len(r.notes), reverse=True)
+    assert secret.note_id in both.notes and both.query == "what is my locker code at the gym"
+    assert tea_only.notes == [other.note_id]
+
+    gone = await client.forget("alice", note_ids=[secret.note_id], confirmed=True)
+    after = {r.recall_id: r for r in (await client.recalls("alice", after=gone.token)).recalls}
+    # The recall that showed the forgotten note can no longer say what was asked; the other can.
+    assert after[both.recall_id].query is None and after[both.recall_id].notes == both.notes
+    assert after[tea_only.recall_id].query == "what do I drink"
+
+    asked = await client.forget_user("alice")
+    erased = await client.forget_user("alice")
+    assert asked.status == "confirmation_required" and erased.status == "forgotten"
+    assert (await client.recalls("alice", after=erased.token)).recalls == []
+    assert await leaked(service.settings.redis_url, b"what do I drink") == []
+    assert await leaked(service.settings.redis_url, b"locker code") == []
