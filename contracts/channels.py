@@ -230,6 +230,10 @@ class HistoryKeys(GenerationKeys):
     def recall(self, user_id: str, recall_id: str) -> str:
         return f"{self.prefix}recall:{part(user_id)}:{part(recall_id)}"
 
+    def relisted(self, user_id: str) -> str:
+        """As ``changed``, for the changes that can move a note in or out of a listing."""
+        return f"{self.prefix}relisted:{part(user_id)}"
+
     def changed(self, user_id: str) -> str:
         """When each of a user's notes last changed (note id -> milliseconds): the notes a
         reading of the past cannot take as they are now."""

@@ -48,6 +48,7 @@ from engram_ledger.projections.history_model import (
     message_view,
     order_member,
     recent_score,
+    relists,
     retracted_view,
     said_score,
     version_entry,
@@ -94,8 +95,9 @@ class _Writes(msgspec.Struct):
     digests: dict[str, str] = msgspec.field(default_factory=dict)
     # Each touched note's data key (None: forgotten), to seal what is written.
     ciphers: dict[tuple[str, str], Any] = msgspec.field(default_factory=dict)
-    # When each note written last changed (``HistoryKeys.changed``), per user.
+    # When each note written last changed (``HistoryKeys.changed``, ``relisted``), per user.
     changed: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
+    relisted: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
     # Recalls recorded (``MemoryRecalled``), by key, and each user's index of them by time.
     recalls: dict[str, _Recall] = msgspec.field(default_factory=dict)
     recalled: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
@@ -217,6 +219,8 @@ class HistoryProjection(GenerationalProjection[_Writes]):
             pipe.sadd(keys.sessions(user_id), *listings)  # relative names: a rebuild's keys match
         for user_id, scores in writes.changed.items():
             pipe.zadd(keys.changed(user_id), scores)  # type: ignore[arg-type]
+        for user_id, scores in writes.relisted.items():
+            pipe.zadd(keys.relisted(user_id), scores)  # type: ignore[arg-type]
         for key, recall in writes.recalls.items():
             cipher = ciphers.get((recall.user_id, recall.recall_id))
             pipe.set(key, RECALLS.encode(recall.view, cipher, recall_label(recall.user_id, recall.recall_id)))
@@ -293,10 +297,17 @@ def _fold(
                     writes.views.pop(key, None)
                     writes.messages.pop(key, None)
                     views.pop(key, None)
-            erased_keys = {keys.order(user, True), keys.order(user, False), keys.recent(user), keys.changed(user)}
+            erased_keys = {
+                keys.order(user, True),
+                keys.order(user, False),
+                keys.recent(user),
+                keys.changed(user),
+                keys.relisted(user),
+            }
             writes.erased |= erased_keys | {keys.recalls(user)} | {keys.recall(user, n) for n in event.erased}
             writes.stale_members.pop(user, None)
             writes.changed.pop(user, None)
+            writes.relisted.pop(user, None)
             writes.recalled.pop(user, None)
             writes.recalls = {k: v for k, v in writes.recalls.items() if v.user_id != user}
             continue
@@ -349,6 +360,8 @@ def _fold(
         views[key] = view
         writes.views[key] = view
         writes.changed.setdefault(event.user_id, {})[event.note_id] = changed_score(event, entry.position)
+        if relists(event):
+            writes.relisted.setdefault(event.user_id, {})[event.note_id] = changed_score(event, entry.position)
         if isinstance(event, NoteForgotten):
             writes.versions.pop((event.user_id, event.note_id), None)
             writes.dropped.add(keys.versions(event.user_id, event.note_id))

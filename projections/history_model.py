@@ -231,6 +231,16 @@ def order_member(view: NoteView) -> bytes:
     return f"{view.category}\x00{ms:015d}\x00{view.id}".encode()
 
 
+def relists(event: AnyEvent) -> bool:
+    """Whether an event can change where, or whether, its note is in a listing (its category,
+    status, existence or expiry), unlike a change of its words alone."""
+    if isinstance(event, NoteSaved | NoteSuperseded | NoteReverted | NoteForgotten | NoteRenewed):
+        return True
+    return isinstance(event, NoteUpdated) and (
+        event.category is not None or event.expires_at is not None or event.expiry_cleared
+    )
+
+
 def changed_score(event: AnyEvent, position: str) -> float:
     """When a note changed, for ``HistoryKeys.changed`` (milliseconds): the later of the event's
     time and its log position's, so a reading of a moment before either (by time or by token)

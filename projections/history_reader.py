@@ -27,7 +27,7 @@ from engram_ledger.projections.history_records import (
 )
 from engram_ledger.projections.tracking import CheckpointReader, read_position
 from engram_ledger.services.adapters.crypto import KeyedFields, MasterKey, RecordKeys
-from engram_ledger.services.application.as_of import Listed
+from engram_ledger.services.application.as_of import Listed, Moment, note_as_of
 
 
 def _under(category: str, prefix: str) -> bool:
@@ -308,6 +308,65 @@ class HistoryReader(CheckpointReader):
             found[note_id] = view, sorted((v for v in opened if v is not None), key=lambda v: v.version)
         return found
 
+    async def notes_at(self, user_id: str, note_ids: Sequence[str], moment: Moment) -> dict[str, NoteView | None]:
+        """Each note as it was at ``moment`` (None: not saved yet), in one round trip, opening
+        only the one version each needs (the others are read in plain text: times, statuses)."""
+        if not note_ids:
+            return {}
+        keys = await self._keys(user_id)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for note_id, wrapped_name in zip(note_ids, self._wrapped(user_id, note_ids), strict=True):
+                pipe.get(keys.note(user_id, note_id))
+                pipe.get(wrapped_name)
+                pipe.hgetall(keys.versions(user_id, note_id))
+            raws = await pipe.execute()
+        found: dict[str, NoteView | None] = {}
+        for j, note_id in enumerate(note_ids):
+            raw_view, wrapped, raw_versions = raws[3 * j : 3 * j + 3]
+            view = self._note(user_id, note_id, raw_view, wrapped)
+            if view is None:
+                found[note_id] = None
+                continue
+            shells = sorted(((VERSIONS.shell(v), n, v) for n, v in raw_versions.items()), key=lambda x: x[0].version)
+            then = [(shell, n, v) for shell, n, v in shells if moment.covers(shell.created_at, shell.position)]
+            if then:
+                # The version it was at then holds its words; the earlier ones only their times.
+                shell, number, raw = then[-1]
+                key = self._data_keys.of(wrapped, user_id, note_id)
+                opened = VERSIONS.open(raw, key, version_label(user_id, note_id, number.decode()))
+                versions = [s for s, _, _ in then[:-1]] + [opened if opened is not None else shell]
+            else:
+                versions = []
+            found[note_id] = note_as_of(view, versions, moment)
+        return found
+
+    async def relisted_since(self, user_id: str, ms: int) -> list[str]:
+        keys = await self._keys(user_id)
+        return [m.decode() for m in await self._redis.zrangebyscore(keys.relisted(user_id), ms, "+inf")]
+
+    async def listing_window(
+        self, user_id: str, include_superseded: bool, start: int, stop: int
+    ) -> tuple[list[Listed], int]:
+        """Places ``start`` to ``stop`` (exclusive) of the listing as it is now, and its size."""
+        keys = await self._keys(user_id)
+        order = keys.order(user_id, include_superseded)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zrange(order, start, stop - 1) if stop > start else pipe.zrange(order, 1, 0)
+            pipe.zcard(order)
+            members, size = await pipe.execute()
+        return [_listed(m) for m in members], int(size)
+
+    async def listing_ranks(self, user_id: str, include_superseded: bool, places: Sequence[Listed]) -> list[int]:
+        """How many notes of the listing as it is now come before each place."""
+        if not places:
+            return []
+        keys = await self._keys(user_id)
+        order = keys.order(user_id, include_superseded)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for place in places:
+                pipe.zlexcount(order, "-", b"(" + _member(place))
+            return [int(n) for n in await pipe.execute()]
+
     async def changed_since(self, user_id: str, ms: int) -> list[str]:
         keys = await self._keys(user_id)
         return [m.decode() for m in await self._redis.zrangebyscore(keys.changed(user_id), ms, "+inf")]
@@ -315,11 +374,7 @@ class HistoryReader(CheckpointReader):
     async def listing(self, user_id: str, include_superseded: bool) -> list[Listed]:
         keys = await self._keys(user_id)
         members = await self._redis.zrange(keys.order(user_id, include_superseded), 0, -1)
-        listed = []
-        for member in members:
-            category, created, note_id = member.split(b"\x00")
-            listed.append(Listed(category.decode(), int(created), note_id.decode()))
-        return listed
+        return [_listed(m) for m in members]
 
     async def expired_by(self, user_id: str, ms: int) -> list[str]:
         p = channels.partition_of(user_id, self.partitions)
@@ -367,3 +422,13 @@ _EXPIRED_SCAN = 100
 
 def _member_id(member: bytes) -> str:
     return member.rsplit(b"\x00", 1)[1].decode()
+
+
+def _listed(member: bytes) -> Listed:
+    category, created, note_id = member.split(b"\x00")
+    return Listed(category.decode(), int(created), note_id.decode())
+
+
+def _member(place: Listed) -> bytes:
+    """A place as the listing's sorted set holds it (``history_model.order_member``)."""
+    return f"{place.category}\x00{place.created_ms:015d}\x00{place.note_id}".encode()

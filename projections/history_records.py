@@ -120,6 +120,12 @@ class RecordForm(Generic[V]):
             return None
         return self._opened(_sealed_decoder.decode(raw), key, label)
 
+    def shell(self, raw: bytes) -> V:
+        """The view without opening its secrets (they read blank): what is kept in plain text."""
+        if not raw.startswith(b"["):
+            return self._view.decode(raw)
+        return self._opened(_sealed_decoder.decode(raw), None, b"")
+
     def read(self, raw: bytes, key: RecordKey | None, label: bytes) -> Stored[V]:
         """What the projection needs of a stored value, with or without its key."""
         if not raw.startswith(b"["):

@@ -3,10 +3,11 @@ listing of a user's notes then, which the listing query and the memory block sha
 
 from __future__ import annotations
 
-from engram_ledger.contracts.model import NoteView
+from engram_ledger.contracts.model import NoteStatus, NoteView
 from engram_ledger.services.application.as_of import (
     Listed,
     Moment,
+    listed,
     listed_then,
     listing_as_of,
     note_as_of,
@@ -48,3 +49,49 @@ async def listing_then(history: NoteHistory, user_id: str, moment: Moment, inclu
     now = await history.listing(user_id, include_superseded)
     order = listing_as_of(now, changed, await history.expired_by(user_id, moment.ms))
     return ListingThen(order, changed)
+
+
+class PageThen:
+    """A page of the listing as it was at a moment, and how many notes that listing held."""
+
+    def __init__(self, notes: list[NoteView], total: int) -> None:
+        self.notes = notes
+        self.total = total
+
+
+async def page_then(
+    history: NoteHistory, user_id: str, moment: Moment, include_superseded: bool, offset: int, limit: int
+) -> PageThen:
+    """A page of the whole listing at a moment, read in time that grows with the page and the
+    notes moved in or out of the listing since, not with the listing: the listing now (``Z``)
+    without the places of those notes (``R``), with their places then (``A``). A place of ``Z``
+    at rank ``i`` is at rank ``i - (R before it) + (A before it)`` then, so the page's places
+    from ``Z`` lie within ``Z[offset - |A| : offset + limit + |R|]``."""
+    moved = await history.relisted_since(user_id, moment.ms)
+    expired = await history.expired_by(user_id, moment.ms)
+    found = await history.histories(user_id, moved)
+    then: dict[str, NoteView] = {}
+    gone: set[Listed] = set()
+    for note_id, (now, versions) in found.items():
+        if now.status is NoteStatus.ACTIVE or (include_superseded and now.status is NoteStatus.SUPERSEDED):
+            gone.add(listed(now))
+        view = note_as_of(now, versions, moment)
+        if view is not None and listed_then(view, moment, include_superseded):
+            then[note_id] = view
+    lapsed, _ = await history.get_many(user_id, [n for n in expired if n not in found])
+    gone |= {listed(v) for v in lapsed.values() if v.status is NoteStatus.ACTIVE or include_superseded}
+    added = sorted(listed(v) for v in then.values())
+    start = max(0, offset - len(added))
+    window, size = await history.listing_window(user_id, include_superseded, start, offset + limit + len(gone))
+    ranked: list[tuple[int, Listed]] = []
+    for i, place in enumerate(window, start=start):
+        if place not in gone:
+            ranked.append((i - sum(g < place for g in gone) + sum(a < place for a in added), place))
+    before = await history.listing_ranks(user_id, include_superseded, added)
+    for place, now_before in zip(added, before, strict=True):
+        ranked.append((now_before - sum(g < place for g in gone) + sum(a < place for a in added), place))
+    page = [place for rank, place in sorted(ranked) if offset <= rank < offset + limit]
+    views: dict[str, NoteView | None] = {v.id: v for v in then.values()}
+    views |= await history.notes_at(user_id, [p.note_id for p in page if p.note_id not in views], moment)
+    shown = [v for p in page if (v := views.get(p.note_id)) is not None]
+    return PageThen(shown, size - len(gone) + len(added))

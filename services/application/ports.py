@@ -15,7 +15,7 @@ import msgspec
 
 from engram_ledger.contracts.events import AnyEvent
 from engram_ledger.contracts.model import MessageView, NoteView, RecallView, VersionView
-from engram_ledger.services.application.as_of import Listed
+from engram_ledger.services.application.as_of import Listed, Moment
 from engram_ledger.services.domain.appends import StreamAppend
 from engram_ledger.services.domain.note import NoteState
 
@@ -215,6 +215,21 @@ class NoteHistory(Protocol):
 
     async def histories(self, user_id: str, note_ids: Sequence[str]) -> dict[str, tuple[NoteView, list[VersionView]]]:
         """``history`` of several notes in one round trip (unknown ones left out)."""
+
+    async def notes_at(self, user_id: str, note_ids: Sequence[str], moment: Moment) -> dict[str, NoteView | None]:
+        """Each note as it was at ``moment`` (``as_of.note_as_of``; None: not saved yet)."""
+
+    async def relisted_since(self, user_id: str, ms: int) -> list[str]:
+        """As ``changed_since``, for changes that can move a note in or out of a listing (saved,
+        a new category, superseded, reverted, forgotten, a new expiry), not new words alone."""
+
+    async def listing_window(
+        self, user_id: str, include_superseded: bool, start: int, stop: int
+    ) -> tuple[list[Listed], int]:
+        """Places ``start`` to ``stop`` (exclusive) of the listing as it is now, and its size."""
+
+    async def listing_ranks(self, user_id: str, include_superseded: bool, places: Sequence[Listed]) -> list[int]:
+        """How many notes of the listing as it is now come before each place."""
 
     async def changed_since(self, user_id: str, ms: int) -> list[str]:
         """The user's notes changed at or after ``ms`` (milliseconds since the epoch), forgotten

@@ -35,11 +35,11 @@ from engram_ledger.contracts.queries import (
     RecallsReply,
     SearchNotes,
 )
-from engram_ledger.services.application.as_of import Moment, changes_between, holds_at, in_categories, note_as_of
+from engram_ledger.services.application.as_of import Moment, changes_between, holds_at, in_categories
 from engram_ledger.services.application.context import ContextService
 from engram_ledger.services.application.decoding import decode_request
 from engram_ledger.services.application.fair_share import FairShare, turn_in
-from engram_ledger.services.application.past import listing_then, moment_of
+from engram_ledger.services.application.past import listing_then, moment_of, page_then
 from engram_ledger.services.application.ports import AccessStats, NoteHistory
 from engram_ledger.services.application.search import SearchService, lapsed
 from engram_ledger.services.domain.values import check_where, matches
@@ -179,8 +179,7 @@ class ReadModelQueries:
 
     async def _note_as_of(self, user_id: str, note_id: str, as_of: str) -> NoteView:
         moment = self._moment(user_id, as_of)
-        found = await self._history.histories(user_id, [note_id])
-        view = note_as_of(*found[note_id], moment) if note_id in found else None
+        view = (await self._history.notes_at(user_id, [note_id], moment)).get(note_id)
         if view is None:
             raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"Memory with ID {note_id} did not exist at {as_of}")
         return view
@@ -190,6 +189,11 @@ class ReadModelQueries:
         filter on values needs them all."""
         assert query.as_of is not None
         moment = self._moment(query.user_id, query.as_of)
+        filtered = query.category or query.category_prefix or query.where or query.keyed_only or query.valid_at
+        if not filtered:
+            # The whole listing: a page, read without the rest.
+            shown = await page_then(self._history, query.user_id, moment, query.include_superseded, query.offset, limit)
+            return NotesReply(notes=shown.notes, total=shown.total)
         then = await listing_then(self._history, query.user_id, moment, query.include_superseded)
         order = [e for e in then.order if in_categories(e.category, query.category, query.category_prefix)]
         if not (query.where or query.keyed_only or query.valid_at):

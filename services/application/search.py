@@ -15,7 +15,7 @@ from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.limits import SEARCH_DEPTH_MAX
 from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView
 from engram_ledger.contracts.queries import SearchHit, SearchNotes, SearchReply
-from engram_ledger.services.application.as_of import Moment, current_at, holds_at, note_as_of, parse_moment
+from engram_ledger.services.application.as_of import Moment, current_at, holds_at, parse_moment
 from engram_ledger.services.application.ports import AccessStats, NoteHistory
 from engram_ledger.services.application.ranking import (
     DEFAULT_POLICY,
@@ -337,9 +337,8 @@ class SearchService:
         if moment is None:
             return await self._history.get_many(user_id, note_ids, message_ids)
         _, messages = await self._history.get_many(user_id, [], message_ids)
-        found = await self._history.histories(user_id, note_ids)
-        notes = {n: view for n, (now, versions) in found.items() if (view := note_as_of(now, versions, moment))}
-        return notes, messages
+        found = await self._history.notes_at(user_id, note_ids, moment)
+        return {n: view for n, view in found.items() if view is not None}, messages
 
     def _reordered(self, text: str, hits: list[SearchHit], period: Period | None) -> list[SearchHit]:
         """The first slice re-ordered by what only the read model knows: whom a hit is about

@@ -307,3 +307,57 @@ async def test_a_supersede_can_leave_validity_as_it_was(client: EngramClient) ->
     new = await client.save("alice", "my phone is a Pixel 9")
     kept = await client.supersede("alice", old.note_id, new.note_id, close_validity=False)
     assert (await client.get_note("alice", old.note_id, after=kept.token)).valid_until is None
+
+
+async def test_pages_of_the_past_are_slices_of_the_listing_then(client: EngramClient) -> None:
+    """The page of a listing then is computed from the listing now and the notes moved since;
+    every page must be the same slice of the whole listing then (read the long way, through a
+    filter that keeps every note)."""
+    import random
+
+    rng = random.Random(5)
+    ids: list[str] = []
+    moments: list[str] = []
+    token = ""
+    for step in range(60):
+        roll = rng.random()
+        try:
+            if not ids or roll < 0.4:
+                topic = rng.choice(["tea", "work", "cats"])
+                written = await client.save("alice", f"note {step} about {topic}", category=rng.choice("abc"))
+                ids.append(written.note_id)
+            elif roll < 0.6:
+                written = await client.update("alice", rng.choice(ids), content=f"changed words {step}")
+            elif roll < 0.75:
+                written = await client.update("alice", rng.choice(ids), category=rng.choice("abcd"))
+            elif roll < 0.85 and len(ids) > 2:
+                written = await client.supersede("alice", *rng.sample(ids, 2))
+            elif roll < 0.92 and len(ids) > 3:
+                gone = ids.pop(rng.randrange(len(ids)))
+                reply = await client.forget("alice", note_ids=[gone], confirmed=True)
+                token = reply.token or token
+                continue
+            else:
+                written = await client.revert("alice", rng.choice(ids), 1)
+        except EngramError:
+            continue  # a superseded note cannot change, a note at version 1 has nothing to revert to
+        token = written.token
+        if step % 12 == 5:
+            moments.append(token)
+    moments.append(token)
+    # Before any note stopped holding (a supersede ends the old note's validity): a valid_at
+    # that keeps every note, and takes the listing the long way.
+    everyone = datetime(2000, 1, 1, tzinfo=UTC)
+    for as_of in moments:
+        for superseded in (False, True):
+            whole = await client.list_notes(
+                "alice", as_of=as_of, include_superseded=superseded, valid_at=everyone, limit=1000, after=token
+            )
+            pages = []
+            for offset in range(0, whole.total + 7, 7):
+                page = await client.list_notes(
+                    "alice", as_of=as_of, include_superseded=superseded, offset=offset, limit=7
+                )
+                assert page.total == whole.total, (as_of, superseded, offset)
+                pages += page.notes
+            assert [(n.id, n.version, n.status) for n in pages] == [(n.id, n.version, n.status) for n in whole.notes]
