@@ -515,3 +515,30 @@ def test_time_travel_through_the_cli(env: dict[str, str]) -> None:
     assert "revert to one of versions 1 to 2" in refused["error"]["message"]
     code, bad, _ = cli(env, "get", "--user", "carol", "--as-of", "last tuesday", note_id)
     assert code == 1 and bad["error"]["code"] == "INVALID_PARAMETER" and "as_of" in bad["error"]["message"]
+    # World time: when a fact held; a supersede ends it where the new one begins.
+    _, old, _ = cli(env, "save", "--user", "carol", "--valid-from", "2019-02-01", "Carol lives in Lyon")
+    _, new, _ = cli(env, "save", "--user", "carol", "--valid-from", "2023-09-01", "Carol lives in Nantes")
+    cli(env, "supersede", "--user", "carol", old["note_id"], new["note_id"])
+    _, moved, _ = cli(env, "get", "--user", "carol", old["note_id"])
+    assert (moved["valid_from"], moved["valid_until"]) == ("2019-02-01T00:00:00Z", "2023-09-01T00:00:00Z")
+    _, held, _ = cli(env, "list", "--user", "carol", "--include-superseded", "--valid-at", "2020-06-01")
+    assert [n["content"] for n in held["notes"] if "Carol lives" in n["content"]] == ["Carol lives in Lyon"]
+    assert "held until 2023-09-01" in human(env, "get", "--user", "carol", old["note_id"])
+
+
+def test_recalls_through_the_cli(bus: dict[str, str], tmp_path: Path) -> None:
+    # An agent's memory block is recorded as a recall for the audited user only.
+    for env in serving(bus, tmp_path / "data", ENGRAM_INDEX="off", ENGRAM_RECALL_AUDIT="dora"):
+        _, saved, _ = cli(env, "save", "--user", "dora", "Dora's flight is on Friday")
+        code, block, _ = cli(env, "context", "--user", "dora", "--after", saved["token"])
+        assert code == 0 and saved["note_id"] in block["note_ids"]
+        cli(env, "context", "--user", "erin")
+        recalls: list[dict[str, object]] = []
+        for _ in range(50):
+            _, listed, _ = cli(env, "recalls", "--user", "dora")
+            recalls = listed["recalls"]
+            if recalls:
+                break
+        assert [(r["kind"], r["notes"], r["versions"]) for r in recalls] == [("context", [saved["note_id"]], [1])]
+        assert cli(env, "recalls", "--user", "erin")[1]["recalls"] == []
+        assert "context" in human(env, "recalls", "--user", "dora")

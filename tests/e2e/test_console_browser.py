@@ -42,6 +42,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 TOKEN = "console-e2e-" + uuid.uuid4().hex
 WIDE, PHONE = 1280, 390
+AUDITED = f"ada-audited-{uuid.uuid4().hex[:6]}"
 T = TypeVar("T")
 
 
@@ -91,7 +92,8 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     flush = redis.Redis.from_url(TEST_REDIS_URL)
     flush.flushdb()
     data = tmp_path_factory.mktemp("engram")
-    env = engram_env(ENGRAM_REDIS_URL=TEST_REDIS_URL, ENGRAM_DATA_DIR=str(data))
+    # One user's recalls are audited (test_what_an_agent_recalled_by_session).
+    env = engram_env(ENGRAM_REDIS_URL=TEST_REDIS_URL, ENGRAM_DATA_DIR=str(data), ENGRAM_RECALL_AUDIT=AUDITED)
     serve = ServeProcess(env).start()
     wait_until(lambda: cli(env, "search", "--user", "warm-up", "anything")[0] == 0, timeout=90, interval=0.5)
     port = free_port()
@@ -519,6 +521,9 @@ def test_the_memories_as_of_a_moment_what_changed_and_a_revert(browser: WebDrive
         await asyncio.sleep(1.1)
         await client.update(user, note.note_id, content="Grace writes her compilers in Rust", expected_version=1)
         await client.save(user, "Grace adopted a greyhound", category="home")
+        await client.save(
+            user, "Grace lived in Arlington", category="home", valid_until=datetime(1969, 1, 1, tzinfo=UTC)
+        )
         return note.note_id, then.isoformat(), note.token
 
     note, then, _ = console.bus(seed)
@@ -534,11 +539,15 @@ def test_the_memories_as_of_a_moment_what_changed_and_a_revert(browser: WebDrive
     click(browser, By.LINK_TEXT, "what changed since")
     wait_for(browser, lambda d: d.find_elements(By.ID, "change-list"))
     steps = browser.find_elements(By.CSS_SELECTOR, "#change-list .step")
-    assert [s.get_attribute("data-version") for s in steps] == ["2", "1"]
+    assert [s.get_attribute("data-version") for s in steps] == ["2", "1", "1"]
     assert steps[0].find_element(By.CSS_SELECTOR, "del").text == "Grace writes her compilers in COBOL"
     assert steps[0].find_element(By.CSS_SELECTOR, "ins").text == "Grace writes her compilers in Rust"
     assert "greyhound" in steps[1].text
     shoot(browser, console, "changes")
+    # World time: the memories page says when a fact held.
+    open_user(browser, console, user)
+    arlington = next(a for a in browser.find_elements(By.CSS_SELECTOR, "#notes .note") if "Arlington" in a.text)
+    assert "held until 1969-01-01" in arlington.find_element(By.CSS_SELECTOR, ".validity").text
     # Undo on the timeline: a new version with what version 1 held.
     browser.get(f"{console.url}/note?u={user}&id={note}")
     click(browser, By.ID, "revert-1")
@@ -557,3 +566,35 @@ def test_the_memories_as_of_a_moment_what_changed_and_a_revert(browser: WebDrive
     click(browser, By.ID, "revert-2")
     wait_for(browser, lambda d: "VERSION_CONFLICT" in d.page_source or "version 3" in d.page_source)
     assert "not the expected 3" in browser.page_source
+
+
+def test_what_an_agent_recalled_by_session(browser: WebDriver, console: Console) -> None:
+    user = AUDITED
+
+    async def seed(client: EngramClient) -> tuple[str, str]:
+        boss = await client.save(user, "Ada reports to Charles Babbage", category="work")
+        code = await client.save(user, "Ada's locker code is 2718", category="private")
+        await client.search(
+            user, "who is my manager?", origin=Origin(channel="tui", session_id="s-9"), after=code.token
+        )
+        await client.search(user, "locker code", origin=Origin(channel="whatsapp", session_id="s-10"))
+        return boss.note_id, code.note_id
+
+    boss, code = console.bus(seed)
+    open_user(browser, console, user)
+    click(browser, By.ID, "recalls-link")
+    wait_for(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#recall-list .recall")) == 2)
+    newest, oldest = browser.find_elements(By.CSS_SELECTOR, "#recall-list .recall")
+    assert "locker code" in newest.text and "whatsapp" in newest.text and "s-10" in newest.text
+    assert "who is my manager?" in oldest.text and "tui" in oldest.text and boss in oldest.text
+    shoot(browser, console, "recalls")
+    # One session's recalls.
+    oldest.find_element(By.CSS_SELECTOR, "a.session").click()
+    wait_for(browser, lambda d: "session s-9" in d.find_element(By.CSS_SELECTOR, "#recalls .count").text)
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#recall-list .recall")) == 1
+    # Forgetting the note a recall showed takes its query with it; the ids stay.
+    console.bus(lambda client: client.forget(user, note_ids=[code], confirmed=True))
+    browser.get(f"{console.url}/user/recalls?u={user}")
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#recall-list .gone"))
+    newest = browser.find_elements(By.CSS_SELECTOR, "#recall-list .recall")[0]
+    assert "locker code" not in newest.text and "Its query is gone" in newest.text and code in newest.text
