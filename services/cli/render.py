@@ -269,6 +269,12 @@ def note(view: NoteView) -> Text:
         parts.append(Text.assemble("supersedes ", Text(", ").join(map(_id, view.supersedes))))
     if view.links:
         parts.append(Text.assemble("links ", Text(", ").join(map(_id, view.links))))
+    if view.valid_from is not None or view.valid_until is not None:
+        held = [
+            f"from {when(view.valid_from)}" if view.valid_from else "",
+            f"until {when(view.valid_until)}" if view.valid_until else "",
+        ]
+        parts.append(Text("held in the world " + " ".join(h for h in held if h)))
     times = [f"saved {when(view.created_at)}"]
     if view.occurred_at is not None:
         times.insert(0, f"happened {when(view.occurred_at)}")

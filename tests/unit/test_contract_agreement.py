@@ -136,15 +136,19 @@ CLIENT_CALLS: dict[str, tuple[type[msgspec.Struct], set[str]]] = {
     "forget": (commands.RequestForget, {"expected_version", "origin"}),
     "forget_user": (commands.RequestForgetUser, {"expected_version", "origin"}),
     "forget_session": (commands.RequestForgetSession, {"expected_version", "origin"}),
+    "revert": (commands.RevertNote, set()),
     "context": (queries.BuildContext, set()),
-    "get_note": (queries.GetNote, set()),
-    "get_by_key": (queries.GetNoteByKey, set()),
-    "list_categories": (queries.ListCategories, set()),
-    "list_messages": (queries.ListMessages, set()),
-    "history": (queries.GetHistory, set()),
-    "list_notes": (queries.ListNotes, set()),
-    "list_recent": (queries.ListRecent, set()),
     "search": (queries.SearchNotes, set()),
+    # A query's origin names who asked in a recall: only searches and memory blocks record one.
+    "get_note": (queries.GetNote, {"origin"}),
+    "get_by_key": (queries.GetNoteByKey, {"origin"}),
+    "list_categories": (queries.ListCategories, {"origin"}),
+    "list_messages": (queries.ListMessages, {"origin"}),
+    "history": (queries.GetHistory, {"origin"}),
+    "list_notes": (queries.ListNotes, {"origin"}),
+    "list_recent": (queries.ListRecent, {"origin"}),
+    "diff": (queries.DiffNotes, {"origin"}),
+    "recalls": (queries.ListRecalls, {"origin"}),
 }
 
 
