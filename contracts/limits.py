@@ -146,8 +146,8 @@ def parse_time(text: str) -> datetime:
 AsOf = Annotated[
     str,
     msgspec.Meta(
+        min_length=1,
         max_length=64,
-        pattern=r"^([0-9]+:[0-9]+-[0-9]+|[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9:.]+)?(Z|[+-][0-9]{2}:?[0-9]{2})?)$",
         description=(
             "A moment in the past: an ISO 8601 time (without a zone it is UTC; a date alone is "
             "that day's start) or a consistency token a command returned "

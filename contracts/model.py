@@ -146,7 +146,7 @@ class NoteChange(msgspec.Struct, frozen=True, kw_only=True):
 class RecallView(msgspec.Struct, frozen=True, kw_only=True):
     """One recall: what a search or a memory block showed an agent (``MemoryRecalled``).
     ``query`` is None once a note it showed, or the user, was forgotten (its key is gone), or
-    when it was recorded without one; ``forgotten`` says the recall itself was erased."""
+    when it was recorded without one (``asked`` tells which)."""
 
     recall_id: str
     at: datetime
@@ -156,3 +156,6 @@ class RecallView(msgspec.Struct, frozen=True, kw_only=True):
     channel: str | None = None
     session_id: str | None = None
     query: str | None = None
+    # Whether it was asked with a query (a memory block may be built without one): with
+    # ``query`` None, the query is gone.
+    asked: bool = False

@@ -104,7 +104,8 @@ class ListNotes(Query, tag="list_notes", frozen=True, kw_only=True):
     # absent; a note forgotten since, listed then, is its tombstone (status ``forgotten``).
     as_of: AsOf | None = None
     # Only notes whose content held in the world at that time (``valid_from``/``valid_until``;
-    # a note without them always holds).
+    # a note without them always holds), superseded ones included: what held then may have
+    # been superseded since.
     valid_at: AwareTime | None = None
 
 
@@ -193,9 +194,9 @@ class SearchNotes(Query, tag="search_notes", frozen=True, kw_only=True):
     # with its text then (notes saved later are absent; a note forgotten since is never found).
     # Times the query names ("last week") are read from that moment.
     as_of: AsOf | None = None
-    # Only notes whose content held in the world at that time (see ``ListNotes.valid_at``).
-    # A query naming a time ("where did Tess work in 2022?") also ranks first the notes that
-    # held then.
+    # Only notes whose content held in the world at that time (see ``ListNotes.valid_at``,
+    # superseded ones included). A query naming a time ("where did Tess work in 2022?") also
+    # ranks first the notes that held then, superseded or not.
     valid_at: AwareTime | None = None
 
 

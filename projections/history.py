@@ -118,6 +118,7 @@ class _Recall:
             versions=list(event.versions),
             channel=event.origin.channel if event.origin else None,
             session_id=event.origin.session_id if event.origin else None,
+            asked=event.query is not None,
         )
 
 

@@ -171,7 +171,8 @@ def _open(event: AnyEvent, cipher: NoteCipher | None) -> AnyEvent:
         return event
     if isinstance(event, MemoryRecalled):
         # Its own key alone does not open it (``recall_key``): read with ``recall_queries``.
-        return msgspec.structs.replace(event, query=None)
+        # Empty, not None: it was asked with a query.
+        return msgspec.structs.replace(event, query="")
     return cipher.open_event(event) if cipher is not None else shredded(event)
 
 

@@ -74,8 +74,9 @@ def current_at(moment: Moment) -> dict[str, tuple[float | None, float | None]]:
     return {FROM_AT: (None, value), UNTIL_AT: (value + 1, None)}
 
 
-def parse_moment(text: str) -> Moment:
-    """An ``AsOf`` value: a token or an ISO 8601 time (without a zone, UTC)."""
+def parse_moment(text: str, name: str = "as_of") -> Moment:
+    """An ``AsOf`` value: a token or an ISO 8601 time (without a zone, UTC). ``name``: the
+    field it was given as, for the refusal."""
     if _TOKEN.match(text):
         partition, (ms, seq) = channels.parse_token(text)
         return Moment(datetime.fromtimestamp(ms / 1000, UTC), (ms, seq), partition)
@@ -83,7 +84,9 @@ def parse_moment(text: str) -> Moment:
         return Moment(parse_time(text))
     except EngramError:
         raise EngramError(
-            ErrorCode.INVALID_PARAMETER, f"{text!r} is neither an ISO 8601 time nor a consistency token"
+            ErrorCode.INVALID_PARAMETER,
+            f"{name}: {text!r} is neither an ISO 8601 time (2026-11-24T09:00, UTC if no zone) "
+            "nor a consistency token (0:1795612601879-0)",
         ) from None
 
 

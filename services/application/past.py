@@ -16,9 +16,9 @@ from engram_ledger.services.application.as_of import (
 from engram_ledger.services.application.ports import NoteHistory
 
 
-def moment_of(history: NoteHistory, user_id: str, text: str) -> Moment:
-    """An ``as_of`` as the user's partition reads it."""
-    return parse_moment(text).on(history.partition_of(user_id))
+def moment_of(history: NoteHistory, user_id: str, text: str, name: str = "as_of") -> Moment:
+    """An ``as_of`` (or another moment, ``name``) as the user's partition reads it."""
+    return parse_moment(text, name).on(history.partition_of(user_id))
 
 
 class ListingThen:

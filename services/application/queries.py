@@ -174,8 +174,8 @@ class ReadModelQueries:
             raise _not_found(query.note_id)
         return await self._seen(query.user_id, view)
 
-    def _moment(self, user_id: str, text: str) -> Moment:
-        return moment_of(self._history, user_id, text)
+    def _moment(self, user_id: str, text: str, name: str = "as_of") -> Moment:
+        return moment_of(self._history, user_id, text, name)
 
     async def _note_as_of(self, user_id: str, note_id: str, as_of: str) -> NoteView:
         moment = self._moment(user_id, as_of)
@@ -217,8 +217,10 @@ class ReadModelQueries:
 
     async def diff(self, query: DiffNotes) -> DiffReply:
         history, user_id = self._history, query.user_id
-        since = self._moment(user_id, query.since)
-        until = self._moment(user_id, query.until) if query.until is not None else None
+        since = self._moment(user_id, query.since, "since")
+        until = self._moment(user_id, query.until, "until") if query.until is not None else None
+        if until is not None and until.at < since.at:
+            raise EngramError(ErrorCode.INVALID_PARAMETER, f"until ({query.until}) is before since ({query.since})")
         found = await history.histories(user_id, await history.changed_since(user_id, since.ms))
         changes = [c for view, versions in found.values() for c in changes_between(view, versions, since, until)]
         changes.sort(key=lambda c: (c.at, _place(c), c.note_id, c.version))
@@ -250,6 +252,9 @@ class ReadModelQueries:
         # A page, never the whole listing: without a limit, the largest one a query may ask for.
         limit = query.limit if query.limit is not None else LIST_NOTES_MAX
         now = datetime.now(UTC)
+        if query.valid_at is not None:
+            # What held at a time may have been superseded since: it is listed too.
+            query = msgspec.structs.replace(query, include_superseded=True)
         if query.as_of is not None:
             return await self._listing_as_of(query, limit)
         if not query.where and not query.keyed_only and query.valid_at is None:

@@ -15,7 +15,8 @@ from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.limits import SEARCH_DEPTH_MAX
 from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView
 from engram_ledger.contracts.queries import SearchHit, SearchNotes, SearchReply
-from engram_ledger.services.application.as_of import Moment, current_at, holds_at, parse_moment
+from engram_ledger.services.application.as_of import Moment, current_at, holds_at
+from engram_ledger.services.application.past import moment_of
 from engram_ledger.services.application.ports import AccessStats, NoteHistory
 from engram_ledger.services.application.ranking import (
     DEFAULT_POLICY,
@@ -73,13 +74,16 @@ def _ts(at: datetime | None) -> float | None:
     return at.timestamp() if at is not None else None
 
 
-def _scopes(query: SearchNotes, subject_key: Callable[[str, str], str]) -> list[dict[str, str | list[str]]]:
+def _scopes(
+    query: SearchNotes, subject_key: Callable[[str, str], str], superseded_too: bool = False
+) -> list[dict[str, str | list[str]]]:
     """The index filters a search runs with: the user's notes, and their conversations if asked.
     A subject is matched by its keyed hash (the index holds no subject text), case and spacing
-    aside."""
+    aside. ``superseded_too``: superseded notes are candidates (the hits keep those that held
+    at the time asked about)."""
     match: dict[str, str | list[str]] = {
         "record": MEMORY,
-        "status": ["active", "superseded"] if query.include_superseded else "active",
+        "status": ["active", "superseded"] if query.include_superseded or superseded_too else "active",
     }
     if query.category is not None:
         match["category"] = query.category
@@ -155,7 +159,7 @@ class SearchService:
                     ErrorCode.TIMEOUT,
                     f"the index has not reached token {query.after} within {self._wait:g} s; retry later",
                 )
-        moment = parse_moment(query.as_of).on(self._history.partition_of(query.user_id)) if query.as_of else None
+        moment = moment_of(self._history, query.user_id, query.as_of) if query.as_of else None
         index, dense = await self._index_and_embedding(query.query, past=moment is not None)
         sparse = sparse_query(query.query)
         window = TimeWindow(_ts(query.since), _ts(query.until))
@@ -167,7 +171,13 @@ class SearchService:
         # if a deeper page fetched more of them. A page past them comes back short.
         filtered = query.where or query.keyed_only or query.valid_at is not None
         limit = max(CANDIDATES, query.top_k * (20 if filtered else 10))
-        scopes = _scopes(query, self._runtime.subject_key)
+        # A search of the past reads "last week" from its moment, and notes as they were then.
+        now = moment.at if moment is not None else self._clock()
+        period = asked_period(query.query, now) if self._policy.time_boost else None
+        # What held in the world at a time may have been superseded since: a superseded note
+        # that says it held then is a candidate when a search asks about that time.
+        held = _held(query.valid_at, period)
+        scopes = _scopes(query, self._runtime.subject_key, superseded_too=held is not None)
         asked = [
             NearestQuery(
                 user_id=query.user_id,
@@ -201,9 +211,6 @@ class SearchService:
         sources = {h.payload["note_id"]: h.payload.get("record", MEMORY) for h in dense_hits + sparse_hits}
         candidates = [(sources[n], (n, score, cos)) for n, score, cos in fuse(dense_hits, sparse_hits, self._policy)]
         wanted = depth if query.ranking == "relevance" else depth * 4
-        # A search of the past reads "last week" from its moment, and notes as they were then.
-        now = moment.at if moment is not None else self._clock()
-        period = asked_period(query.query, now) if self._policy.time_boost else None
         # The floor filters the ranking before it is paged, and the read model is read until a
         # page's worth is above it: page two of a search is what follows page one among the hits
         # above the floor. A query that asks about a time and nothing else ("what did I do in
@@ -215,7 +222,9 @@ class SearchService:
             return hit.relevance >= floor or (asked_then is not None and within(hit, asked_then))
 
         estimate = Estimate(query.query, max((cos for _, (_, _, cos) in candidates), default=0.0), period)
-        results = await self._hydrate(query, candidates, wanted, best_per_note(sparse_hits), estimate, kept, moment)
+        results = await self._hydrate(
+            query, candidates, wanted, best_per_note(sparse_hits), estimate, kept, moment, held
+        )
         # Reads are not in the log: a search of the past neither shows nor counts them.
         access = self._access if moment is None else None
         if access is not None:
@@ -285,6 +294,7 @@ class SearchService:
         estimate: Estimate,
         kept: Callable[[SearchHit], bool],
         moment: Moment | None = None,
+        held: Callable[[NoteView], bool] | None = None,
     ) -> list[SearchHit]:
         """The ``wanted`` best hits that are ``kept`` (above the floor), each with its relevance.
         The text comes from the read model (the index holds none), read a slice at a time in
@@ -316,6 +326,7 @@ class SearchService:
                         notes,
                         messages,
                         moment.at if moment is not None else self._clock(),
+                        held,
                     )
                 )
             ]
@@ -367,6 +378,21 @@ class Estimate:
     period: Period | None
 
 
+def _held(valid_at: datetime | None, period: Period | None) -> Callable[[NoteView], bool] | None:
+    """Which superseded notes a search keeps: those that held in the world at ``valid_at``, or
+    during the period the query names (a note that says when it held)."""
+    if valid_at is None and period is None:
+        return None
+
+    def held(note: NoteView) -> bool:
+        if valid_at is not None:
+            return holds_at(note, valid_at)
+        bounded = note.valid_from is not None or note.valid_until is not None
+        return period is not None and bounded and period.overlaps(note.valid_from, note.valid_until)
+
+    return held
+
+
 def lapsed(view: NoteView, now: datetime) -> bool:
     """A note whose time to live has run out reads as gone, before the saga's timer forgets it."""
     return view.expires_at is not None and view.expires_at <= now
@@ -402,8 +428,10 @@ def _hit(
     notes: dict[str, NoteView],
     messages: dict[str, MessageView],
     now: datetime,
+    held: Callable[[NoteView], bool] | None = None,
 ) -> SearchHit | None:
-    """``scores``: fused, cosine, keyword."""
+    """``scores``: fused, cosine, keyword; ``held``: which superseded notes are kept without
+    ``include_superseded``."""
     score, similarity, keyword = scores
     if source == CONVERSATION:
         message = messages.get(record_id)
@@ -422,7 +450,9 @@ def _hit(
     if view is None or view.user_id != query.user_id:
         return None
     # A forgotten note's tombstone is never a hit, even before the index has dropped its points.
-    if view.status is NoteStatus.FORGOTTEN or (view.status is not NoteStatus.ACTIVE and not query.include_superseded):
+    if view.status is NoteStatus.FORGOTTEN:
+        return None
+    if view.status is not NoteStatus.ACTIVE and not query.include_superseded and not (held and held(view)):
         return None
     if (query.keyed_only and view.key is None) or (query.where and not matches(view.value, query.where)):
         return None

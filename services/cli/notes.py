@@ -94,10 +94,11 @@ async def cmd_supersede(client: EngramClient, args: argparse.Namespace) -> None:
 
 
 async def cmd_revert(client: EngramClient, args: argparse.Namespace) -> None:
+    before = None if args.json else (await client.get_note(args.user, args.note_id)).version
     reply = await client.revert(
         args.user, args.note_id, args.to_version, expected_version=args.expected_version, command_id=args.command_id
     )
-    print_result(args, reply, lambda r: render.reverted(r, args.to_version))
+    print_result(args, reply, lambda r: render.reverted(r, args.to_version, changed=r.version != before))
 
 
 async def cmd_diff(client: EngramClient, args: argparse.Namespace) -> None:
@@ -131,8 +132,9 @@ async def cmd_forget(client: EngramClient, args: argparse.Namespace) -> None:
 
 
 async def cmd_get(client: EngramClient, args: argparse.Namespace) -> None:
-    note = await client.get_note(args.user, args.note_id, after=args.after, as_of=getattr(args, "as_of", None))
-    print_result(args, note, render.note)
+    as_of = getattr(args, "as_of", None)
+    note = await client.get_note(args.user, args.note_id, after=args.after, as_of=as_of)
+    print_result(args, note, lambda n: render.as_of(as_of, render.note(n)))
 
 
 async def cmd_history(client: EngramClient, args: argparse.Namespace) -> None:
@@ -160,7 +162,7 @@ async def cmd_list(client: EngramClient, args: argparse.Namespace) -> None:
     )
     more = max(reply.total - args.offset - len(reply.notes), 0)
     listed = {"notes": reply.notes, "total": reply.total, "more": more}
-    print_result(args, listed, lambda o: render.notes(o["notes"], o["total"], args.offset))
+    print_result(args, listed, lambda o: render.as_of(args.as_of, render.notes(o["notes"], o["total"], args.offset)))
 
 
 async def cmd_recent(client: EngramClient, args: argparse.Namespace) -> None:
@@ -199,7 +201,7 @@ async def cmd_search(client: EngramClient, args: argparse.Namespace) -> None:
         }
         for hit in reply.results
     ]
-    print_result(args, {"results": results}, lambda _: render.search(reply, args.query))
+    print_result(args, {"results": results}, lambda _: render.as_of(args.as_of, render.search(reply, args.query)))
 
 
 async def cmd_context(client: EngramClient, args: argparse.Namespace) -> None:

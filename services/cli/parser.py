@@ -4,6 +4,7 @@ contract's names, defaults and limits (``NoteDraft``, ``contracts/limits.py``)."
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -410,6 +411,9 @@ def _draft_default(field: str) -> str:
 
 
 def _time_argument(text: str) -> Any:
+    """An ISO 8601 time; a year or a year and month alone is its start ("2023", "2023-05")."""
+    if re.fullmatch(r"[0-9]{4}(-[0-9]{2})?", text.strip()):
+        text = text.strip() + ("-01-01" if len(text.strip()) == 4 else "-01")
     try:
         return parse_time(text)
     except EngramError as e:

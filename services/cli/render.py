@@ -155,13 +155,23 @@ def updated(reply: NoteWritten) -> Text:
     return Text.assemble("updated ", _id(reply.note_id), f" to version {reply.version}", _written(reply))
 
 
-def reverted(reply: NoteWritten, to_version: int) -> Text:
+def reverted(reply: NoteWritten, to_version: int, changed: bool = True) -> Text:
+    if not changed:
+        held = f" already holds what version {to_version} held (version {reply.version}): nothing new written"
+        return Text.assemble(_id(reply.note_id), held)
     return Text.assemble(
         "reverted ",
         _id(reply.note_id),
         f" to what version {to_version} held: now version {reply.version}",
         _written(reply),
     )
+
+
+def as_of(moment: str | None, shown: Text) -> Text:
+    """A reading of the past says which moment it shows."""
+    if moment is None:
+        return shown
+    return _lines(Text(f"as of {moment}:", style=HEADING), shown)
 
 
 def diff(reply: DiffReply) -> Text:
@@ -182,10 +192,10 @@ def _change(change: NoteChange) -> Text:
     if change.change == "superseded":
         return Text.assemble(head, ("by ", SUPERSEDED), _id(after.superseded_by or "?"))
     text = cut(after.content, LINE_CHARS, one_line=True)
+    if after.reverted_to is not None:
+        head.append(f"(to v{after.reverted_to}) ")
     if before is not None and before.content != after.content:
         return Text.assemble(head, (cut(before.content, LINE_CHARS // 2, one_line=True), DIM), " → ", text)
-    if change.change == "reverted" and after.reverted_to is not None:
-        return Text.assemble(head, f"(to v{after.reverted_to}) ", text)
     return Text.assemble(head, text)
 
 
@@ -196,7 +206,9 @@ def recalls(reply: RecallsReply) -> Text:
     lines: list[Text | None] = []
     for r in reply.recalls:
         where = ", ".join(x for x in (r.channel, f"session {r.session_id}" if r.session_id else None) if x)
-        asked = f"{r.query!r}" if r.query is not None else "(query gone: a note it showed, or the user, was forgotten)"
+        asked = f"{r.query!r}" if r.query is not None else "(no query)"
+        if r.query is None and r.asked:
+            asked = "(query gone: a note it showed, or the user, was forgotten)"
         shown = " ".join(f"{n}@v{v}" for n, v in zip(r.notes, r.versions, strict=False)) or "nothing"
         lines.append(
             Text.assemble(f"{when(r.at)}  {r.kind:<8} ", (f"[{where}] " if where else "", DIM), asked, f" → {shown}")
@@ -300,7 +312,9 @@ def history(reply: HistoryReply, view: NoteView | None = None) -> Text:
 def _version(v: VersionView) -> Text:
     head = Text(f"v{v.version}  {when(v.created_at)}  {v.change:<10}  ")
     if v.superseded_by:
-        return Text.assemble(head, ("superseded by ", SUPERSEDED), _id(v.superseded_by))
+        return Text.assemble(head, ("by ", SUPERSEDED), _id(v.superseded_by))
+    if v.reverted_to is not None:
+        head.append(f"(to v{v.reverted_to}) ")
     if v.status is NoteStatus.FORGOTTEN:
         return Text.assemble(head, ("its content is gone", GONE))
     subject = f"[{cut(v.subject, LINE_CHARS, one_line=True)}] " if v.subject else ""
@@ -317,6 +331,9 @@ def _note_line(view: NoteView, *, extra: Iterable[str] = ()) -> Text:
         held.append(f"held until {when(view.valid_until)}")
     facts = [*extra, view.category, f"v{view.version}", *happened, *held]
     line = Text.assemble("[id:", _id(view.id), "] ", (f"({', '.join(facts)})", DIM), " ")
+    if view.status is NoteStatus.FORGOTTEN:
+        # A listing of the past shows a note forgotten since as its tombstone.
+        return Text.assemble(line, ("forgotten since: its content is gone", GONE))
     status = _status(view)
     if status is not None:
         line.append_text(Text.assemble("(", status, ") "))

@@ -369,7 +369,7 @@ def test_human_output_says_what_the_reply_says(env: dict[str, str]) -> None:
     assert token and ":" in token
     old = human(env, "get", "--user", "bob", "--after", token, first)
     assert "Likes black coffee" in old and f"superseded by {newer['note_id']}" in old
-    assert f"superseded by {newer['note_id']}" in human(env, "history", "--user", "bob", first)
+    assert f"superseded  by {newer['note_id']}" in human(env, "history", "--user", "bob", first)
     listing = human(env, "list", "--user", "bob", "--include-superseded").splitlines()
     assert len(listing) == 2 and f"superseded by {newer['note_id']}" in next(x for x in listing if first in x)
 
@@ -510,6 +510,10 @@ def test_time_travel_through_the_cli(env: dict[str, str]) -> None:
     assert f"reverted {note_id} to what version 1 held: now version 3" in reverted
     history = human(env, "history", "--user", "carol", note_id)
     assert "v3" in history and "reverted" in history
+    assert "nothing new written" in human(env, "revert", "--user", "carol", note_id, "--to-version", "1")
+    assert human(env, "get", "--user", "carol", "--as-of", saved["token"], note_id).startswith(
+        f"as of {saved['token']}:\n"
+    )
     code, refused, _ = cli(env, "revert", "--user", "carol", note_id, "--to-version", "3")
     assert code == 1 and refused["error"]["code"] == "INVALID_PARAMETER"
     assert "revert to one of versions 1 to 2" in refused["error"]["message"]
@@ -521,7 +525,7 @@ def test_time_travel_through_the_cli(env: dict[str, str]) -> None:
     cli(env, "supersede", "--user", "carol", old["note_id"], new["note_id"])
     _, moved, _ = cli(env, "get", "--user", "carol", old["note_id"])
     assert (moved["valid_from"], moved["valid_until"]) == ("2019-02-01T00:00:00Z", "2023-09-01T00:00:00Z")
-    _, held, _ = cli(env, "list", "--user", "carol", "--include-superseded", "--valid-at", "2020-06-01")
+    _, held, _ = cli(env, "list", "--user", "carol", "--valid-at", "2020")
     assert [n["content"] for n in held["notes"] if "Carol lives" in n["content"]] == ["Carol lives in Lyon"]
     assert "held in the world from 2019-02-01 00:00:00 UTC until 2023-09-01 00:00:00 UTC" in human(
         env, "get", "--user", "carol", old["note_id"]

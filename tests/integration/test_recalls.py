@@ -55,6 +55,11 @@ async def test_a_search_and_a_memory_block_record_what_they_showed(
     assert context.notes == block.note_ids
     assert [r.recall_id for r in await recalled(client, "alice", 1, session_id="s-1")] == [search.recall_id]
     assert (await client.recalls("bob")).recalls == []
+    assert search.asked and context.asked
+    # A block built without a query: no query, and it says it had none (not that it is gone).
+    await client.context("alice")
+    plain = (await recalled(client, "alice", 3))[0]
+    assert (plain.kind, plain.query, plain.asked) == ("context", None, False)
 
 
 async def test_a_recall_s_query_goes_with_a_note_it_showed_and_all_of_it_with_the_user(
@@ -73,6 +78,7 @@ async def test_a_recall_s_query_goes_with_a_note_it_showed_and_all_of_it_with_th
     after = {r.recall_id: r for r in (await client.recalls("alice", after=gone.token)).recalls}
     # The recall that showed the forgotten note can no longer say what was asked; the other can.
     assert after[both.recall_id].query is None and after[both.recall_id].notes == both.notes
+    assert after[both.recall_id].asked
     assert after[tea_only.recall_id].query == "what do I drink"
 
     asked = await client.forget_user("alice")

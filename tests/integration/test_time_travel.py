@@ -11,6 +11,7 @@ import pytest
 
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.model import NoteStatus
+from engram_ledger.contracts.queries import NotesReply
 from engram_ledger.services.bus.client import EngramClient
 from tests.conftest import RunningService
 from tests.support import leaked
@@ -118,6 +119,12 @@ async def test_diff_says_what_changed_between_two_moments_in_order(client: Engra
     assert [c.version for c in everything.changes] == [1, 2, 3]
     first = await client.diff("alice", t1, limit=1)
     assert len(first.changes) == 1 and first.truncated
+    with pytest.raises(EngramError) as info:
+        await client.diff("alice", t2, t1)
+    assert info.value.code is ErrorCode.INVALID_PARAMETER and "is before since" in info.value.message
+    with pytest.raises(EngramError) as bad:
+        await client.diff("alice", "last week")
+    assert "since: 'last week' is neither an ISO 8601 time" in bad.value.message
 
 
 async def test_a_revert_is_a_new_version_and_history_keeps_everything(client: EngramClient) -> None:
@@ -281,16 +288,18 @@ async def test_world_time_says_when_a_fact_held_and_a_supersede_closes_it(client
     old = await client.get_note("alice", acme.note_id, after=closed.token)
     assert (old.valid_from, old.valid_until) == (y2019, y2022)
 
-    # valid_at: what held then, superseded or not (the old note is the one that held in 2020).
+    # valid_at: what held then, superseded since or not (the old note held in 2020).
     in_2020 = datetime(2020, 7, 1, tzinfo=UTC)
-    hits = await client.search("alice", "where does Tess work?", valid_at=in_2020, include_superseded=True)
+    hits = await client.search("alice", "where does Tess work?", valid_at=in_2020)
     assert [h.note_id for h in hits.results] == [acme.note_id]
     now = await client.search("alice", "where does Tess work?", valid_at=datetime.now(UTC))
     assert [h.note_id for h in now.results] == [initech.note_id]
-    # A question naming a time ranks first what held then.
-    asked = await client.search("alice", "where did Tess work in 2020?", include_superseded=True, min_relevance=0)
-    assert asked.results[0].note_id == acme.note_id
-    listed = await client.list_notes("alice", include_superseded=True, valid_at=in_2020)
+    # A question naming a time ranks first what held then, superseded since or not.
+    asked = await client.search("alice", "where did Tess work in 2020?", min_relevance=0)
+    assert [h.note_id for h in asked.results][:2] == [acme.note_id, initech.note_id]
+    plain = await client.search("alice", "where does Tess work?", min_relevance=0)
+    assert [h.note_id for h in plain.results] == [initech.note_id], "superseded notes stay out otherwise"
+    listed = await client.list_notes("alice", valid_at=in_2020)
     assert [n.id for n in listed.notes] == [acme.note_id]
 
     # The memory block says when a fact held.
@@ -345,14 +354,16 @@ async def test_pages_of_the_past_are_slices_of_the_listing_then(client: EngramCl
         if step % 12 == 5:
             moments.append(token)
     moments.append(token)
-    # Before any note stopped holding (a supersede ends the old note's validity): a valid_at
-    # that keeps every note, and takes the listing the long way.
-    everyone = datetime(2000, 1, 1, tzinfo=UTC)
     for as_of in moments:
         for superseded in (False, True):
-            whole = await client.list_notes(
-                "alice", as_of=as_of, include_superseded=superseded, valid_at=everyone, limit=1000, after=token
-            )
+            # The listing the long way: category by category (the listing's first order).
+            parts = [
+                await client.list_notes(
+                    "alice", as_of=as_of, include_superseded=superseded, category=c, limit=1000, after=token
+                )
+                for c in "abcd"
+            ]
+            whole = NotesReply(notes=[n for p in parts for n in p.notes], total=sum(p.total for p in parts))
             pages = []
             for offset in range(0, whole.total + 7, 7):
                 page = await client.list_notes(
