@@ -98,6 +98,8 @@ class _Writes(msgspec.Struct):
     # When each note written last changed (``HistoryKeys.changed``, ``relisted``), per user.
     changed: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
     relisted: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
+    # A forgotten note's versions without their words, by versions key (see ``_plan``).
+    shells: dict[str, dict[str, bytes]] = msgspec.field(default_factory=dict)
     # Recalls recorded (``MemoryRecalled``), by key, and each user's index of them by time.
     recalls: dict[str, _Recall] = msgspec.field(default_factory=dict)
     recalled: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
@@ -173,7 +175,21 @@ class HistoryProjection(GenerationalProjection[_Writes]):
             for e in batch
             if isinstance(e.event, UserForgotten)
         }
-        writes = _fold(batch, views, self.keys, self._fields, listings, turns, digests)
+        # A note forgotten keeps its versions' plain parts (times, statuses, categories): a
+        # listing of the past places its tombstone by them. Its words go with its key.
+        forgotten = [
+            (e.event.user_id, e.event.note_id)
+            for e in batch
+            if isinstance(e.event, NoteForgotten) and (e.event.user_id, e.event.note_id) in notes
+        ]
+        kept: dict[str, dict[bytes, bytes]] = {}
+        if forgotten:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for u, n in forgotten:
+                    pipe.hgetall(self.keys.versions(u, n))
+                for (u, n), raws in zip(forgotten, await pipe.execute(), strict=True):
+                    kept[self.keys.versions(u, n)] = raws
+        writes = _fold(batch, views, self.keys, self._fields, listings, turns, digests, kept)
         writes.ciphers = ciphers
         return writes
 
@@ -206,6 +222,8 @@ class HistoryProjection(GenerationalProjection[_Writes]):
             pipe.hset(keys.versions(user_id, owner), mapping=sealed)  # type: ignore[arg-type]
         for key in writes.dropped:
             pipe.delete(key)
+        for key, shells in writes.shells.items():
+            pipe.hset(key, mapping=shells)  # type: ignore[arg-type]
         for (name, field), note_id in writes.keyed.items():
             if note_id is None:
                 pipe.hdel(name, field)
@@ -277,6 +295,7 @@ def _fold(
     listings: dict[str, set[str]] | None = None,
     turns: dict[str, MessageView] | None = None,
     digests: dict[str, str] | None = None,
+    stored: dict[str, dict[bytes, bytes]] | None = None,
 ) -> _Writes:
     """The writes a batch makes, computed in memory in log order. ``listings``: the conversation
     listings (relative key names) of each user a batch erases; ``turns``: the read model's
@@ -293,6 +312,7 @@ def _fold(
             writes.said = {k: v for k, v in writes.said.items() if k[0] not in said}
             for note_id in event.erased:
                 writes.versions.pop((user, note_id), None)
+                writes.shells.pop(keys.versions(user, note_id), None)
                 for key in (keys.note(user, note_id), keys.versions(user, note_id), keys.message(user, note_id)):
                     writes.erased.add(key)
                     writes.views.pop(key, None)
@@ -364,8 +384,10 @@ def _fold(
         if relists(event):
             writes.relisted.setdefault(event.user_id, {})[event.note_id] = changed_score(event, entry.position)
         if isinstance(event, NoteForgotten):
-            writes.versions.pop((event.user_id, event.note_id), None)
-            writes.dropped.add(keys.versions(event.user_id, event.note_id))
+            versions_key = keys.versions(event.user_id, event.note_id)
+            written = writes.versions.pop((event.user_id, event.note_id), {})
+            writes.shells[versions_key] = _shells((stored or {}).get(versions_key, {}), written)
+            writes.dropped.add(versions_key)
             if current is not None:
                 writes.stale_members.setdefault(event.user_id, set()).add(order_member(current))
             continue
@@ -384,6 +406,14 @@ def _fold(
             views[other_key] = other
             writes.views[other_key] = other
     return writes
+
+
+def _shells(stored: dict[bytes, bytes], written: dict[str, VersionView]) -> dict[str, bytes]:
+    """Versions without their words (content, subject, value and origin left blank), stored
+    in plain text: what the log keeps of a forgotten note too."""
+    shells = {number.decode(): VERSIONS.shell(raw) for number, raw in stored.items()} | written
+    blank = {"content": "", "subject": None, "value": None, "origin": None}
+    return {n: VERSIONS.encode(msgspec.structs.replace(v, **blank), None, b"") for n, v in shells.items()}
 
 
 def _track_key(

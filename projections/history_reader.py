@@ -130,6 +130,8 @@ class HistoryReader(CheckpointReader):
         view = self._note(user_id, note_id, raw_view, wrapped)
         if view is None:
             return None
+        if view.status is NoteStatus.FORGOTTEN:
+            return view, []  # its versions went with its words (their plain parts serve the past)
         key = self._data_keys.of(wrapped, user_id, note_id)
         opened = (VERSIONS.open(v, key, version_label(user_id, note_id, n.decode())) for n, v in raw_versions.items())
         versions = sorted((v for v in opened if v is not None), key=lambda v: v.version)

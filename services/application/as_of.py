@@ -92,9 +92,13 @@ def parse_moment(text: str, name: str = "as_of") -> Moment:
 
 def note_as_of(view: NoteView, versions: Sequence[VersionView], moment: Moment) -> NoteView | None:
     """The note as it was at ``moment`` (None: not saved yet). A note forgotten since is its
-    tombstone: its versions went with its key."""
+    tombstone: its words went with its key (``versions`` then hold only times, statuses and
+    categories), and it is placed by the category it had then."""
     if view.status is NoteStatus.FORGOTTEN:
-        return view if view.created_at <= moment.at else None
+        shells = [v for v in versions if moment.covers(v.created_at, v.position)]
+        if not versions:
+            return view if view.created_at <= moment.at else None
+        return msgspec.structs.replace(view, category=shells[-1].category) if shells else None
     then = [v for v in versions if moment.covers(v.created_at, v.position)]
     if not then:
         return None
@@ -132,6 +136,29 @@ class Listed(NamedTuple):
 
 def listed(view: NoteView) -> Listed:
     return Listed(view.category, int(view.created_at.timestamp() * 1000), view.id)
+
+
+def listed_as_of(
+    view: NoteView, versions: Sequence[VersionView], moment: Moment, include_superseded: bool
+) -> NoteView | None:
+    """The note as a listing at ``moment`` shows it, or None if it was not in that listing: a
+    note forgotten since is its tombstone there if it was listed then (active, or superseded
+    with ``include_superseded``, its time to live not run out)."""
+    then = note_as_of(view, versions, moment)
+    if then is None:
+        return None
+    if then.status is NoteStatus.FORGOTTEN:
+        shells = [v for v in versions if moment.covers(v.created_at, v.position)]
+        if moment.covers(then.updated_at, None):
+            return None  # forgotten before the moment: gone then too
+        if shells:
+            last = shells[-1]
+            if last.expires_at is not None and last.expires_at <= moment.at:
+                return None
+            if not (last.status is NoteStatus.ACTIVE or (include_superseded and last.status is NoteStatus.SUPERSEDED)):
+                return None
+        return then
+    return then if listed_then(then, moment, include_superseded) else None
 
 
 def listed_then(view: NoteView, moment: Moment, include_superseded: bool) -> bool:

@@ -172,7 +172,9 @@ class ForgetService:
                 top_k=command.top_k,
                 after=command.after,
                 min_relevance=0.0,  # forget by query has its own floor (below)
-            )
+            ),
+            # Finding what to forget is not an agent's recall: never recorded.
+            record=False,
         )
         keep = close_enough([h.similarity for h in found.results])
         candidates = [
@@ -346,7 +348,8 @@ class _Erase(Work[ForgetReply]):
                 status="pending",
                 count=last.request_count,
                 expires=last.expires_at.isoformat(),
-                notes=len(erasable(targets)),
+                # What it would erase, as the user counts it: notes and messages (recalls aside).
+                notes=len([i for i in erasable(targets) if not targets[i].is_recall]),
             )
         return Decision(appends=appends, detail=OutcomeDetail(user=step))
 

@@ -8,9 +8,8 @@ from engram_ledger.services.application.as_of import (
     Listed,
     Moment,
     listed,
-    listed_then,
+    listed_as_of,
     listing_as_of,
-    note_as_of,
     parse_moment,
 )
 from engram_ledger.services.application.ports import NoteHistory
@@ -43,9 +42,7 @@ async def listing_then(history: NoteHistory, user_id: str, moment: Moment, inclu
     found = await history.histories(user_id, changed_ids)
     changed: dict[str, NoteView | None] = {note_id: None for note_id in changed_ids}
     for note_id, (view, versions) in found.items():
-        then = note_as_of(view, versions, moment)
-        if then is not None and listed_then(then, moment, include_superseded):
-            changed[note_id] = then
+        changed[note_id] = listed_as_of(view, versions, moment, include_superseded)
     now = await history.listing(user_id, include_superseded)
     order = listing_as_of(now, changed, await history.expired_by(user_id, moment.ms))
     return ListingThen(order, changed)
@@ -73,13 +70,13 @@ async def page_then(
     then: dict[str, NoteView] = {}
     gone: set[Listed] = set()
     for note_id, (now, versions) in found.items():
-        if now.status is NoteStatus.ACTIVE or (include_superseded and now.status is NoteStatus.SUPERSEDED):
+        if listed_now(now, include_superseded):
             gone.add(listed(now))
-        view = note_as_of(now, versions, moment)
-        if view is not None and listed_then(view, moment, include_superseded):
+        view = listed_as_of(now, versions, moment, include_superseded)
+        if view is not None:
             then[note_id] = view
     lapsed, _ = await history.get_many(user_id, [n for n in expired if n not in found])
-    gone |= {listed(v) for v in lapsed.values() if v.status is NoteStatus.ACTIVE or include_superseded}
+    gone |= {listed(v) for v in lapsed.values() if listed_now(v, include_superseded)}
     added = sorted(listed(v) for v in then.values())
     start = max(0, offset - len(added))
     window, size = await history.listing_window(user_id, include_superseded, start, offset + limit + len(gone))
@@ -95,3 +92,8 @@ async def page_then(
     views |= await history.notes_at(user_id, [p.note_id for p in page if p.note_id not in views], moment)
     shown = [v for p in page if (v := views.get(p.note_id)) is not None]
     return PageThen(shown, size - len(gone) + len(added))
+
+
+def listed_now(view: NoteView, include_superseded: bool) -> bool:
+    """Whether the listing as it is now holds the note."""
+    return view.status is NoteStatus.ACTIVE or (include_superseded and view.status is NoteStatus.SUPERSEDED)

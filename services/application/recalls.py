@@ -15,6 +15,10 @@ from engram_ledger.services.domain.recalls import new_recall_id, recorded
 
 log = logging.getLogger("engram.recalls")
 
+# The channel the console's own searches and blocks name: a person looking, not an agent's
+# recall, so never recorded.
+CONSOLE = "console"
+
 
 class RecallAudit:
     def __init__(self, store: EventStore, audited: Callable[[str], bool], clock: Callable[[], datetime]) -> None:
@@ -30,7 +34,7 @@ class RecallAudit:
         self, user_id: str, kind: str, query: str | None, shown: Sequence[tuple[str, int]], origin: Origin | None
     ) -> str | None:
         """Record one recall; returns its id (None: not recorded)."""
-        if not self._audited(user_id):
+        if not self._audited(user_id) or (origin is not None and origin.channel == CONSOLE):
             return None
         append = recorded(user_id, new_recall_id(), kind, query, shown, origin, self._clock())
         try:

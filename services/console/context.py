@@ -12,6 +12,7 @@ from starlette.routing import Route
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.limits import MAX_CONTEXT_TOKENS
 from engram_ledger.services.console.auth import checked_form
+from engram_ledger.services.console.search import LOOKING
 from engram_ledger.services.console.web import STATUS_OF, Console, Pages, int_of, text_of, user_of
 
 
@@ -21,7 +22,9 @@ def routes(console: Console, pages: Pages) -> list[Route]:
         if fmt not in ("markdown", "xml"):
             raise EngramError(ErrorCode.INVALID_PARAMETER, f"format: {fmt!r} is not markdown or xml")
         budget = int_of(form, "max_tokens", 0, 0, MAX_CONTEXT_TOKENS) or None
-        return await console.bus.context(user, format=fmt, query=text_of(form, "query"), max_tokens=budget)
+        return await console.bus.context(
+            user, format=fmt, query=text_of(form, "query"), max_tokens=budget, origin=LOOKING
+        )
 
     async def context(request: Request) -> Response:
         source: FormData | QueryParams

@@ -10,8 +10,9 @@ from starlette.routing import Route
 
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.limits import SEARCH_TOP_K_DEFAULT, SEARCH_TOP_K_MAX, parse_time
-from engram_ledger.contracts.model import NoteKind, NoteStatus
+from engram_ledger.contracts.model import NoteKind, NoteStatus, Origin
 from engram_ledger.contracts.queries import SearchHit
+from engram_ledger.services.application.recalls import CONSOLE
 from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.config import Settings
 from engram_ledger.services.console.auth import checked_form
@@ -30,6 +31,10 @@ from engram_ledger.services.domain.values import normalize_subject
 
 # The search's explanation of a note not shown looks this deep (the most a search pages to).
 EXPLAIN_DEPTH = 100
+
+
+# The console's searches are a person looking: never recorded as an agent's recall.
+LOOKING = Origin(channel=CONSOLE)
 
 
 def routes(console: Console, pages: Pages) -> list[Route]:
@@ -63,7 +68,7 @@ def routes(console: Console, pages: Pages) -> list[Route]:
                 "ranking": ranking,
                 "min_relevance": fraction_of(form, "min_relevance"),
             }
-            reply = await console.bus.search(user, query, **asked)
+            reply = await console.bus.search(user, query, origin=LOOKING, **asked)
             explain_id = text_of(form, "explain")
             explained = None
             if explain_id:
@@ -127,7 +132,7 @@ async def explain(
     floor = asked["min_relevance"] if asked["min_relevance"] is not None else Settings.from_env().min_relevance
     size = asked["top_k"]
     for offset in range(0, EXPLAIN_DEPTH, size):
-        page_of = await bus.search(user, query, offset=offset, **{**asked, "min_relevance": 0.0})
+        page_of = await bus.search(user, query, offset=offset, origin=LOOKING, **{**asked, "min_relevance": 0.0})
         for rank, hit in enumerate(page_of.results, start=offset + 1):
             if hit.note_id == note_id:
                 below = (

@@ -125,8 +125,8 @@ def decide_forget_session(
 
 
 def session_messages(session_id: str, states: Mapping[str, NoteState]) -> dict[str, NoteState]:
-    """The user's messages said in this conversation."""
-    return {i: s for i, s in states.items() if s.is_message and s.session_id == session_id}
+    """The user's messages said in this conversation, and what was recalled in it."""
+    return {i: s for i, s in states.items() if (s.is_message or s.is_recall) and s.session_id == session_id}
 
 
 def erasable(states: Mapping[str, NoteState]) -> list[str]:

@@ -189,7 +189,9 @@ def _evolve(state: NoteState, event: AnyEvent) -> NoteState:
             speaker=event.speaker,
         )
     if isinstance(event, MemoryRecalled):
-        return NoteState(version=event.version, status=NoteStatus.ACTIVE, is_recall=True)
+        # Its session: erasing a conversation erases what was recalled in it.
+        session_id = event.origin.session_id if event.origin is not None else None
+        return NoteState(version=event.version, status=NoteStatus.ACTIVE, is_recall=True, session_id=session_id)
     if isinstance(event, MessageRetracted):
         return msgspec.structs.replace(state, version=event.version, retracted=True)
     if isinstance(event, ForgetRequested):

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.base import SCHEMA_VERSION
-from engram_ledger.contracts.events import ACCOUNT, session_stream
+from engram_ledger.contracts.events import ACCOUNT, RECALL_PREFIX, session_stream
 from engram_ledger.contracts.limits import ID_PATTERN, MAX_ID_CHARS, NOTE_ID_PATTERN
 from engram_ledger.services.adapters.crypto import MAX_GENERATION
 from engram_ledger.services.adapters.event_store import RedisEventStore, decode_event
@@ -91,6 +91,8 @@ MAX_PARTITIONS = 16_384
 _ENTRY_ID = re.compile(r"([0-9]+)-([0-9]+)")
 _USER_ID = re.compile(ID_PATTERN)
 _NOTE_ID = re.compile(NOTE_ID_PATTERN)
+# A recall's stream (MemoryRecalled): "recall-" and 32 hex digits.
+_RECALL_ID = re.compile(RECALL_PREFIX + r"[0-9a-f]{32}")
 
 
 def _lines(source: IO[str]) -> Iterator[dict[str, Any]]:
@@ -176,7 +178,7 @@ class _Checker:
         if not isinstance(dek, dict) or dek.keys() != {"user", "note", "wrapped"}:
             raise ValueError("a data key is an object of user, note and wrapped")
         self.ids(p, dek["user"], dek["note"])
-        if not _NOTE_ID.fullmatch(dek["note"]):
+        if not (_NOTE_ID.fullmatch(dek["note"]) or _RECALL_ID.fullmatch(dek["note"])):
             raise ValueError(f"note id {dek['note']!r} has no data key: it is not 8 characters of A-Za-z0-9")
         try:
             base64.b64decode(dek["wrapped"], validate=True)
@@ -208,6 +210,7 @@ def _is_stream_id(note_id: Any) -> bool:
     session = note_id.removeprefix(session_stream(""))
     return (
         bool(_NOTE_ID.fullmatch(note_id))
+        or bool(_RECALL_ID.fullmatch(note_id))
         or note_id == ACCOUNT
         or (session != note_id and 0 < len(session) <= MAX_ID_CHARS)
     )

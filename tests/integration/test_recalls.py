@@ -87,3 +87,28 @@ async def test_a_recall_s_query_goes_with_a_note_it_showed_and_all_of_it_with_th
     assert (await client.recalls("alice", after=erased.token)).recalls == []
     assert await leaked(service.settings.redis_url, b"what do I drink") == []
     assert await leaked(service.settings.redis_url, b"locker code") == []
+
+
+async def test_finding_what_to_forget_is_no_recall_and_erasing_a_session_erases_its_recalls(
+    audited: tuple[RunningService, EngramClient],
+) -> None:
+    _, client = audited
+    note = await client.save("alice", "my diagnosis is private")
+    await client.forget("alice", query="diagnosis")  # candidates only: never a recall
+    await client.record_message("alice", "s-7", "hello there")
+    await client.search("alice", "diagnosis", origin=Origin(channel="tui", session_id="s-7"), after=note.token)
+    await client.search("alice", "diagnosis", origin=Origin(channel="tui", session_id="s-8"))
+    found = await recalled(client, "alice", 2)
+    assert sorted(r.session_id or "" for r in found) == ["s-7", "s-8"]
+    await client.forget_session("alice", "s-7")
+    erased = await client.forget_session("alice", "s-7")
+    assert erased.status == "forgotten"
+    left = (await client.recalls("alice", after=erased.token)).recalls
+    assert [r.session_id for r in left] == ["s-8"]
+
+
+def test_an_export_with_recalls_can_be_imported() -> None:
+    from engram_ledger.services.domain.recalls import new_recall_id
+    from engram_ledger.services.ops.portable import _is_stream_id
+
+    assert _is_stream_id(new_recall_id())

@@ -372,3 +372,23 @@ async def test_pages_of_the_past_are_slices_of_the_listing_then(client: EngramCl
                 assert page.total == whole.total, (as_of, superseded, offset)
                 pages += page.notes
             assert [(n.id, n.version, n.status) for n in pages] == [(n.id, n.version, n.status) for n in whole.notes]
+
+
+async def test_a_tombstone_is_in_a_listing_of_the_past_only_where_its_note_was(client: EngramClient) -> None:
+    old = await client.save("alice", "I work at Acme", category="work")
+    new = await client.save("alice", "I work at Initech", category="work")
+    await client.supersede("alice", old.note_id, new.note_id)
+    await client.update("alice", new.note_id, category="jobs")
+    t1 = await moment()
+    gone = await client.forget("alice", note_ids=[old.note_id], confirmed=True)
+    await client.forget("alice", note_ids=[new.note_id], confirmed=True)
+    active = await client.list_notes("alice", as_of=t1, after=gone.token)
+    # The superseded note was not in the listing then: no tombstone of it; the other's tombstone
+    # is placed by the category it had then.
+    assert [(n.id, n.status, n.category) for n in active.notes] == [(new.note_id, NoteStatus.FORGOTTEN, "jobs")]
+    assert active.total == 1
+    everything = await client.list_notes("alice", as_of=t1, include_superseded=True)
+    assert [n.id for n in everything.notes] == [new.note_id, old.note_id]
+    assert all(n.status is NoteStatus.FORGOTTEN and n.content == "" for n in everything.notes)
+    # Its history still says nothing of its versions: they went with its words.
+    assert (await client.history("alice", old.note_id)).versions == []
