@@ -140,7 +140,7 @@ def test_history_one_line_a_version_and_the_replacement() -> None:
     shown = render.history(HistoryReply(note_id="AAAAAAAA", status="superseded", versions=versions))
     assert shown.plain.splitlines() == [
         "v1  2026-05-01 12:00:00 UTC  saved       [Alec] Alec is my boss",
-        "v2  2026-05-02 08:30:00 UTC  superseded  superseded by BBBBBBBB",
+        "v2  2026-05-02 08:30:00 UTC  superseded  by BBBBBBBB",
     ]
 
 
