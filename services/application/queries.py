@@ -209,6 +209,11 @@ class ReadModelQueries:
         return NotesReply(notes=notes[query.offset : query.offset + limit], total=len(notes))
 
     async def recalls(self, query: ListRecalls) -> RecallsReply:
+        if query.since is not None and query.until is not None and query.until < query.since:
+            raise EngramError(
+                ErrorCode.INVALID_PARAMETER,
+                f"until ({query.until.isoformat()}) is before since ({query.since.isoformat()})",
+            )
         found = await self._history.recalls(query.user_id, query.since, query.until, query.session_id, query.limit)
         if self._recall_queries is not None and found:
             queries = await self._recall_queries(query.user_id, [r.recall_id for r in found])

@@ -94,7 +94,8 @@ async def cmd_supersede(client: EngramClient, args: argparse.Namespace) -> None:
 
 
 async def cmd_revert(client: EngramClient, args: argparse.Namespace) -> None:
-    before = None if args.json else (await client.get_note(args.user, args.note_id)).version
+    # The version before, from the history (a get would count as a read of the note).
+    before = None if args.json else len((await client.history(args.user, args.note_id)).versions)
     reply = await client.revert(
         args.user, args.note_id, args.to_version, expected_version=args.expected_version, command_id=args.command_id
     )

@@ -202,7 +202,7 @@ def _change(change: NoteChange) -> Text:
 def recalls(reply: RecallsReply) -> Text:
     """``ListRecalls``: one line a recall, newest first."""
     if not reply.recalls:
-        return Text("no recalls recorded (ENGRAM_RECALL_AUDIT names whose are)")
+        return Text("no recalls recorded in that time (they are recorded for the users ENGRAM_RECALL_AUDIT names)")
     lines: list[Text | None] = []
     for r in reply.recalls:
         where = ", ".join(x for x in (r.channel, f"session {r.session_id}" if r.session_id else None) if x)

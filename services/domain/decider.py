@@ -459,15 +459,23 @@ def _revert(command: RevertNote, state: NoteState, now: datetime) -> list[Stream
             ErrorCode.INVALID_PARAMETER,
             f"Memory {command.note_id} was forgotten: its content went with its key, so no version of it can come back",
         )
-    if not state.exists or state.is_message or state.forgotten:
+    if not state.exists or state.is_message or state.is_recall or state.forgotten:
         raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"Memory with ID {command.note_id} not found")
     check_version(command.note_id, command.expected_version, state)
     target = state.at_version(command.to_version)
-    if target is None or command.to_version >= state.version:
+    if target is None:
         raise EngramError(
             ErrorCode.INVALID_PARAMETER,
-            f"Memory {command.note_id} is at version {state.version}: "
-            f"revert to one of versions 1 to {state.version - 1}",
+            f"Memory {command.note_id} has versions 1 to {state.version}: version {command.to_version} is not one",
+        )
+    if command.to_version == state.version:
+        # It holds what its current version holds: nothing happens.
+        return [StreamAppend(note_id=command.note_id, expected_version=state.version, events=[])]
+    if target.status is NoteStatus.SUPERSEDED:
+        raise EngramError(
+            ErrorCode.INVALID_PARAMETER,
+            f"Memory {command.note_id} was superseded at version {command.to_version}: revert to a version "
+            "before it to bring it back, or supersede it again",
         )
     reactivated = state.status is NoteStatus.SUPERSEDED
     fields = ("content", "category", "subject", "confidence", "importance", "value", "valid_from", "valid_until")

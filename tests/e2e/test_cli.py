@@ -514,9 +514,9 @@ def test_time_travel_through_the_cli(env: dict[str, str]) -> None:
     assert human(env, "get", "--user", "carol", "--as-of", saved["token"], note_id).startswith(
         f"as of {saved['token']}:\n"
     )
-    code, refused, _ = cli(env, "revert", "--user", "carol", note_id, "--to-version", "3")
+    code, refused, _ = cli(env, "revert", "--user", "carol", note_id, "--to-version", "9")
     assert code == 1 and refused["error"]["code"] == "INVALID_PARAMETER"
-    assert "revert to one of versions 1 to 2" in refused["error"]["message"]
+    assert "has versions 1 to 3: version 9 is not one" in refused["error"]["message"]
     code, bad, _ = cli(env, "get", "--user", "carol", "--as-of", "last tuesday", note_id)
     assert code == 1 and bad["error"]["code"] == "INVALID_PARAMETER" and "as_of" in bad["error"]["message"]
     # World time: when a fact held; a supersede ends it where the new one begins.

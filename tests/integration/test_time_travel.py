@@ -87,14 +87,15 @@ async def test_a_note_forgotten_since_is_a_tombstone_in_every_reading_of_the_pas
 
 
 async def test_a_note_whose_time_ran_out_leaves_the_listing_of_that_moment(client: EngramClient) -> None:
-    put = await client.put("alice", "cache", "otp", {"code": "4411"}, ttl_seconds=0.5)
+    # Long enough that the moment after the put is before its expiry on a busy machine.
+    put = await client.put("alice", "cache", "otp", {"code": "4411"}, ttl_seconds=2.0)
     t1 = await moment()
-    await asyncio.sleep(0.6)
+    await asyncio.sleep(2.1)
     t2 = await moment()
     assert [n.id for n in (await client.list_notes("alice", as_of=t1, after=put.token)).notes] == [put.note_id]
     assert (await client.list_notes("alice", as_of=t2)).notes == []
     # Once the timer has forgotten it, every earlier reading shows its tombstone.
-    for _ in range(50):
+    for _ in range(100):
         if (await client.history("alice", put.note_id)).status == "forgotten":
             break
         await asyncio.sleep(0.1)

@@ -160,5 +160,5 @@ def test_times_without_a_zone_are_utc(text: str) -> None:
 
 
 def test_a_moment_that_is_neither_time_nor_token_is_refused() -> None:
-    with pytest.raises(EngramError, match="is neither an ISO 8601 time .* nor a consistency token"):
+    with pytest.raises(EngramError, match=r"is neither an ISO 8601 time .* nor a consistency token"):
         parse_moment("2026-13-45")

@@ -87,6 +87,11 @@ def test_a_revert_appends_a_new_version_with_what_the_old_one_held() -> None:
     assert again.events[0].content == "Alec is my manager at TechCorp" and again.events[0].category == "work"
 
 
+def test_reverting_to_the_current_version_changes_nothing() -> None:
+    (append,) = when(HISTORY, to_version=3)
+    assert append.events == [] and append.expected_version == 3
+
+
 def test_reverting_to_what_it_already_holds_changes_nothing() -> None:
     (append,) = when([*HISTORY, updated(4, category="person", subject="Alec")], to_version=3)
     assert append.events != []
@@ -115,12 +120,12 @@ def test_a_keyed_note_reactivated_claims_its_key_again() -> None:
 @pytest.mark.parametrize(
     ("given", "to_version", "expected", "code", "says"),
     [
-        (HISTORY, 3, None, ErrorCode.INVALID_PARAMETER, "revert to one of versions 1 to 2"),
-        (HISTORY, 7, None, ErrorCode.INVALID_PARAMETER, "revert to one of versions 1 to 2"),
+        ([saved(), superseded(2), superseded(3)], 2, None, ErrorCode.INVALID_PARAMETER, "superseded at version 2"),
+        (HISTORY, 7, None, ErrorCode.INVALID_PARAMETER, "has versions 1 to 3: version 7 is not one"),
         (HISTORY, 1, 2, ErrorCode.VERSION_CONFLICT, "is at version 3, not the expected 2"),
         ([], 1, None, ErrorCode.MEMORY_NOT_FOUND, "Memory with ID AAAAAAAA not found"),
     ],
-    ids=["current version", "unknown version", "stale expected version", "no such note"],
+    ids=["a supersede", "unknown version", "stale expected version", "no such note"],
 )
 def test_revert_refusals(
     given: list[AnyEvent], to_version: int, expected: int | None, code: ErrorCode, says: str
