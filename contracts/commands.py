@@ -125,7 +125,8 @@ class SupersedeNote(Command, tag="supersede_note", frozen=True, kw_only=True):
 class RevertNote(Command, tag="revert_note", frozen=True, kw_only=True):
     """Undo as a new version: the note gets the content and fields it had at ``to_version``
     (``NoteReverted``); its history keeps every version. Reverting a superseded note to a
-    version before its supersede brings it back to the active set. A forgotten note cannot be
+    version before its supersede brings it back to the active set; a supersede's own version is
+    none to revert to, and the current version changes nothing. A forgotten note cannot be
     reverted (its content is gone with its key). ``expected_version``: the note's current
     version, else ``VERSION_CONFLICT``."""
 
