@@ -25,7 +25,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.bench_core import pct, service_in_process
+from bench.bench_core import service_in_process
+from bench.bench_read_model import p50_ms
 from engram_ledger.contracts.commands import NoteDraft
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.projections.index_runtime import edge_directory, timeline_directory
@@ -38,17 +39,6 @@ TOPICS = ["flights", "coffee", "meetings", "books", "running", "music", "cooking
 def text(i: int, version: int) -> str:
     topic = TOPICS[(i + version) % len(TOPICS)]
     return f"Note {i}, version {version}: the user's view on {topic} changed; detail {random.randint(0, 10**6)}."
-
-
-async def p50_ms(call: Callable[[], Awaitable[Any]], repeat: int) -> float:
-    for _ in range(min(10, repeat)):
-        await call()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        await call()
-        times.append((time.perf_counter() - start) * 1000)
-    return round(pct(times, 0.5), 3)
 
 
 def disk_bytes(directory: Path) -> int:

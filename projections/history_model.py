@@ -21,6 +21,7 @@ from engram_ledger.contracts.events import (
     NoteUpdated,
 )
 from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView, VersionView
+from engram_ledger.services.application.as_of import Listed, listed, position_value
 
 
 def message_view(event: MessageRecorded) -> MessageView:
@@ -220,15 +221,18 @@ def said_score(position: str) -> float:
     """A turn's place in its conversation: its log position (milliseconds, then sequence) as
     one float that keeps its precision until the year 2255 (sequence numbers past 999 in one
     millisecond of one partition's log aside)."""
-    ms, seq = position.split("-")
-    return int(ms) * 1000 + min(int(seq), 999)
+    return position_value(position)
 
 
 def order_member(view: NoteView) -> bytes:
     """Lexicographic member of the listing index: category, then created_at (ms, zero-padded),
     then id. Sorting these bytes is the deterministic order requirements §3 needs for prompt caching."""
-    ms = int(view.created_at.timestamp() * 1000)
-    return f"{view.category}\x00{ms:015d}\x00{view.id}".encode()
+    return place_member(listed(view))
+
+
+def place_member(place: Listed) -> bytes:
+    """A place in a listing as the listing index holds it (``order_member``)."""
+    return f"{place.category}\x00{place.created_ms:015d}\x00{place.note_id}".encode()
 
 
 def relists(event: AnyEvent) -> bool:

@@ -14,7 +14,7 @@ from engram_ledger.contracts.channels import HistoryKeys, SagaKeys
 from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView, RecallView, VersionView
 from engram_ledger.projections.forget_saga import member as saga_member
 from engram_ledger.projections.history import live_generation
-from engram_ledger.projections.history_model import keyed_field
+from engram_ledger.projections.history_model import keyed_field, place_member
 from engram_ledger.projections.history_records import (
     MESSAGES,
     NOTES,
@@ -366,7 +366,7 @@ class HistoryReader(CheckpointReader):
         order = keys.order(user_id, include_superseded)
         async with self._redis.pipeline(transaction=False) as pipe:
             for place in places:
-                pipe.zlexcount(order, "-", b"(" + _member(place))
+                pipe.zlexcount(order, "-", b"(" + place_member(place))
             return [int(n) for n in await pipe.execute()]
 
     async def changed_since(self, user_id: str, ms: int) -> list[str]:
@@ -429,8 +429,3 @@ def _member_id(member: bytes) -> str:
 def _listed(member: bytes) -> Listed:
     category, created, note_id = member.split(b"\x00")
     return Listed(category.decode(), int(created), note_id.decode())
-
-
-def _member(place: Listed) -> bytes:
-    """A place as the listing's sorted set holds it (``history_model.order_member``)."""
-    return f"{place.category}\x00{place.created_ms:015d}\x00{place.note_id}".encode()

@@ -112,6 +112,18 @@ def query_handlers(
     return handlers
 
 
+def _filtered_page(query: ListNotes, notes: list[NoteView], limit: int) -> NotesReply:
+    """A page of a listing read whole, after the filters only its notes can answer (keys,
+    values, when they held)."""
+    if query.keyed_only:
+        notes = [n for n in notes if n.key is not None]
+    if query.where:
+        notes = [n for n in notes if matches(n.value, query.where)]
+    if query.valid_at is not None:
+        notes = [n for n in notes if holds_at(n, query.valid_at)]
+    return NotesReply(notes=notes[query.offset : query.offset + limit], total=len(notes))
+
+
 def _place(change: NoteChange) -> tuple[int, int]:
     """A change's log position (a forget's is not kept: first among changes at its time)."""
     position = change.after.position if change.after is not None else None
@@ -199,14 +211,7 @@ class ReadModelQueries:
         if not (query.where or query.keyed_only or query.valid_at):
             page = order[query.offset : query.offset + limit]
             return NotesReply(notes=await then.views(self._history, query.user_id, page), total=len(order))
-        notes = await then.views(self._history, query.user_id, order)
-        if query.keyed_only:
-            notes = [n for n in notes if n.key is not None]
-        if query.where:
-            notes = [n for n in notes if matches(n.value, query.where)]
-        if query.valid_at is not None:
-            notes = [n for n in notes if holds_at(n, query.valid_at)]
-        return NotesReply(notes=notes[query.offset : query.offset + limit], total=len(notes))
+        return _filtered_page(query, await then.views(self._history, query.user_id, order), limit)
 
     async def recalls(self, query: ListRecalls) -> RecallsReply:
         if query.since is not None and query.until is not None and query.until < query.since:
@@ -276,14 +281,7 @@ class ReadModelQueries:
             if page is not None:
                 return NotesReply(notes=page[0], total=page[1])
         notes = await history.list_notes(query.user_id, query.category, query.include_superseded, query.category_prefix)
-        notes = [n for n in notes if not lapsed(n, now)]
-        if query.keyed_only:
-            notes = [n for n in notes if n.key is not None]
-        if query.where:
-            notes = [n for n in notes if matches(n.value, query.where)]
-        if query.valid_at is not None:
-            notes = [n for n in notes if holds_at(n, query.valid_at)]
-        return NotesReply(notes=notes[query.offset : query.offset + limit], total=len(notes))
+        return _filtered_page(query, [n for n in notes if not lapsed(n, now)], limit)
 
     async def list_categories(self, query: ListCategories) -> CategoriesReply:
         return CategoriesReply(categories=await self._history.categories(query.user_id, query.prefix, query.keyed_only))
