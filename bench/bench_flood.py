@@ -10,8 +10,9 @@ query), saves a few notes for each of ``--ordinary`` users, then runs those user
 - alone: the baseline;
 - beside a flooding agent (another process, one `EngramClient`, 20,000 saves and 20,000
   searches of one user sent at once, and again as soon as any is answered);
-- beside a flooding agent that writes its requests onto the streams itself (a pipeline of
-  XADDs, no client), as fast as Redis takes them, for as long as the run lasts.
+- beside a flooding agent that appends its requests to the inboxes itself (a pipeline of
+  RPUSHes, no client, as the agent role may), as fast as Redis takes them, for as long as the
+  run lasts.
 
 Prints each run's ordinary p50/p99 and the flooded runs' p99 over the baseline's, and what
 became of the flood's requests (answered, refused RATE_LIMITED). Then one JSON line.
@@ -151,7 +152,7 @@ async def flood_raw(url: str, seconds: float) -> dict[str, int]:
                 )
                 stream = channels.command_stream(0) if i % 2 else channels.query_stream(0)
                 envelope = {"data": json.dumps(body), "headers": {"reply_to": reply_to, "correlation_id": str(i)}}
-                pipe.xadd(stream, {"__data__": json.dumps(envelope)})
+                pipe.rpush(channels.inbox(stream), json.dumps(envelope))
             await pipe.execute()
         counts["sent"] = i
         await asyncio.sleep(0)
@@ -195,7 +196,8 @@ async def run(args: argparse.Namespace) -> None:
                 # The next run starts on empty streams: what a flood left is answered first.
                 async with aioredis.Redis.from_url(server.url) as redis:
                     streams = (channels.command_stream(0), channels.query_stream(0))
-                    while [s for s in streams if await redis.xlen(s)]:
+                    inboxes = [channels.inbox(s) for s in streams]
+                    while [s for s in streams if await redis.xlen(s)] or [i for i in inboxes if await redis.llen(i)]:
                         await asyncio.sleep(0.5)
         finally:
             worker.stop()

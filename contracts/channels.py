@@ -92,9 +92,15 @@ def command_stream(partition: int) -> str:
 
 
 def in_flight(partition: int, user_id: str) -> str:
-    """A user's requests sent and not yet answered, by every client (a sorted set: request ->
-    when it was sent), which bounds how many of them the request streams hold."""
+    """A user's requests in the request streams and not yet answered (a sorted set: place ->
+    when it lapses), which bounds how many of them the streams hold; written by the service only."""
     return f"{tag(partition)}:inflight:{part(user_id)}"
+
+
+def inbox(stream: str) -> str:
+    """Where a client appends a request for ``stream`` (a list, ``RPUSH`` only): the service's
+    gate admits it into the stream (services/bus/gate.py)."""
+    return f"{stream}:inbox"
 
 
 def operator_stream(partition: int) -> str:

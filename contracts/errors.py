@@ -23,6 +23,10 @@ class ErrorCode(enum.StrEnum):
     # Redis's ACL refused the caller's user what it asked (a role without that stream, key or
     # channel): raised by the client and the CLI, never sent by the service. Retrying cannot help.
     PERMISSION_DENIED = "PERMISSION_DENIED"
+    # The service is starting: what the request needs (the embedding model, for a search) is still
+    # loading, and was not ready within the caller's wait. Nothing was done; ask again in
+    # ``retry_after_ms``.
+    STARTING = "STARTING"
     # The caller holds its whole share of the service (requests waiting on a worker, or in flight
     # from one client): nothing was done. Send the same request again after ``retry_after_ms``.
     RATE_LIMITED = "RATE_LIMITED"

@@ -131,14 +131,17 @@ class MessageRetracted(Event, tag="message_retracted", frozen=True, kw_only=True
 class MemoryRecalled(Event, tag="memory_recalled", frozen=True, kw_only=True):
     """What a search or a memory block showed (recorded where the deployment audits recalls):
     ``note_id`` is the recall's own id (``recall_id``), ``notes`` and ``versions`` what it
-    showed, ``origin`` the channel and session that asked. ``query`` is sealed under a key
-    drawn from the recall's own data key and the data key of every note it names, so forgetting
-    any of them, or the user, leaves it unreadable; None when the recall was taken without one."""
+    showed, ``origin`` the channel and session that asked, ``named`` the notes not shown whose
+    subject the query names. ``query`` is sealed under a key drawn from the recall's own data key
+    and the data key of every note in ``notes`` then ``named``, so forgetting any of them, or the
+    user, leaves it unreadable; None when the recall was taken without one, empty when it was
+    asked but its text not kept (it showed nothing, or a note it names was already gone)."""
 
     kind: str
     notes: list[str] = msgspec.field(default_factory=list)
     versions: list[int] = msgspec.field(default_factory=list)
     query: str | None = None
+    named: list[str] = msgspec.field(default_factory=list)
 
 
 class ForgetRequested(Event, tag="forget_requested", frozen=True, kw_only=True):

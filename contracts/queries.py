@@ -391,13 +391,15 @@ class ForgetReply(Message, tag="forget", frozen=True, kw_only=True):
     """The answer to ``RequestForget`` (requirements §1). ``status``: ``candidates`` (a query found
     these notes; nothing was deleted), ``confirmation_required`` (some requested notes are now
     pending: ``pending``), or ``forgotten`` (every requested note was deleted: ``forgotten``).
-    ``message`` says it in words for the LLM or the human to relay."""
+    ``message`` says it in words for an LLM to relay (the tools' text); ``withdrawn``: notes whose
+    pending deletion this request withdrew (a request for other notes replaces it)."""
 
     status: Literal["candidates", "confirmation_required", "forgotten"]
     message: str
     candidates: list[ForgetCandidate] = msgspec.field(default_factory=list)
     pending: list[PendingForget] = msgspec.field(default_factory=list)
     forgotten: list[str] = msgspec.field(default_factory=list)
+    withdrawn: list[str] = msgspec.field(default_factory=list)
     token: str | None = None
     replayed: bool = False
     # RequestForgetUser, once executed: when the user's memory was erased.

@@ -1,12 +1,13 @@
 """How often and how recently each note was read (requirements §5's importance and decay), kept beside
 the read model rather than in the event log: a read is not a change of memory, and one event per
 search hit would flood the log. Per user: a hash of counts and a hash of last-access times (ms).
-Lost counts on a crash only make the recency signal a little older; nothing depends on them."""
+Lost counts on a crash only make the recency signal a little older; nothing depends on them.
+Which reads count, and what replies show, is ``services/application/reads.py``."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 
 import msgspec
 from redis.asyncio import Redis
@@ -14,6 +15,7 @@ from redis.asyncio import Redis
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.channels import AccessKeys
 from engram_ledger.contracts.model import NoteView
+from engram_ledger.services.application.reads import from_ms, to_ms
 
 
 class AccessLog:
@@ -29,7 +31,7 @@ class AccessLog:
         if not ids:
             return
         keys = self._keys(user_id)
-        ms = int(at.timestamp() * 1000)
+        ms = to_ms(at)
         async with self._redis.pipeline(transaction=False) as pipe:
             for note_id in ids:
                 pipe.hincrby(keys.counts(user_id), note_id, 1)
@@ -51,7 +53,7 @@ class AccessLog:
             if count is None and at is None:
                 out.append(view)
                 continue
-            accessed = datetime.fromtimestamp(int(at) / 1000, UTC) if at is not None else None
+            accessed = from_ms(int(at)) if at is not None else None
             out.append(msgspec.structs.replace(view, access_count=int(count or 0), last_accessed_at=accessed))
         return out
 

@@ -175,8 +175,9 @@ class HistoryProjection(GenerationalProjection[_Writes]):
             for e in batch
             if isinstance(e.event, UserForgotten)
         }
-        # A note forgotten keeps its versions' plain parts (times, statuses, categories): a
-        # listing of the past places its tombstone by them. Its words go with its key.
+        # A note forgotten keeps its versions' plain parts (times, statuses, categories) and
+        # the forget's time and log position: a reading of the past places its tombstone by them.
+        # Its words go with its key.
         forgotten = [
             (e.event.user_id, e.event.note_id)
             for e in batch
@@ -386,6 +387,8 @@ def _fold(
         if isinstance(event, NoteForgotten):
             versions_key = keys.versions(event.user_id, event.note_id)
             written = writes.versions.pop((event.user_id, event.note_id), {})
+            # The forget itself, with its log position: a reading of the past places it exactly.
+            written[str(event.version)] = version_entry(view, event, entry.position)
             writes.shells[versions_key] = _shells((stored or {}).get(versions_key, {}), written)
             writes.dropped.add(versions_key)
             if current is not None:

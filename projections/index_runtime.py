@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import shutil
+import re
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -19,6 +19,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from engram_ledger.contracts.channels import IndexKeys, model_key
 from engram_ledger.projections.index import IndexProjection, live_index_generation
+from engram_ledger.projections.qdrant_edge import drop_shard
 from engram_ledger.projections.tracking import CheckpointReader, read_position
 from engram_ledger.services.adapters.crypto import SubjectMatcher
 from engram_ledger.services.application.ports import EventStore
@@ -59,19 +60,21 @@ class IndexRuntime:
         redis: Redis,
         embedder: Embedder,
         open_index: Callable[[int], VectorIndex],
-        drop_index: Callable[[int], None] | None = None,
+        drop_before: Callable[[int], None] | None = None,
         *,
         subjects: SubjectMatcher,
         open_timeline: Callable[[int], VectorIndex] | None = None,
+        purge_seconds: float = 60.0,
     ) -> None:
         """``open_timeline``: a generation's timeline index, every version of every note for
-        searches of the past (None: this deployment keeps none)."""
+        searches of the past (None: this deployment keeps none). ``purge_seconds``: how soon
+        after a delete the index's files no longer hold what was deleted (``purge``)."""
         self.redis = redis
         self.embedder = embedder
         self.subjects = subjects
         self.open_index = open_index
         self.open_timeline = open_timeline
-        self._drop_index = drop_index
+        self._drop_index = drop_before
         self.generation = -1
         self._index: VectorIndex | None = None
         self._timeline: VectorIndex | None = None
@@ -81,6 +84,8 @@ class IndexRuntime:
         self.model_state: ModelState = "loading"
         self.model_load_seconds: float | None = None
         self._reader = IndexReader(self)
+        self.purge_seconds = purge_seconds
+        self.purged_at: float | None = None
 
     def subject_key(self, user_id: str, subject: str) -> str:
         return self.subjects.match_key(user_id, subject)
@@ -115,7 +120,7 @@ class IndexRuntime:
             timeline = self.open_timeline(generation) if self.open_timeline is not None else None
             if timeline is not None:
                 await timeline.ensure(self.embedder.dimension)
-            previous, previous_generation = self._index, self.generation
+            previous = self._index
             previous_timeline = self._timeline
             self._index, self._timeline, self.generation, self.error = index, timeline, generation, None
             log.info("vector index generation %d is live", generation)
@@ -123,8 +128,10 @@ class IndexRuntime:
                 await previous_timeline.close()
             if previous is not None:
                 await previous.close()
-                if self._drop_index is not None:
-                    self._drop_index(previous_generation)
+            if self._drop_index is not None:
+                # Every generation before the live one: the one just replaced, and any a process
+                # that stopped before it dropped its own left behind.
+                self._drop_index(generation)
 
     async def load_model(self, stop: asyncio.Event, retry_seconds: float = 10.0) -> None:
         """Load the embedding model in the background and say when it is ready: commands and
@@ -162,6 +169,51 @@ class IndexRuntime:
     async def watch(self, stop: asyncio.Event, interval: float = 1.0) -> None:
         """Follow generation switches and model changes; a failed check is logged, not hidden."""
         await every(interval, stop, self.sync, "index generation check", log)
+
+    def purge_owed_since(self) -> float | None:
+        """When the oldest delete still held in the open indexes' files was made; None if none."""
+        owed = [i.owed_since() for i in self._open_indexes()]
+        return min((t for t in owed if t is not None), default=None)
+
+    def files_state(self) -> dict[str, float | None] | None:
+        """What ``engram health`` says of deleted points in this process's index files (None
+        where the files are a server's own): since when a removal is owed, when the last rewrite
+        was made, and the bound."""
+        if not self._open_indexes():
+            return None
+        return {"owed_since": self.purge_owed_since(), "purged_at": self.purged_at, "bound_seconds": self.purge_seconds}
+
+    def _open_indexes(self) -> list[VectorIndex]:
+        return [i for i in (self._index, self._timeline) if i is not None and i.compacts_files]
+
+    async def purge(self, stop: asyncio.Event, on_change: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Rewrite the indexes' files without their deleted points: at once after a first
+        delete, then at most every ``purge_seconds`` while deletes keep coming, so a forgotten
+        note's vectors leave the disk within that bound (plus the rewrite itself).
+        ``on_change``: told when a removal becomes owed and when one is made (the worker's
+        report for `engram health`)."""
+        check = min(1.0, max(self.purge_seconds / 4, 0.05))
+        owed_before: float | None = None
+
+        async def maybe() -> None:
+            nonlocal owed_before
+            async with self._lock:  # not while a switch of generation closes them
+                owed = self.purge_owed_since()
+                due = owed is not None and (
+                    self.purged_at is None or time.time() - self.purged_at >= self.purge_seconds
+                )
+                if due:
+                    started = time.monotonic()
+                    for index in self._open_indexes():
+                        await index.compact()
+                    self.purged_at = time.time()
+                    log.info("index files rewritten without deleted points in %.2f s", time.monotonic() - started)
+                    owed = self.purge_owed_since()
+            changed, owed_before = due or (owed is not None) != (owed_before is not None), owed
+            if changed and on_change is not None:
+                await on_change()
+
+        await every(check, stop, maybe, "removing deleted points from the index's files", log)
 
     async def close(self) -> None:
         if self._timeline is not None:
@@ -204,12 +256,18 @@ def timeline_directory(data_dir: Path, generation: int) -> Path:
     return data_dir / "index" / f"g{generation}-timeline"
 
 
-def drop_edge_directory(data_dir: Path) -> Callable[[int], None]:
-    def drop(generation: int) -> None:
-        shutil.rmtree(edge_directory(data_dir, generation), ignore_errors=True)
-        shutil.rmtree(timeline_directory(data_dir, generation), ignore_errors=True)
+def drop_edge_generations(data_dir: Path) -> Callable[[int], None]:
+    """Removes the shard directories of every generation before a given one (what a compaction
+    left beside them too)."""
 
-    return drop
+    def drop_before(live: int) -> None:
+        root = data_dir / "index"
+        found = {int(m.group(1)) for p in root.glob("g*") if (m := re.match(r"g(\d+)", p.name))}
+        for generation in sorted(g for g in found if g < live):
+            drop_shard(edge_directory(data_dir, generation))
+            drop_shard(timeline_directory(data_dir, generation))
+
+    return drop_before
 
 
 def live_index(

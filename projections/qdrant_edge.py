@@ -1,11 +1,24 @@
 """``QdrantEdgeIndex``: the Qdrant engine in-process (``qdrant-edge-py``), one shard directory
 under the data dir. Calls are synchronous and short; they run in a worker thread so the event
 loop keeps serving. One process owns a shard directory (the embedded deployment); several
-workers use the Qdrant server adapter instead."""
+workers use the Qdrant server adapter instead.
+
+Deleting a point does not erase it from the shard's files: its vectors, payload and id stay in
+the segment's pages and in the write-ahead log, even after Qdrant's own optimizer has run. So a
+delete leaves a mark beside the shard (``<dir>.owed``, with when the first delete it owes was
+made), and ``compact`` pays it: the live points are copied into a fresh shard (``<dir>.next``),
+which replaces the old one, whose files are then removed. Reads go on from the old shard while
+the copy is made; writes wait for it. A crash at any step leaves either the old shard (and the
+mark, so the compaction runs again) or the new one; ``_recover`` tidies what the step left.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -19,6 +32,7 @@ from qdrant_edge import (
     EdgeVectorParams,
     FieldCondition,
     Filter,
+    IdfParams,
     MatchAny,
     MatchValue,
     Modifier,
@@ -30,6 +44,7 @@ from qdrant_edge import (
     QueryRequest,
     RangeFloat,
     ScrollRequest,
+    SearchParams,
     SparseVector,
     UpdateOperation,
 )
@@ -66,23 +81,90 @@ def _request(query: NearestQuery) -> QueryRequest:
     if query.using == SPARSE:
         assert query.sparse is not None
         vector: Any = SparseVector(query.sparse.indices, query.sparse.values)
+        # BM25's term statistics over the user's own points alone (those that held then, for a
+        # search of the past): no score depends on another user's notes, present or deleted.
+        params = SearchParams(idf=IdfParams(corpus=_filter(conditions(query.user_id, {}, ranges=query.ranges))))
     else:
         vector = query.dense
+        # Exact: an approximate (graph) search's misses would depend on the other users' points.
+        params = SearchParams(exact=True)
     return QueryRequest(
         limit=query.limit,
         query=Query.Nearest(vector, using=query.using),
         filter=_filter(conditions(query.user_id, query.match, window=query.window, ranges=query.ranges)),
         score_threshold=query.threshold,
         with_payload=PayloadSelector.Include(query.fields) if query.fields is not None else True,
+        params=params,
     )
 
 
+def _config(dimension: int) -> EdgeConfig:
+    return EdgeConfig(
+        vectors={DENSE: EdgeVectorParams(size=dimension, distance=Distance.Cosine)},
+        sparse_vectors={SPARSE: EdgeSparseVectorParams(modifier=Modifier.Idf)},
+    )
+
+
+def _create(directory: Path, dimension: int) -> EdgeShard:
+    shard = EdgeShard.create(str(directory), _config(dimension))
+    _index_fields(shard)
+    return shard
+
+
+def _index_fields(shard: EdgeShard) -> None:
+    existing = shard.info().payload_schema
+    for names, kind in (
+        (KEYWORD_FIELDS, PayloadSchemaType.Keyword),
+        (INTEGER_FIELDS, PayloadSchemaType.Integer),
+        (FLOAT_FIELDS, PayloadSchemaType.Float),
+    ):
+        for name in names:
+            if name not in existing:
+                shard.update(UpdateOperation.create_field_index(name, kind))
+
+
+def _sibling(directory: Path, suffix: str) -> Path:
+    return directory.with_name(directory.name + suffix)
+
+
+def _write_durably(path: Path, text: str) -> None:
+    """``text`` in ``path``, on disk before this returns (a crash keeps it or the file before)."""
+    partial = _sibling(path, ".partial")
+    with open(partial, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
+    _sync_directory(path.parent)
+
+
+def _sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class QdrantEdgeIndex:
+    # Its files are on this machine: ``compact`` removes deleted points from them.
+    compacts_files = True
+    # Points copied per step of a compaction (each a scroll of the old shard and an upsert).
+    COPY_BATCH = 1_000
+
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._shard: EdgeShard | None = None
+        self._dimension = 0
         # One thread: the shard is used from one place at a time, in order.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qdrant-edge")
+        # Writes and a compaction exclude each other: a write made during the copy would be
+        # lost with the old shard.
+        self._writing = asyncio.Lock()
+        self._owed_path = _sibling(directory, ".owed")
+        self._next = _sibling(directory, ".next")
+        self._old = _sibling(directory, ".old")
+        self.compacted_at: float | None = None
 
     async def _run(self, fn, *args):  # type: ignore[no-untyped-def]
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -96,29 +178,28 @@ class QdrantEdgeIndex:
     async def ensure(self, dimension: int) -> None:
         if self._shard is not None:
             return
+        self._dimension = dimension
         self._shard = await self._run(self._open, dimension)
 
     def _open(self, dimension: int) -> EdgeShard:
-        config = EdgeConfig(
-            vectors={DENSE: EdgeVectorParams(size=dimension, distance=Distance.Cosine)},
-            sparse_vectors={SPARSE: EdgeSparseVectorParams(modifier=Modifier.Idf)},
-        )
+        self._recover()
         self.directory.mkdir(parents=True, exist_ok=True)
-        if any(self.directory.iterdir()):
-            shard = EdgeShard.load(str(self.directory), config)
-        else:
-            shard = EdgeShard.create(str(self.directory), config)
-        existing = shard.info().payload_schema
-        for name in KEYWORD_FIELDS:
-            if name not in existing:
-                shard.update(UpdateOperation.create_field_index(name, PayloadSchemaType.Keyword))
-        for name in INTEGER_FIELDS:
-            if name not in existing:
-                shard.update(UpdateOperation.create_field_index(name, PayloadSchemaType.Integer))
-        for name in FLOAT_FIELDS:
-            if name not in existing:
-                shard.update(UpdateOperation.create_field_index(name, PayloadSchemaType.Float))
+        if not any(self.directory.iterdir()):
+            return _create(self.directory, dimension)
+        shard = EdgeShard.load(str(self.directory), _config(dimension))
+        _index_fields(shard)
         return shard
+
+    def _recover(self) -> None:
+        """Finish or undo a compaction a crash cut short: the shard at ``directory`` is whole
+        whenever it exists (the new one is moved there only once complete)."""
+        if self._next.exists():
+            if self.directory.exists():
+                shutil.rmtree(self._next)  # a copy not finished: the mark still owes it
+            else:
+                os.replace(self._next, self.directory)  # cut between the two moves
+        if self._old.exists():
+            shutil.rmtree(self._old)
 
     async def upsert(self, points: list[IndexPoint]) -> None:
         if not points:
@@ -131,18 +212,78 @@ class QdrantEdgeIndex:
             )
             for p in points
         ]
-        await self._run(self.shard.update, UpdateOperation.upsert_points(edge_points))
+        async with self._writing:
+            await self._run(self.shard.update, UpdateOperation.upsert_points(edge_points))
 
     async def delete(self, user_id: str, note_id: str, from_chunk: int = 0) -> None:
-        operation = UpdateOperation.delete_points_by_filter(_filter(conditions(user_id, {}, note_id, from_chunk)))
-        await self._run(self.shard.update, operation)
+        async with self._writing:
+            await self._run(self._delete, _filter(conditions(user_id, {}, note_id, from_chunk)))
+
+    def _delete(self, where: Filter) -> None:
+        if not self.shard.count(CountRequest(filter=where, exact=True)):
+            return  # nothing there: no file to rewrite
+        # The mark first: a crash after the delete still owes its compaction.
+        if not self._owed_path.exists():
+            _write_durably(self._owed_path, repr(time.time()))
+        self.shard.update(UpdateOperation.delete_points_by_filter(where))
+
+    def owed_since(self) -> float | None:
+        """When the oldest delete not yet compacted away was made (seconds since the epoch);
+        None when no file holds a deleted point."""
+        try:
+            return float(self._owed_path.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    async def compact(self) -> bool:
+        """Rewrite the shard without what was deleted, if anything was; whether it did."""
+        async with self._writing:
+            if self._shard is None or self.owed_since() is None:
+                return False
+            # The copy reads the old shard from another thread: searches go on meanwhile.
+            await asyncio.to_thread(self._copy_live_points)
+            await self._run(self._swap)
+            self.compacted_at = time.time()
+            return True
+
+    def _copy_live_points(self) -> None:
+        if self._next.exists():
+            shutil.rmtree(self._next)
+        fresh = _create(self._next, self._dimension)
+        offset = None
+        while True:
+            records, offset = self.shard.scroll(
+                ScrollRequest(offset=offset, limit=self.COPY_BATCH, with_payload=True, with_vector=True)
+            )
+            if records:
+                points = [Point(id=r.id, vector=r.vector, payload=r.payload) for r in records if r.vector is not None]
+                fresh.update(UpdateOperation.upsert_points(points))
+            if offset is None:
+                break
+        fresh.flush()
+        fresh.close()
+        _sync_directory(self._next.parent)
+
+    def _swap(self) -> None:
+        """The fresh shard in place of the old one, whose files then go, and the mark with them."""
+        old = self.shard
+        old.close()
+        self._shard = None
+        os.replace(self.directory, self._old)
+        os.replace(self._next, self.directory)
+        _sync_directory(self.directory.parent)
+        self._shard = EdgeShard.load(str(self.directory), _config(self._dimension))
+        shutil.rmtree(self._old)
+        self._owed_path.unlink(missing_ok=True)
+        _sync_directory(self.directory.parent)
 
     async def set_payload(
         self, user_id: str, note_id: str, fields: dict[str, Any], ranges: Ranges | None = None
     ) -> None:
         where = _filter(conditions(user_id, {}, note_id, ranges=ranges))
         operation = UpdateOperation.set_payload_by_filter(where, fields)
-        await self._run(self.shard.update, operation)
+        async with self._writing:
+            await self._run(self.shard.update, operation)
 
     async def nearest(self, query: NearestQuery) -> list[IndexHit]:
         (hits,) = await self.nearest_many([query])
@@ -153,15 +294,21 @@ class QdrantEdgeIndex:
         asked = [
             (i, _request(q)) for i, q in enumerate(queries) if q.using != SPARSE or (q.sparse and q.sparse.indices)
         ]
-        found = await self._run(self.shard.query_batch, QueryBatchRequest([r for _, r in asked])) if asked else []
+        found = await self._run(self._query_batch, [r for _, r in asked]) if asked else []
         results: list[list[IndexHit]] = [[] for _ in queries]
         for (i, _), points in zip(asked, found, strict=True):
             results[i] = [IndexHit(point_id=str(p.id), score=p.score, payload=dict(p.payload or {})) for p in points]
         return results
 
+    def _query_batch(self, requests: list[QueryRequest]) -> Any:
+        return self.shard.query_batch(QueryBatchRequest(requests))
+
     async def count(self, user_id: str | None = None) -> int:
         request = CountRequest(filter=_filter(conditions(user_id, {})) if user_id else None, exact=True)
-        return int(await self._run(self.shard.count, request))
+        return int(await self._run(self._count, request))
+
+    def _count(self, request: CountRequest) -> int:
+        return int(self.shard.count(request))
 
     async def payloads(self) -> list[dict[str, Any]]:
         return await self._run(self._payloads)
@@ -176,12 +323,24 @@ class QdrantEdgeIndex:
                 return out
 
     async def flush(self) -> None:
+        await self._run(self._flush)
+
+    def _flush(self) -> None:
         if self._shard is not None:
-            await self._run(self._shard.flush)
+            self._shard.flush()
 
     async def close(self) -> None:
-        if self._shard is not None:
-            shard, self._shard = self._shard, None
-            await self._run(shard.flush)
-            await self._run(shard.close)
+        async with self._writing:
+            if self._shard is not None:
+                shard, self._shard = self._shard, None
+                await self._run(shard.flush)
+                await self._run(shard.close)
         self._executor.shutdown(wait=False)
+
+
+def drop_shard(directory: Path) -> None:
+    """A shard directory and whatever a compaction left beside it."""
+    for path in (directory, _sibling(directory, ".next"), _sibling(directory, ".old")):
+        shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        _sibling(directory, ".owed").unlink()

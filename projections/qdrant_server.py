@@ -39,7 +39,21 @@ def _condition(c: Condition) -> models.FieldCondition:
     return models.FieldCondition(key=c.key, match=models.MatchValue(value=c.value))
 
 
+def _params(query: NearestQuery) -> models.SearchParams:
+    """As the Edge adapter's: BM25's term statistics over the user's own points (those that held
+    then, for a search of the past), and an exact dense search, so that nothing a user sees
+    depends on another user's points."""
+    if query.using == SPARSE:
+        corpus = _filter(conditions(query.user_id, {}, ranges=query.ranges))
+        return models.SearchParams(idf=models.IdfCorpusParams(corpus=corpus))
+    return models.SearchParams(exact=True)
+
+
 class QdrantServerIndex:
+    # The server's files are its own: deleted points leave them when its optimizer vacuums their
+    # segments (see docs/operations.md), not through Engram.
+    compacts_files = False
+
     def __init__(self, client: AsyncQdrantClient, collection: str = "engram") -> None:
         self._client = client
         self.collection = collection
@@ -116,6 +130,7 @@ class QdrantServerIndex:
             limit=query.limit,
             score_threshold=query.threshold,
             with_payload=query.fields if query.fields is not None else True,
+            search_params=_params(query),
         )
         return [IndexHit(point_id=str(p.id), score=p.score, payload=dict(p.payload or {})) for p in response.points]
 
@@ -139,6 +154,12 @@ class QdrantServerIndex:
 
     async def flush(self) -> None:
         """The server persists on its own."""
+
+    def owed_since(self) -> float | None:
+        return None
+
+    async def compact(self) -> bool:
+        return False
 
     async def close(self) -> None:
         await self._client.close()

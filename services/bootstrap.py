@@ -71,10 +71,11 @@ from engram_ledger.services.application.forget_timer import ForgetExpiryTimer
 from engram_ledger.services.application.queries import QueryService, query_handlers
 from engram_ledger.services.application.recalls import RecallAudit, audited_users
 from engram_ledger.services.application.search import BlendPolicy, SearchService
+from engram_ledger.services.bus.deadline import CallerDeadline
 from engram_ledger.services.bus.envelope import EnvelopeFormat, ReplyInKind
+from engram_ledger.services.bus.gate import Lane, RequestGate
 from engram_ledger.services.bus.handled import DeleteHandled
 from engram_ledger.services.bus.reclaimer import PendingReclaimer
-from engram_ledger.services.bus.shedder import BacklogShedder
 from engram_ledger.services.config import Settings
 from engram_ledger.services.observability.health import WorkerReport
 from engram_ledger.services.observability.metrics import EngramGauges
@@ -115,6 +116,8 @@ def make_broker(
         # Spans go to the process's tracer provider (set up by the deployment: OTEL_* variables,
         # opentelemetry-instrument, or code); trace context arrives in the request's headers.
         middlewares.append(RedisTelemetryMiddleware())
+    # How long the caller waits, for the handler (services/bus/deadline.py).
+    middlewares.append(CallerDeadline)
     # Last, nearest the handler: it answers a malformed envelope itself, and every reply in the
     # request's own format (services/bus/envelope.py).
     middlewares.append(ReplyInKind)
@@ -153,7 +156,7 @@ class Engram:
     history: HistoryReader
     runners: list[ProjectionRunner]
     reclaimers: list[PendingReclaimer]
-    shedders: list[BacklogShedder]
+    gates: list[RequestGate]
     index: IndexRuntime | None
     forget_timer: ForgetExpiryTimer | None
     # Settles the scrub owed after forgets (services/application/forget.py); runs where commands are handled.
@@ -191,7 +194,7 @@ class Engram:
             await self.broker.start()
             tasks += [asyncio.create_task(r.run(self.stopping), name=f"{r.name}-{r.partition}") for r in self.runners]
             tasks += [asyncio.create_task(r.run(self.stopping), name=f"reclaim-{r.stream}") for r in self.reclaimers]
-            tasks += [asyncio.create_task(s.run(self.stopping), name=f"shed-{s.stream}") for s in self.shedders]
+            tasks += [asyncio.create_task(g.run(self.stopping), name=f"gate-{g.lane.inbox}") for g in self.gates]
             if self.scrubber is not None:
                 tasks.append(asyncio.create_task(self.scrubber.run(self.stopping), name="scrub-after-forget"))
             if self.forget_timer is not None:
@@ -208,13 +211,18 @@ class Engram:
                 # reads are served meanwhile, and the first embedding waits for it.
                 tasks.append(asyncio.create_task(self._load_model(self.index, report), name="load-model"))
                 tasks.append(asyncio.create_task(self.index.watch(self.stopping), name="index-generations"))
-            log.info(
-                "engram serving on %s: %d partition(s), consumer %s, roles %s",
-                redact_url(self.settings.redis_url),
-                self.settings.partitions,
-                self.settings.consumer_name,
-                ",".join(sorted(self.settings.roles)),
-            )
+                if "index" in self.settings.roles:
+                    purge = self.index.purge(self.stopping, on_change=report.publish)
+                    tasks.append(asyncio.create_task(purge, name="index-purge"))
+            if self.index is None:
+                self._log_serving()
+            else:
+                # Ready means ready: "serving" once searches can be answered. Meanwhile requests
+                # are taken, and a search waits for the model within its caller's wait.
+                log.info(
+                    "engram starting on %s: loading the embedding model (searches wait for it)",
+                    redact_url(self.settings.redis_url),
+                )
             if ready is not None:
                 ready.set()
             await self.stopping.wait()
@@ -244,6 +252,18 @@ class Engram:
     async def _load_model(self, index: IndexRuntime, report: WorkerReport) -> None:
         await index.load_model(self.stopping)
         await report.publish()
+        if index.model_state == "loaded":
+            self._log_serving(f", the embedding model loaded in {index.model_load_seconds:g} s")
+
+    def _log_serving(self, model: str = "") -> None:
+        log.info(
+            "engram serving on %s: %d partition(s), consumer %s, roles %s%s",
+            redact_url(self.settings.redis_url),
+            self.settings.partitions,
+            self.settings.consumer_name,
+            ",".join(sorted(self.settings.roles)),
+            model,
+        )
 
     async def _ensure_groups(self) -> None:
         """Create the request groups at position 0 ourselves: FastStream creates a new group at
@@ -370,12 +390,10 @@ def build(settings: Settings) -> Engram:
         if role in roles
         for p in partitions
     ]
-    # The operators' stream is not shed: an operator's erasure of a flooding user must get through.
-    shedders = [
-        BacklogShedder(redis, stream(p), group, settings.share_per_user)
-        for role, stream, group in REQUEST_STREAMS
-        if role in roles and stream is not channels.operator_stream
+    gates = [
+        RequestGate(redis, p, lane, settings.user_in_flight, settings.request_stream_maxlen)
         for p in partitions
+        for lane in _lanes(p, roles)
     ]
     gauges = EngramGauges(registry, redis, settings.partitions) if registry is not None else None
     return Engram(
@@ -388,7 +406,7 @@ def build(settings: Settings) -> Engram:
         history,
         runners,
         reclaimers,
-        shedders,
+        gates,
         index,
         timer,
         scrubber if "commands" in roles else None,
@@ -401,7 +419,7 @@ def build(settings: Settings) -> Engram:
 def build_index_runtime(redis: Redis, settings: Settings, subjects: SubjectMatcher) -> IndexRuntime:
     """Qdrant Edge under the data dir by default; a Qdrant server when ENGRAM_QDRANT_URL is set.
     ``subjects`` hashes subjects for the index's payloads and for the filters that match them."""
-    from engram_ledger.projections.index_runtime import drop_edge_directory, edge_directory, timeline_directory
+    from engram_ledger.projections.index_runtime import drop_edge_generations, edge_directory, timeline_directory
     from engram_ledger.services.adapters.embedder import MiniLMEmbedder
 
     embedder = MiniLMEmbedder(
@@ -417,6 +435,7 @@ def build_index_runtime(redis: Redis, settings: Settings, subjects: SubjectMatch
             lambda g: QdrantServerIndex.from_url(url, f"engram_g{g}", key),
             subjects=subjects,
             open_timeline=lambda g: QdrantServerIndex.from_url(url, f"engram_g{g}_timeline", key),
+            purge_seconds=settings.index_purge_seconds,
         )
     from engram_ledger.projections.qdrant_edge import QdrantEdgeIndex
 
@@ -425,10 +444,21 @@ def build_index_runtime(redis: Redis, settings: Settings, subjects: SubjectMatch
         redis,
         embedder,
         lambda g: QdrantEdgeIndex(edge_directory(data_dir, g)),
-        drop_edge_directory(data_dir),
+        drop_edge_generations(data_dir),
         subjects=subjects,
         open_timeline=lambda g: QdrantEdgeIndex(timeline_directory(data_dir, g)),
+        purge_seconds=settings.index_purge_seconds,
     )
+
+
+def _lanes(partition: int, roles: frozenset[str]) -> list[Lane]:
+    """The inboxes a worker with ``roles`` admits requests from, into its streams. The operators'
+    take no places: an operator's erasure of a flooding user must get through."""
+    return [
+        Lane(channels.inbox(stream(partition)), stream(partition), places=stream is not channels.operator_stream)
+        for role, stream, _ in REQUEST_STREAMS
+        if role in roles
+    ]
 
 
 def _with_share(
@@ -478,8 +508,7 @@ def _subscribe(broker: RedisBroker, settings: Settings, commands: CommandService
             # leaves room to read (and serve) everyone else's requests behind it.
             share = None if stream is channels.operator_stream else FairShare(settings.handler_concurrency, per_user)
             broker.subscriber(
-                # Read in batches, not the whole backlog at once (FastStream's default): what is
-                # not yet read can still be shed (BacklogShedder) when one user floods the stream.
+                # Read in batches, not the whole backlog at once (FastStream's default).
                 stream=StreamSub(
                     stream(p),
                     group=group,

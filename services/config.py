@@ -134,6 +134,16 @@ def default_data_dir(env: Mapping[str, str] = os.environ) -> Path:
     return base / "engram"
 
 
+def default_model_cache(env: Mapping[str, str] = os.environ) -> Path:
+    """Where the embedding model's ONNX export is kept when ``ENGRAM_MODEL_CACHE`` is not set: the
+    user's cache directory (XDG's ``$XDG_CACHE_HOME/engram/models``, by default
+    ``~/.cache/engram/models``), shared by every data dir of the user, so the export is made once
+    per machine and model (its file names carry a digest of the weights)."""
+    cache = env.get("XDG_CACHE_HOME", "")
+    base = Path(cache) if cache and Path(cache).is_absolute() else Path.home() / ".cache"
+    return base / "engram" / "models"
+
+
 @dataclass(frozen=True)
 class Settings:
     redis_url: str = DEFAULT_REDIS_URL
@@ -175,10 +185,14 @@ class Settings:
     index_enabled: bool = True
     qdrant_url: str | None = None
     qdrant_api_key: str | None = None
+    # Forgotten points leave the embedded index's files within this many seconds (plus the time
+    # to rewrite the shard): the first delete is compacted away at once, later ones at most this
+    # often (projections/qdrant_edge.py).
+    index_purge_seconds: float = 60.0
     # How MiniLM runs: onnx (ONNX Runtime, the default), onnx-int8 (8-bit weights: faster, other
     # vectors, so `engram rebuild index` on a change) or torch (sentence-transformers).
     encoder: str = "onnx"
-    # Where the ONNX export of the model is kept (None: <data_dir>/models).
+    # Where the ONNX export of the model is kept (None: the user's cache, default_model_cache).
     model_cache: Path | None = None
     # ONNX Runtime threads per encode; 0: one per core.
     encoder_threads: int = 0
@@ -215,7 +229,7 @@ class Settings:
 
     @property
     def model_cache_dir(self) -> Path:
-        return self.model_cache if self.model_cache is not None else self.data_dir / "models"
+        return self.model_cache if self.model_cache is not None else default_model_cache()
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -251,6 +265,7 @@ class Settings:
             index_enabled=os.environ.get("ENGRAM_INDEX", "on").lower() not in ("off", "0", "false", "no"),
             qdrant_url=os.environ.get("ENGRAM_QDRANT_URL") or None,
             qdrant_api_key=os.environ.get("ENGRAM_QDRANT_API_KEY") or None,
+            index_purge_seconds=_float_at_least("ENGRAM_INDEX_PURGE_SECONDS", 60.0, 0.0),
             encoder=_choice("ENGRAM_ENCODER", "onnx", ENCODER_KINDS),
             model_cache=Path(os.environ["ENGRAM_MODEL_CACHE"]) if os.environ.get("ENGRAM_MODEL_CACHE") else None,
             encoder_threads=_at_least("ENGRAM_ENCODER_THREADS", 0, 0),

@@ -392,6 +392,8 @@ class HashEmbedder:
 
     model_name = "tests/hashed-words"
     dimension = 64
+    ready = True
+    loading_seconds = 0.0
 
     async def start(self) -> None:
         pass

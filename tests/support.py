@@ -11,10 +11,10 @@ import io
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -29,6 +29,7 @@ from engram_ledger.contracts.channels import HistoryKeys
 from engram_ledger.services.adapters.crypto import MasterKey
 from engram_ledger.services.adapters.event_store import decode_event
 from engram_ledger.services.adapters.redis_server import answers, find_redis_server, free_port
+from engram_ledger.services.config import default_model_cache
 
 # The engram CLI as a subprocess command line.
 ENGRAM_CLI = (sys.executable, "-m", "engram_ledger.services.cli")
@@ -40,8 +41,8 @@ def master_key_for_tests() -> MasterKey:
     return MasterKey(base64.b64decode(TEST_MASTER_KEY_B64))
 
 
-# The ONNX export of the model, made once for every test (a service's default is its data dir).
-TEST_MODEL_CACHE = Path(tempfile.gettempdir()) / f"engram-test-models-{os.getuid()}"
+# The ONNX export of the model: the machine's, as a service's default (the set-up makes it).
+TEST_MODEL_CACHE = default_model_cache()
 
 
 def engram_env(**values: str) -> dict[str, str]:
@@ -50,6 +51,16 @@ def engram_env(**values: str) -> dict[str, str]:
     env.update(values)
     env["PYTHONPATH"] = str(ROOT)
     return env
+
+
+def die_with_parent() -> None:
+    """In a child before it runs: killed when the process that started it dies (Linux), so a test
+    worker killed mid-test (a time-out) leaves no service behind to answer the next tests."""
+    if sys.platform == "linux":
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 class ServeProcess:
@@ -62,7 +73,8 @@ class ServeProcess:
         self.lines: list[str] = []
         self.process: subprocess.Popen[str] | None = None
 
-    def start(self, timeout: float = 30.0) -> ServeProcess:
+    def start(self, timeout: float = 30.0, line: str = "engram serving on") -> ServeProcess:
+        """Start it and wait for ``line`` in its log (by default, the one saying it serves)."""
         self.process = subprocess.Popen(
             [*ENGRAM_CLI, "serve", "--role", self.roles],
             env=self.env,
@@ -70,14 +82,16 @@ class ServeProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            preexec_fn=die_with_parent,
         )
         ready: queue.Queue[bool] = queue.Queue()
+        awaited = line
 
         def pump() -> None:
             assert self.process and self.process.stdout
             for line in self.process.stdout:
                 self.lines.append(line)
-                if "engram serving on" in line:
+                if awaited in line:
                     ready.put(True)
             ready.put(False)
 
@@ -184,6 +198,38 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05):  # typ
             return result
         time.sleep(interval)
     raise AssertionError("condition not met in time")
+
+
+async def eventually(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):  # type: ignore[no-untyped-def]
+    """The first truthy answer of ``predicate`` (a function, or a coroutine function), asked
+    until ``timeout``: a wait for a condition, never for a fixed time. The timeout is a bound
+    for a busy machine, not an expectation."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met within {timeout:g} s")
+        await asyncio.sleep(interval)
+
+
+def files_holding(root: Path, needles: list[bytes]) -> list[str]:
+    """The files under ``root`` holding any of ``needles`` (paths relative to it). Runs of zero
+    bytes (preallocated pages, which Qdrant and Redis files are mostly made of) are squeezed to
+    one before searching: a needle never holds such a run, so none is missed, and the search is
+    over what the files really hold."""
+    found = []
+    for path in sorted(root.rglob("*")):
+        try:
+            data = re.sub(rb"\x00{64,}", b"\x00", path.read_bytes()) if path.is_file() else b""
+        except FileNotFoundError:  # removed while we looked (a running service rewrites its files)
+            continue
+        if any(needle in data for needle in needles):
+            found.append(str(path.relative_to(root)))
+    return found
 
 
 async def every_value(redis: Any) -> AsyncIterator[tuple[bytes, bytes]]:

@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF, HKDFExpand
 
-from engram_ledger.contracts.events import AnyEvent
+from engram_ledger.contracts.events import AnyEvent, MemoryRecalled
 from engram_ledger.services.adapters.private_files import private_dir, write_private
 from engram_ledger.services.domain.values import normalize_subject
 
@@ -461,9 +461,15 @@ RECALL_KEY_LABEL = b"engram recall v1"
 
 def recall_key(own: bytes, named: Sequence[bytes]) -> bytes:
     """The key a recall's query is sealed under: drawn (HKDF-SHA256) from the recall's own data
-    key and the data key of every note it names, in order, so destroying any one of them (a
-    forget of the note, an erasure of the user) leaves the query unreadable."""
+    key and the data key of every note it names (``recall_key_notes``), in order, so destroying
+    any one of them (a forget of the note, an erasure of the user) leaves the query unreadable."""
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=RECALL_KEY_LABEL).derive(own + b"".join(named))
+
+
+def recall_key_notes(event: MemoryRecalled) -> list[str]:
+    """The notes whose data keys a recall's query key is drawn from, in that order: those it
+    showed, then those not shown whose subject it names."""
+    return [*event.notes, *event.named]
 
 
 def is_sealed(event: AnyEvent) -> bool:

@@ -12,6 +12,7 @@ are chunked by the model's own tokenizer to fit its window.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -72,6 +73,7 @@ class MiniLMEmbedder:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedder")
         self._model: Encoder | None = None
         self._loading: asyncio.Future[None] | None = None
+        self._loading_since: float | None = None
         self._queue: list[str] = []  # queries (and save advice): encoded first, all at once
         self._background: list[str] = []  # bulk: encoded a slice at a time, when no query waits
         self._inflight: dict[str, asyncio.Future[list[float]]] = {}
@@ -84,8 +86,21 @@ class MiniLMEmbedder:
         if self._model is not None:
             return
         if self._loading is None or (self._loading.done() and self._loading.exception() is not None):
+            self._loading_since = time.monotonic()
             self._loading = asyncio.ensure_future(self._load())
         await asyncio.shield(self._loading)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the model is loaded (an embedding waits for nothing but its turn)."""
+        return self._model is not None
+
+    @property
+    def loading_seconds(self) -> float:
+        """How long the model has been loading (0 before a load began, or once it is loaded)."""
+        if self._model is not None or self._loading_since is None:
+            return 0.0
+        return time.monotonic() - self._loading_since
 
     async def _load(self) -> None:
         loop = asyncio.get_running_loop()

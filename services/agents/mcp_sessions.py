@@ -7,6 +7,10 @@ sessions (the gateway's, per user it names: it speaks for all of them); one more
 in plain words. And every ``check_seconds`` the tokens holding sessions are verified again: the
 sessions of one revoked or expired since are ended, their event streams closed.
 
+A request opening a session takes its place before the SDK sees it (the check and the taking
+have no await between them, so concurrent requests cannot all pass one check), and gives it
+back when the SDK has answered: by then the session, if one was opened, is counted as open.
+
 The SDK keeps its sessions in its session manager, which it does not expose: ``_sessions_of``
 reaches in, and fails loudly (the tests run it) if an SDK release moves them.
 """
@@ -43,6 +47,8 @@ class SessionLimits:
         self._server: Any = None
         # Open session -> (who holds it, the token it was opened with).
         self._holders: dict[str, tuple[str, str]] = {}
+        # Holder -> requests let through to open a session that the SDK has not answered yet.
+        self._opening: dict[str, int] = {}
 
     def attach(self, server: Any) -> None:
         """The server whose HTTP app is built (``Server.streamable_http_app``)."""
@@ -56,8 +62,20 @@ class SessionLimits:
         return instances
 
     def held_by(self, holder: str) -> int:
+        """The sessions ``holder`` has open, and those it is opening."""
         self._open()
-        return sum(1 for who, _ in self._holders.values() if who == holder)
+        return self._opening.get(holder, 0) + sum(1 for who, _ in self._holders.values() if who == holder)
+
+    def _take_place(self, holder: str) -> bool:
+        if self.held_by(holder) >= self.per_token:
+            return False
+        self._opening[holder] = self._opening.get(holder, 0) + 1
+        return True
+
+    def _give_back(self, holder: str) -> None:
+        left = self._opening.pop(holder) - 1
+        if left:
+            self._opening[holder] = left
 
     def guard(self, app: Any, holder_of: Callable[[Any], str | None]) -> Any:
         """ASGI before the SDK's route: a request opening a session (no session id) is refused
@@ -65,33 +83,49 @@ class SessionLimits:
         answers 401) holds ``per_token`` already; the session it opens is recorded."""
 
         async def guarded(scope: Any, receive: Any, send: Any) -> None:
-            from starlette.responses import JSONResponse
-
             holder = holder_of(scope) if scope["type"] == "http" else None
             resuming = any(k.lower() == MCP_SESSION_HEADER.encode() for k, _ in scope.get("headers", []))
             if holder is None or resuming:
                 await app(scope, receive, send)
-                return
-            if (held := self.held_by(holder)) >= self.per_token:
-                message = (
-                    f"this token already holds {held} open sessions, its limit: end one (DELETE with its "
-                    f"{MCP_SESSION_HEADER}) or let one go idle, then open another"
-                )
-                reply = {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}}
-                await JSONResponse(reply, status_code=429, headers={"Retry-After": "5"})(scope, receive, send)
-                return
-            token = scope["user"].access_token.token
-
-            async def recording(message: Any) -> None:
-                if message["type"] == "http.response.start":
-                    for key, value in message.get("headers", []):
-                        if key.lower() == MCP_SESSION_HEADER.encode():
-                            self._holders[value.decode("latin-1")] = (holder, token)
-                await send(message)
-
-            await app(scope, receive, recording)
+            elif self._take_place(holder):
+                await self._opening_session(app, holder, scope, receive, send)
+            else:
+                await self._refuse(holder, scope, receive, send)
 
         return guarded
+
+    async def _opening_session(self, app: Any, holder: str, scope: Any, receive: Any, send: Any) -> None:
+        """The SDK answers a request for which ``holder``'s place is taken; the place is given back
+        as its answer starts (the session it names, if any, is recorded at that moment), or when
+        the SDK ends without an answer."""
+        token = scope["user"].access_token.token
+        placed = True
+
+        async def recording(message: Any) -> None:
+            nonlocal placed
+            if message["type"] == "http.response.start" and placed:
+                for key, value in message.get("headers", []):
+                    if key.lower() == MCP_SESSION_HEADER.encode():
+                        self._holders[value.decode("latin-1")] = (holder, token)
+                placed = False
+                self._give_back(holder)
+            await send(message)
+
+        try:
+            await app(scope, receive, recording)
+        finally:
+            if placed:
+                self._give_back(holder)
+
+    async def _refuse(self, holder: str, scope: Any, receive: Any, send: Any) -> None:
+        from starlette.responses import JSONResponse
+
+        message = (
+            f"this token already holds {self.held_by(holder)} open sessions, its limit: end one (DELETE with its "
+            f"{MCP_SESSION_HEADER}) or let one go idle, then open another"
+        )
+        reply = {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}}
+        await JSONResponse(reply, status_code=429, headers={"Retry-After": "5"})(scope, receive, send)
 
     async def end_revoked(self) -> int:
         """End the sessions of every token no longer valid (revoked, expired); how many ended."""

@@ -11,12 +11,20 @@ an OAuth resource server whose tokens come from this registry rather than from a
 server's flow); ``EngramTokenVerifier`` is the verifier it calls. A gateway that authenticates
 people itself may instead present one shared secret and name the user in ``X-Engram-User``,
 only when the server is started with that secret (``GatewayVerifier``).
+
+Every request's check reads Redis, through a client whose connection pool is bounded (redis-py:
+100, past which a call fails at once): ``EngramTokenVerifier`` lets ``concurrency`` checks read
+at a time and the others wait their turn, so a burst of requests is slowed, not failed. A check
+that cannot read the registry (Redis unreachable, or no turn within ``wait_seconds``) raises
+``TokensUnreachable``: the token may be good, and the HTTP front answers 503 with Retry-After.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import logging
 import secrets
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,10 +33,15 @@ from typing import Any, Literal
 import msgspec
 from mcp.server.auth.provider import AccessToken
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.authentication import AuthenticationError
 
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.services.application.decoding import check_user_id
+
+log = logging.getLogger("engram.mcp")
 
 Role = Literal["user", "operator"]
 
@@ -124,19 +137,39 @@ class TokenRegistry:
         return msgspec.json.decode(raw, type=TokenRecord) if raw is not None else None
 
 
+class TokensUnreachable(AuthenticationError):
+    """A token could not be checked: the registry in Redis did not answer. Raised as the SDK's
+    authentication error, so its middleware hands it to the answer the server chose (503)."""
+
+
+# Checks reading Redis at once: well under redis-py's default pool of 100 connections, so the
+# registry's other callers on the same client find one free too.
+VERIFY_CONCURRENCY = 32
+# How long a check waits for its turn before the caller is told to come back (503).
+VERIFY_WAIT_SECONDS = 10.0
+
+
 class EngramTokenVerifier:
     """The SDK's ``TokenVerifier`` over the registry (and, when given, the gateway's secret)."""
 
-    def __init__(self, registry: TokenRegistry, gateway: GatewayVerifier | None = None) -> None:
+    def __init__(
+        self,
+        registry: TokenRegistry,
+        gateway: GatewayVerifier | None = None,
+        concurrency: int = VERIFY_CONCURRENCY,
+        wait_seconds: float = VERIFY_WAIT_SECONDS,
+    ) -> None:
         self._registry = registry
         self._gateway = gateway
+        self._turns = asyncio.Semaphore(concurrency)
+        self._wait_seconds = wait_seconds
 
     async def verify_token(self, token: str) -> AccessToken | None:
         if self._gateway is not None and self._gateway.matches(token):
             return AccessToken(token=token, client_id="gateway", scopes=[GATEWAY_SCOPE])
         if not token.startswith(TOKEN_PREFIX):
             return None
-        record = await self._registry.find(token)
+        record = await self._find(token)
         if record is None:
             return None
         # The SDK refuses a token past expires_at before any route runs.
@@ -146,6 +179,25 @@ class EngramTokenVerifier:
                 token=token, client_id=record.id, scopes=[USER_SCOPE], subject=record.user_id, expires_at=expires
             )
         return AccessToken(token=token, client_id=record.id, scopes=[OPERATOR_SCOPE], expires_at=expires)
+
+    async def _find(self, token: str) -> TokenRecord | None:
+        try:
+            # Only the wait for a turn is timed: a Redis call cancelled halfway would cost its
+            # connection; the call itself ends by the client's own socket timeouts.
+            async with asyncio.timeout(self._wait_seconds):
+                await self._turns.acquire()
+        except TimeoutError:
+            raise TokensUnreachable(
+                f"the token could not be checked: no answer from the token registry within {self._wait_seconds:g} s"
+            ) from None
+        try:
+            return await self._registry.find(token)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as e:  # redis-py's errors are not OSErrors
+            # Where Redis is stays in the server's log: the caller may not even hold a token.
+            log.warning("a bearer token could not be checked: %s", e)
+            raise TokensUnreachable("the token could not be checked: the token registry is unreachable") from None
+        finally:
+            self._turns.release()
 
 
 # A shared secret shorter than this is refused: the gateway's secret is the key to every user.

@@ -20,7 +20,16 @@ from jsonschema import Draft202012Validator, FormatChecker, validators
 from jsonschema.exceptions import ValidationError, best_match
 
 from engram_ledger.contracts.errors import EngramError, ErrorCode
-from engram_ledger.services.agents.profiles import assistant, engram, forget, memento, runtime, versioned
+from engram_ledger.services.agents.profiles import (
+    ALIASES,
+    assistant,
+    canonical,
+    engram,
+    forget,
+    memento,
+    runtime,
+    versioned,
+)
 from engram_ledger.services.agents.session import AgentSession
 from engram_ledger.services.agents.specs import Result, Tool, ToolSpec, error
 from engram_ledger.services.application.decoding import check_user_id, explain, join, path_name
@@ -48,17 +57,16 @@ _TOOLS: dict[str, list[Tool]] = {
 }
 PROFILES: dict[str, list[ToolSpec]] = {name: [t.spec for t in tools] for name, tools in _TOOLS.items()}
 
-# Names profiles had before they said what they are; configurations using them keep working.
-PROFILE_ALIASES = {"prd29": "versioned"}
+# Names profiles had before they said what they are for; configurations using them keep working.
+PROFILE_ALIASES = ALIASES
 PROFILE_NAMES = [*PROFILES, *PROFILE_ALIASES]
 
 
 def profile_name(name: str) -> str:
-    """The profile's name, an alias resolved."""
-    name = PROFILE_ALIASES.get(name, name)
-    if name not in PROFILES:
-        raise EngramError(ErrorCode.INVALID_PARAMETER, f"unknown profile {name!r}; one of {', '.join(PROFILE_NAMES)}")
-    return name
+    """The profile's name, an old name resolved."""
+    if canonical(name) not in PROFILES:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, f"unknown profile {name!r}; one of {', '.join(PROFILES)}")
+    return canonical(name)
 
 
 def profile(name: str) -> list[ToolSpec]:

@@ -2,8 +2,10 @@
 version histories (each version keeps its time and its log position). Pure functions: the
 query responders read, these decide.
 
-A moment is a time (every change at or before it counts) or a consistency token (every change
-at or before that log position counts, exactly, on the token's partition).
+A moment is a time (every change made at or before it counts, to the microsecond) or a
+consistency token (every change at or before that log position counts, exactly, on the token's
+partition). A forget is a change like the others: a forgotten note's history keeps the forget's
+time and log position, so the token a forget returned names the moment right after it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ FROM_AT, UNTIL_AT, FROM_POSITION, UNTIL_POSITION = "from_at", "until_at", "from_
 # The changes a diff shows; the others (a deletion requested or lapsed, a renewal) change no
 # content.
 SHOWN = {"saved", "updated", "superseded", "reverted"}
+FORGOTTEN = "forgotten"
 
 
 class Moment(msgspec.Struct, frozen=True):
@@ -148,9 +151,9 @@ def listed_as_of(
     if then is None:
         return None
     if then.status is NoteStatus.FORGOTTEN:
+        if forgotten_by(view, versions, moment):
+            return None  # forgotten by the moment: gone then too
         shells = [v for v in versions if moment.covers(v.created_at, v.position)]
-        if moment.covers(then.updated_at, None):
-            return None  # forgotten before the moment: gone then too
         if shells:
             last = shells[-1]
             if last.expires_at is not None and last.expires_at <= moment.at:
@@ -162,12 +165,25 @@ def listed_as_of(
 
 
 def listed_then(view: NoteView, moment: Moment, include_superseded: bool) -> bool:
-    """Whether a note, as it was at ``moment``, was in a listing (a tombstone: forgotten since)."""
-    if view.status is NoteStatus.FORGOTTEN:
-        return not moment.covers(view.updated_at, None)
+    """Whether a note, as it was at ``moment``, was in a listing (a tombstone never is: whether
+    its note was is read from its history, ``listed_as_of``)."""
     if view.expires_at is not None and view.expires_at <= moment.at:
         return False  # its time to live had run out
     return view.status is NoteStatus.ACTIVE or (include_superseded and view.status is NoteStatus.SUPERSEDED)
+
+
+def forget_of(view: NoteView, versions: Sequence[VersionView]) -> tuple[datetime, str | None]:
+    """When a forgotten note was forgotten, and at which log position (None: a history recorded
+    before the forget's position was kept, placed by its time alone)."""
+    forget = next((v for v in reversed(versions) if v.change == FORGOTTEN), None)
+    return (forget.created_at, forget.position) if forget is not None else (view.updated_at, None)
+
+
+def forgotten_by(view: NoteView, versions: Sequence[VersionView], moment: Moment) -> bool:
+    """Whether a forgotten note's forget had happened by ``moment``: by its log position for a
+    token, so the forget's own token includes it and the token before does not, even within one
+    millisecond (the forget's time, taken by the worker, need not be its entry's)."""
+    return moment.covers(*forget_of(view, versions))
 
 
 def in_categories(category: str, only: str | None, prefix: str | None) -> bool:
@@ -193,15 +209,16 @@ def changes_between(
     view: NoteView, versions: Sequence[VersionView], since: Moment, until: Moment | None
 ) -> list[NoteChange]:
     """A note's changes after ``since`` and at or before ``until``, each with the note just
-    before and right after. A forget is the tombstone's time; the rest of a forgotten note's
-    history went with its key."""
+    before and right after. A forget is placed by its own time and log position
+    (``forget_of``); the rest of a forgotten note's history went with its key."""
 
     def within(at: datetime, position: str | None) -> bool:
         return not since.covers(at, position) and (until is None or until.covers(at, position))
 
     if view.status is NoteStatus.FORGOTTEN:
-        if within(view.updated_at, None):
-            return [NoteChange(note_id=view.id, change="forgotten", version=view.version, at=view.updated_at)]
+        at, position = forget_of(view, versions)
+        if within(at, position):
+            return [NoteChange(note_id=view.id, change=FORGOTTEN, version=view.version, at=at)]
         return []
     changes = []
     before: VersionView | None = None

@@ -228,6 +228,7 @@ class ContextService:
                 after=query.after,
                 min_relevance=query.min_relevance,
                 as_of=query.as_of,
+                origin=query.origin,  # the console's block counts no reads, as its searches do not
             )
             found = await self._search.search(asked, record=False)
             relevance = {h.note_id: h.score for h in found.results}
@@ -239,7 +240,8 @@ class ContextService:
         if self._audit is not None and query.as_of is None and self._audit.audits(query.user_id):
             versions = {n.id: n.version for n in [*notes, *episodes]}
             shown = [(note_id, versions.get(note_id, 1)) for note_id in reply.note_ids]
-            await self._audit.record(query.user_id, "context", query.query, shown, query.origin)
+            subjects = self._search.runtime if self._search is not None else None
+            await self._audit.record(query.user_id, "context", query.query, shown, query.origin, subjects=subjects)
         return reply
 
     def _compose(

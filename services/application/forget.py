@@ -450,7 +450,14 @@ def _reply(steps: list[NoteForgetStep], contents: dict[str, str], token: str) ->
         if lapsed:
             message += f" The earlier request for {', '.join(lapsed)} is withdrawn."
         status = "forgotten"
-    return ForgetReply(status=status, message=message, pending=pending, forgotten=forgotten, token=token)  # type: ignore[arg-type]
+    return ForgetReply(
+        status=status,  # type: ignore[arg-type]
+        message=message,
+        pending=pending,
+        forgotten=forgotten,
+        withdrawn=lapsed,
+        token=token,
+    )
 
 
 def _erase_reply(

@@ -41,6 +41,7 @@ from engram_ledger.services.application.decoding import decode_request
 from engram_ledger.services.application.fair_share import FairShare, turn_in
 from engram_ledger.services.application.past import listing_then, moment_of, page_then
 from engram_ledger.services.application.ports import AccessStats, NoteHistory
+from engram_ledger.services.application.reads import counted, read_at
 from engram_ledger.services.application.search import SearchService, lapsed
 from engram_ledger.services.domain.values import check_where, matches
 
@@ -184,7 +185,7 @@ class ReadModelQueries:
         view = await self._history.get_note(query.user_id, query.note_id)
         if view is None:
             raise _not_found(query.note_id)
-        return await self._seen(query.user_id, view)
+        return await self._seen(query, view)
 
     def _moment(self, user_id: str, text: str, name: str = "as_of") -> Moment:
         return moment_of(self._history, user_id, text, name)
@@ -242,13 +243,24 @@ class ReadModelQueries:
             raise EngramError(
                 ErrorCode.MEMORY_NOT_FOUND, f"No memory holds key {query.key!r} in category {query.category}"
             )
-        return await self._seen(query.user_id, view)
+        return await self._seen(query, view)
 
-    async def _seen(self, user_id: str, view: NoteView) -> NoteReply:
-        if self._access is not None and view.status is not NoteStatus.FORGOTTEN:
-            (view,) = await self._access.annotate(user_id, [view])
-            await self._access.touch(user_id, [view.id], datetime.now(UTC))
+    async def _seen(self, query: GetNote | GetNoteByKey, view: NoteView) -> NoteReply:
+        """A note read now: with its reads, this one counted (unless the console is looking)."""
+        if self._access is None or view.status is NoteStatus.FORGOTTEN:
+            return NoteReply(note=view)
+        (view,) = await self._access.annotate(query.user_id, [view])
+        if counted(query.origin):
+            now = datetime.now(UTC)
+            await self._access.touch(query.user_id, [view.id], now)
+            view = read_at(view, now)
         return NoteReply(note=view)
+
+    async def _with_reads(self, user_id: str, reply: NotesReply) -> NotesReply:
+        """A listing of the present shows each note's reads, and counts none."""
+        if self._access is None:
+            return reply
+        return NotesReply(notes=await self._access.annotate(user_id, reply.notes), total=reply.total)
 
     async def history(self, query: GetHistory) -> HistoryReply:
         found = await self._history.history(query.user_id, query.note_id)
@@ -258,6 +270,11 @@ class ReadModelQueries:
         return HistoryReply(note_id=view.id, status=view.status.value, versions=versions)
 
     async def list_notes(self, query: ListNotes) -> NotesReply:
+        if query.as_of is not None:
+            return await self._listing(query)
+        return await self._with_reads(query.user_id, await self._listing(query))
+
+    async def _listing(self, query: ListNotes) -> NotesReply:
         history = self._history
         # A page, never the whole listing: without a limit, the largest one a query may ask for.
         limit = query.limit if query.limit is not None else LIST_NOTES_MAX
@@ -294,4 +311,4 @@ class ReadModelQueries:
         notes, total = await self._history.list_recent(query.user_id, query.limit)
         now = datetime.now(UTC)
         live = [n for n in notes if not lapsed(n, now)]
-        return NotesReply(notes=live, total=total - (len(notes) - len(live)))
+        return await self._with_reads(query.user_id, NotesReply(notes=live, total=total - (len(notes) - len(live))))

@@ -16,6 +16,7 @@ from engram_ledger.contracts.limits import SEARCH_DEPTH_MAX
 from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView
 from engram_ledger.contracts.queries import SearchHit, SearchNotes, SearchReply
 from engram_ledger.services.application.as_of import Moment, current_at, holds_at
+from engram_ledger.services.application.deadline import model_loaded
 from engram_ledger.services.application.past import moment_of
 from engram_ledger.services.application.ports import AccessStats, NoteHistory
 from engram_ledger.services.application.ranking import (
@@ -27,6 +28,7 @@ from engram_ledger.services.application.ranking import (
     boost_sessions,
     fuse,
 )
+from engram_ledger.services.application.reads import counted, read_at
 from engram_ledger.services.application.recalls import RecallAudit
 from engram_ledger.services.application.relevance import DEFAULT_FLOOR, MODEL, RelevanceModel, Signals, features
 from engram_ledger.services.application.terms import sparse_query
@@ -140,8 +142,13 @@ class SearchService:
             shown = [
                 (h.note_id, h.note.version if h.note else h.message.version if h.message else 1) for h in reply.results
             ]
-            await self._audit.record(query.user_id, "search", query.query, shown, query.origin)
+            await self._audit.record(query.user_id, "search", query.query, shown, query.origin, subjects=self._runtime)
         return reply
+
+    @property
+    def runtime(self) -> SearchableIndex:
+        """The index it searches (a recall finds the notes a query names by subject there)."""
+        return self._runtime
 
     async def _search(self, query: SearchNotes) -> SearchReply:
         depth = query.offset + query.top_k
@@ -150,6 +157,8 @@ class SearchService:
                 ErrorCode.INVALID_PARAMETER,
                 f"offset + top_k is {depth}; a search pages at most {SEARCH_DEPTH_MAX} results deep",
             )
+        # Before the token: while the model loads, the index cannot reach it either.
+        await model_loaded(self._runtime.embedder, "search", self._wait)
         if query.after is not None:
             caught_up = await self._runtime.wait_for(query.after, self._wait) and await self._history.wait_for(
                 query.after, self._wait
@@ -236,11 +245,13 @@ class SearchService:
             ]
             results = sorted(blended, key=lambda h: (-h.score, h.note_id))[:depth]
         results = results[query.offset : depth]
-        if access is not None and results:
-            # Counted after the reply is built, off its path: a read is not worth a round trip.
+        if access is not None and results and counted(query.origin):
+            # Counted after the reply is built, off its path: a read is not worth a round trip. The
+            # hits show the count this read leaves, as a get or a listing after it shows.
             task = asyncio.create_task(access.touch(query.user_id, [h.note_id for h in results if h.note], now))
             self._touching.add(task)
             task.add_done_callback(self._touching.discard)
+            results = [msgspec.structs.replace(h, note=read_at(h.note, now)) if h.note else h for h in results]
         return SearchReply(results=results)
 
     def _estimate(self, estimate: Estimate, hits: list[SearchHit], ranked_before: int) -> list[SearchHit]:

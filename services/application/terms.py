@@ -4,9 +4,12 @@ same way (Qdrant's own BM25 tokenizer and stemmer, in-process)."""
 
 from __future__ import annotations
 
-from qdrant_edge import Bm25
+from typing import TYPE_CHECKING
 
 from engram_ledger.services.application.vector_index import Sparse
+
+if TYPE_CHECKING:
+    from qdrant_edge import Bm25
 
 _bm25: Bm25 | None = None
 
@@ -14,6 +17,10 @@ _bm25: Bm25 | None = None
 def bm25() -> Bm25:
     global _bm25
     if _bm25 is None:
+        # Imported on first use: the settings import this module, and a command that never
+        # counts terms (`engram --help`, `engram get`) need not load Qdrant's library.
+        from qdrant_edge import Bm25
+
         _bm25 = Bm25()
     return _bm25
 

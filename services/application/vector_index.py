@@ -117,6 +117,18 @@ class VectorIndex(Protocol):
     async def payloads(self) -> list[dict[str, Any]]:
         """Every point's payload (for rebuild checks and diagnostics; reads the whole index)."""
 
+    # Whether ``compact`` removes deleted points from the index's files (False where the files
+    # are a server's own).
+    compacts_files: bool
+
+    def owed_since(self) -> float | None:
+        """When the oldest delete whose point is still in the index's files was made (seconds
+        since the epoch); None when none is."""
+
+    async def compact(self) -> bool:
+        """Rewrite the index's files without the points deleted from it (their vectors, payload
+        and ids), if any were; whether it did."""
+
     async def close(self) -> None: ...
 
 
@@ -126,6 +138,14 @@ class Embedder(Protocol):
 
     async def start(self) -> None:
         """Load the model, once (later calls wait for that load or return at once)."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether the model is loaded."""
+
+    @property
+    def loading_seconds(self) -> float:
+        """How long the model has been loading (0 when it is not loading)."""
 
     async def embed(self, texts: Sequence[str], *, background: bool = False) -> list[list[float]]:
         """Unit-length vectors, one per text. ``background``: bulk work (the index projection's

@@ -1,128 +1,101 @@
-"""``Admission``: how many requests of one user the request streams may hold at once.
+"""Admission: how many requests of one user the request streams may hold at once.
 
-Each request of a user takes a place before it is written to a stream and gives it back when
-its reply comes (or its wait ends). A client's own requests beyond the bound wait for a place
-(one process sending thousands at once is slowed to the bound, not refused); the places are
-kept in Redis (``channels.in_flight``), so the bound holds across every client of the user;
-a request that finds them all taken by other clients waits for one as long as it would wait
-for its reply, and only then is refused ``RATE_LIMITED``. A place is taken by a Lua script before the request is written
-(by a plain XADD: a script's keys need read rights, and an agent's role may only write the
-request streams, which hold other users' requests). A place is held at most as long as the
-request's wait, so a client that dies does not keep it.
+Each request of a user takes a place (a member of the user's sorted set ``channels.in_flight``,
+scored by when it lapses) as the gate writes it to its stream, and gives it back when its reply
+is sent (``release``, in the same round trip as the reply: ``services/bus/handled.py``). A place
+also lapses on its own at the end of its hold (how long its caller said it would wait, within
+``MAX_HOLD_MS``), so a request whose worker died keeps it no longer than that, and the key
+expires with its last place. Places are taken and lapsed places cleared by one Lua script run by
+the service (``ADMIT``): no client's Redis role can write them.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import Mapping
 
-from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
-
-from engram_ledger.contracts import channels
-from engram_ledger.contracts.errors import EngramError, ErrorCode
-
-# A client's default bound. Each request of a user in flight is one more that another user's
-# request shares the worker's processor with: with two, a flooding agent left the others' p99 at
-# about twice what it is alone (bench/bench_flood.py); more only wait in front of theirs.
+# A user's requests in the streams at once, by default. Each one in flight is one more that
+# another user's request shares the worker's processor with: with two, a flooding agent left the
+# others' p99 at about twice what it is alone (bench/bench_flood.py); more only wait in front of
+# theirs.
 DEFAULT_USER_IN_FLIGHT = 2
-# While other clients hold a user's places: how often to ask again (a place is usually given
-# back within milliseconds, when its reply comes), and the hint a refusal gives.
-FIRST_PAUSE_SECONDS = 0.005
-LAST_PAUSE_SECONDS = 0.2
-RETRY_AFTER_MS = 1_000
+# A place's hold when the request does not say how long its caller waits, and the longest hold.
+DEFAULT_HOLD_MS = 10_000
+MAX_HOLD_MS = 120_000
+# A place is kept this long past its caller's wait, so it does not lapse while the reply is on
+# its way (it is given back with the reply, long before).
+PLACE_GRACE_MS = 1_000
+# How a client says how long it waits for the reply (a header of the request's envelope).
+WAIT_HEADER = "engram-wait-ms"
+# Set on a refusal's envelope by the gate: the request was not admitted (nothing of it ran).
+ADMISSION_HEADER = "engram-admission"
+# The stream entry's fields naming its place (written by the gate, read when the reply is sent).
+PLACE_KEY_FIELD = b"engram-place-key"
+PLACE_FIELD = b"engram-place"
 
-_TAKE = """
+# KEYS[1]: the inbox; KEYS[2]: its stream; KEYS[3..]: the in-flight sets of the users in the batch.
+# ARGV[1]: how many requests at the inbox's head the batch is; ARGV[2]: the stream's count cap;
+# ARGV[3]: its byte budget; then five per request: its SHA-1, the index of its user's set in KEYS
+# (0: it takes no place), how many places that set has, its place, its hold in ms.
+# The requests leave the inbox here and nowhere else, in the same step as they enter the stream:
+# a gate that dies at any point loses none. When the inbox's head is no longer the batch the
+# caller read (another worker's gate took it), nothing is done and -1 is answered; else the
+# (1-based) positions of the requests refused: their users' places were all taken. Lapsed places
+# are cleared first (their callers stopped waiting).
+ADMIT = """
+local count, maxlen, budget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local head = redis.call('LRANGE', KEYS[1], 0, count - 1)
+if #head < count then return -1 end
+for n = 1, count do
+  if redis.sha1hex(head[n]) ~= ARGV[4 + (n - 1) * 5] then return -1 end
+end
+redis.call('LTRIM', KEYS[1], count, -1)
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local until_ms = now_ms + tonumber(ARGV[1])
--- Each place is scored by when it lapses, the first lapses soonest; lapsed places (their clients
--- died) are cleared only when they would refuse, which keeps the common case to four commands.
-local cap = tonumber(ARGV[2])
--- Places this client could not give back (Redis was unreachable when their wait ended).
-for i = 4, #ARGV do redis.call('ZREM', KEYS[1], ARGV[i]) end
-if redis.call('ZCARD', KEYS[1]) >= cap then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
-  if redis.call('ZCARD', KEYS[1]) >= cap then
-    local soonest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-    return {0, tonumber(soonest[2]) - now_ms}
+local cleared, refused = {}, {}
+for n = 1, count do
+  local i = 4 + (n - 1) * 5
+  local which, cap, place, hold = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), ARGV[i + 3], tonumber(ARGV[i + 4])
+  local entry = head[n]
+  local admitted = true
+  if which > 0 then
+    local key = KEYS[which]
+    if not cleared[key] then
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
+      cleared[key] = true
+    end
+    if redis.call('ZCARD', key) >= cap then
+      admitted = false
+      refused[#refused + 1] = n
+    else
+      redis.call('ZADD', key, now_ms + hold, place)
+      if redis.call('PTTL', key) < hold then redis.call('PEXPIRE', key, hold) end
+    end
+  end
+  if admitted then
+    -- Capped by bytes as well as by count: the larger the request, the fewer the stream keeps.
+    local keep = math.max(1, math.min(maxlen, math.floor(budget / #entry)))
+    if which > 0 then
+      redis.call('XADD', KEYS[2], 'MAXLEN', '~', keep, '*', '__data__', entry,
+        'engram-place-key', KEYS[which], 'engram-place', place)
+    else
+      redis.call('XADD', KEYS[2], 'MAXLEN', '~', keep, '*', '__data__', entry)
+    end
   end
 end
-redis.call('ZADD', KEYS[1], until_ms, ARGV[3])
--- The key goes when its newest place would lapse (an older place held longer then goes early:
--- a place too many, for a moment, not one lost).
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
-return {1, 0}
+return refused
 """
 
 
-class Admission:
-    def __init__(self, redis: Redis, per_user: int = DEFAULT_USER_IN_FLIGHT) -> None:
-        """``per_user``: the bound; 0 for none (requests are written as they come)."""
-        self._redis = redis
-        self.per_user = per_user
-        self._take_script: AsyncScript | None = None
-        # Places whose release failed (Redis down or restarting), given back with the next take
-        # of the same user: else this client's own dead requests would refuse its retries.
-        self._unreleased: dict[tuple[int, str], set[str]] = {}
-        self._local: dict[str, tuple[asyncio.Semaphore, int]] = {}
+def hold_ms(headers: Mapping[str, object]) -> int:
+    """How long a request's place is held: its caller's wait (``WAIT_HEADER``), within bounds."""
+    try:
+        wait = int(str(headers.get(WAIT_HEADER, DEFAULT_HOLD_MS)))
+    except ValueError:
+        wait = DEFAULT_HOLD_MS
+    return min(max(wait, 0), MAX_HOLD_MS) + PLACE_GRACE_MS
 
-    @contextlib.asynccontextmanager
-    async def place(self, user_id: str) -> AsyncIterator[None]:
-        """One of this client's places for the user (waited for when all are taken)."""
-        semaphore, users = self._local.get(user_id, (asyncio.Semaphore(self.per_user), 0))
-        self._local[user_id] = (semaphore, users + 1)
-        try:
-            async with semaphore:
-                yield
-        finally:
-            semaphore, users = self._local[user_id]
-            if users == 1:
-                del self._local[user_id]
-            else:
-                self._local[user_id] = (semaphore, users - 1)
 
-    async def take(self, partition: int, user_id: str, request: str, hold_ms: int, wait: float = 0.0) -> None:
-        """Take a place in Redis as ``request``. While the user's are all taken (by other
-        clients), wait for one for up to ``wait`` seconds, asking again at growing intervals;
-        then ``RATE_LIMITED``."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
-        pause = FIRST_PAUSE_SECONDS
-        while not await self._take(partition, user_id, request, hold_ms):
-            if loop.time() + pause > deadline:
-                raise EngramError(
-                    ErrorCode.RATE_LIMITED,
-                    f"user {user_id!r} has had {self.per_user} requests waiting for a reply for the last "
-                    f"{wait:g} s, its share of the service; nothing was sent: send this request again in "
-                    f"{RETRY_AFTER_MS / 1000:g} s",
-                    retry_after_ms=RETRY_AFTER_MS,
-                )
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, LAST_PAUSE_SECONDS)
-
-    async def _take(self, partition: int, user_id: str, request: str, hold_ms: int) -> bool:
-        if self._take_script is None:
-            self._take_script = self._redis.register_script(_TAKE)
-        stale = self._unreleased.pop((partition, user_id), set())
-        try:
-            admitted, _ = await self._take_script(
-                keys=[channels.in_flight(partition, user_id)], args=[hold_ms, self.per_user, request, *stale]
-            )
-        except BaseException:
-            if stale:
-                self._unreleased.setdefault((partition, user_id), set()).update(stale)
-            raise
-        return bool(admitted)
-
-    async def release(self, partition: int, user_id: str, request: str) -> None:
-        """Give the place back; when Redis cannot be reached, with the user's next take."""
-        try:
-            await self._redis.zrem(channels.in_flight(partition, user_id), request)
-        except (RedisError, OSError, AttributeError, TypeError):
-            # AttributeError, TypeError: redis-py 8.1 (redis/redis-py#4287) can leak them from a
-            # connection the server has just closed, instead of its ConnectionError (the fault
-            # tests kill Redis under load). A lost connection all the same.
-            self._unreleased.setdefault((partition, user_id), set()).add(request)
+def place_of(fields: Mapping[bytes, bytes]) -> tuple[bytes, bytes] | None:
+    """The in-flight set and place a stream entry holds (None: it holds none)."""
+    key, place = fields.get(PLACE_KEY_FIELD), fields.get(PLACE_FIELD)
+    return (key, place) if key and place else None

@@ -86,15 +86,15 @@ class EngramClient:
         url: str,
         *,
         timeout: float = 10.0,
-        request_stream_maxlen: int = 100_000,
         cluster: bool = False,
         operator: bool = False,
         client_name: str | None = None,
         user_in_flight: int = DEFAULT_USER_IN_FLIGHT,
     ) -> None:
-        """``user_in_flight``: how many requests of one user may wait for replies at once,
-        across every client of this Redis; more from this client wait their turn, more from
-        others are refused ``RATE_LIMITED`` (0: no bound).
+        """``user_in_flight``: how many requests of one user this client sends at once; more wait
+        their turn. The service bounds each user's requests in flight across every client
+        (``ENGRAM_USER_IN_FLIGHT``): while other clients hold them, a request is sent again until
+        the timeout, then refused ``RATE_LIMITED`` (0: no bound here).
         ``cluster``: ``url`` names a node of a Redis Cluster (as ENGRAM_REDIS_CLUSTER=on).
         ``operator``: commands go to the operators' stream, where a confirmed forget (deleting
         without the second call) is accepted; an agent's client is never one.
@@ -106,9 +106,7 @@ class EngramClient:
         self.timeout = timeout
         self.client_name = client_name_for(url, client_name)
         self._redis = open_redis(url, cluster)
-        self._bus = BusRequester(
-            self._redis, request_stream_maxlen, client_name=self.client_name, user_in_flight=user_in_flight
-        )
+        self._bus = BusRequester(self._redis, client_name=self.client_name, user_in_flight=user_in_flight)
         self.partitions = 1
 
     async def __aenter__(self) -> EngramClient:
@@ -635,7 +633,7 @@ class EngramClient:
         try:
             # An operator's commands take no place of the user's: erasing a user who holds all
             # of its places must not wait for them.
-            user = None if self.operator else (partition, command.user_id)
+            user = None if self.operator else command.user_id
             raw = await self.request_raw(stream, _encoder.encode(command), user=user)
         except EngramError as e:
             if e.code is ErrorCode.TIMEOUT:
@@ -653,11 +651,11 @@ class EngramClient:
     async def ask(self, query: AnyQuery, expect: type[R]) -> R:
         partition = channels.partition_of(query.user_id, self.partitions)
         stream = channels.query_stream(partition)
-        return _expect(await self.request_raw(stream, _encoder.encode(query), user=(partition, query.user_id)), expect)
+        return _expect(await self.request_raw(stream, _encoder.encode(query), user=query.user_id), expect)
 
-    async def request_raw(self, stream: str, body: bytes, user: tuple[int, str] | None = None) -> bytes:
-        """Send any bytes to a request stream and return the raw reply (tests send bad input
-        here). ``user``: the partition and user the request is of, whose places it takes."""
+    async def request_raw(self, stream: str, body: bytes, user: str | None = None) -> bytes:
+        """Send any bytes to a request stream (through its inbox) and return the raw reply
+        (tests send bad input here). ``user``: the user the request is of, whose turn it takes."""
         try:
             return await self._bus.request(stream, body, self.timeout, user)
         except TimeoutError:
@@ -670,7 +668,7 @@ class EngramClient:
                 ErrorCode.UNAVAILABLE, f"cannot reach the Engram bus at {redact_url(self.url)}: {e}"
             ) from None
         except NoPermissionError as e:
-            raise self._refused(f"send to {stream}", e) from None
+            raise self._refused(f"send to {channels.inbox(stream)}", e) from None
 
     def _refused(self, what: str, e: NoPermissionError) -> EngramError:
         return EngramError(

@@ -5,7 +5,7 @@ ack), the ``Erasure`` a forget asks of a downstream copy, whether the content wa
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -14,9 +14,25 @@ from cryptography.exceptions import InvalidTag
 
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.errors import EngramError, ErrorCode
-from engram_ledger.contracts.events import AnyEvent, Event, NoteForgotten, SessionForgotten, UserForgotten
+from engram_ledger.contracts.events import (
+    AnyEvent,
+    Event,
+    MemoryRecalled,
+    NoteForgotten,
+    SessionForgotten,
+    UserForgotten,
+)
 from engram_ledger.contracts.limits import UserId
-from engram_ledger.services.adapters.crypto import MasterKey, MasterKeyError, NoteCipher, needs_key, shredded
+from engram_ledger.services.adapters.crypto import (
+    MasterKey,
+    MasterKeyError,
+    NoteCipher,
+    is_sealed,
+    needs_key,
+    recall_key,
+    recall_key_notes,
+    shredded,
+)
 
 if TYPE_CHECKING:
     from engram_ledger.services.bus.subscription import Subscription
@@ -39,7 +55,8 @@ class ContentState(enum.StrEnum):
     WITHHELD = "withheld"
     """Nothing: the subscription was opened without a key (metadata only)."""
     ERASED = "erased"
-    """Nothing: the note was forgotten before this entry was read; its key, and so its content, is gone."""
+    """Nothing: the note (for a recall, it or a note it names) was forgotten before this entry was
+    read; its key, and so its content, is gone."""
     NONE = "none"
     """The event carries no content (a supersede, a forget, a receipt...)."""
 
@@ -120,30 +137,61 @@ def check_id(what: str, value: object, shape: Any) -> None:
         ) from None
 
 
-def reveal(event: AnyEvent, key: MasterKey | None, wrapped: bytes | None) -> tuple[AnyEvent, ContentState]:
+class UnopenableEvent(EngramError):
+    """An event whose sealed content does not open under the keys it names (altered in the log):
+    a subscription passes it over, says so once, and goes on."""
+
+    def __init__(self, event: AnyEvent) -> None:
+        super().__init__(
+            ErrorCode.STORAGE_ERROR,
+            f"event {event.event_id} of {event.user_id}/{event.note_id} does not open under the data key(s) it "
+            "was sealed with: its sealed content was altered",
+        )
+
+
+def data_keys_needed(event: AnyEvent) -> list[str]:
+    """The notes (of the event's user) whose data keys open the event's content: its own note's;
+    for a recall, also every note its query's key is drawn from."""
+    if not needs_key(event):
+        return []
+    if isinstance(event, MemoryRecalled):
+        return [event.note_id, *recall_key_notes(event)] if is_sealed(event) else []
+    return [event.note_id]
+
+
+def reveal(
+    event: AnyEvent, key: MasterKey | None, wrapped: bytes | None, drawn_from: Mapping[str, bytes | None] | None = None
+) -> tuple[AnyEvent, ContentState]:
     """The event as a subscriber may see it: content opened with the note's data key (``wrapped``,
     as read from Redis just before) when the subscription has the master key and the key still
-    exists; else its content fields emptied."""
-    if not needs_key(event):
+    exists; else its content fields emptied. A recall's query opens with the key drawn from its
+    own and those of the notes it names (``drawn_from``: their wrapped keys, by note id), and
+    only while every one of them exists. Raises ``UnopenableEvent`` for content that does not
+    open under keys that do exist."""
+    if not needs_key(event) or (isinstance(event, MemoryRecalled) and not event.query):
         return event, ContentState.NONE
     if key is None:
         return shredded(event), ContentState.WITHHELD
     if wrapped is None:
         return shredded(event), ContentState.ERASED
     try:
-        cipher = NoteCipher(key.unwrap(wrapped, f"{event.user_id}/{event.note_id}"))
+        if isinstance(event, MemoryRecalled) and is_sealed(event):
+            named = [(n, (drawn_from or {}).get(n)) for n in recall_key_notes(event)]
+            if any(w is None for _, w in named):
+                return shredded(event), ContentState.ERASED  # a note it names was forgotten
+            own = key.unwrap(wrapped, f"{event.user_id}/{event.note_id}")
+            others = [key.unwrap(w, f"{event.user_id}/{n}") for n, w in named if w is not None]
+            cipher = NoteCipher(recall_key(own, others))
+        else:
+            cipher = NoteCipher(key.unwrap(wrapped, f"{event.user_id}/{event.note_id}"))
         return cipher.open_event(event), ContentState.OPEN
     except MasterKeyError as e:
         raise EngramError(
             ErrorCode.INVALID_PARAMETER,
             f"the key given cannot open this store's data keys ({e}); give the master key the service uses",
         ) from None
-    except InvalidTag:
-        raise EngramError(
-            ErrorCode.STORAGE_ERROR,
-            f"event {event.event_id} of note {event.note_id} does not open under its note's data key: "
-            "its sealed content was altered",
-        ) from None
+    except (InvalidTag, ValueError):
+        raise UnopenableEvent(event) from None
 
 
 class Delivery:

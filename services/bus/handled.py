@@ -14,7 +14,8 @@ what a failed delete left. An entry whose handler failed is not deleted: it stay
 the reclaimer to deliver again (``services/bus/reclaimer.py``).
 
 The reply, the ack and the delete travel in one transaction (one round trip), the reply first: a
-request is never acked unless its reply is sent. Through a cluster, whose pipelines route
+request is never acked unless its reply is sent. The request's place in flight (the gate's,
+``services/bus/admission.py``) is given back in the same transaction. Through a cluster, whose pipelines route
 by key and a reply channel is none, the reply goes on its own and the ack and delete after it.
 """
 
@@ -31,6 +32,8 @@ from faststream.redis.response import RedisPublishCommand
 from faststream.response.publish_type import PublishType
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisError
+
+from engram_ledger.services.bus.admission import place_of
 
 log = logging.getLogger("engram.bus")
 
@@ -110,4 +113,9 @@ async def _ack_and_delete(message: RedisStreamMessage) -> None:
 
 def _queue_ack_and_delete(pipe: Any, message: RedisStreamMessage) -> Any:
     channel, ids = message.raw_message["channel"], message.raw_message["message_ids"]
-    return pipe.xack(channel, message.group, *ids).xdel(channel, *ids)
+    pipe.xack(channel, message.group, *ids).xdel(channel, *ids)
+    fields = message.raw_message.get("data")
+    # The place's set shares the stream's partition (its hash tag): one slot in a cluster.
+    if isinstance(fields, dict) and (held := place_of(fields)) is not None:
+        pipe.zrem(*held)
+    return pipe

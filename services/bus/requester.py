@@ -4,8 +4,15 @@ FastStream's ``broker.request`` opens a Pub/Sub connection and subscribes to a f
 channel for every single request, which caps a client at a few hundred requests per second here.
 This requester subscribes once to its own reply channel and matches replies by correlation id, so
 many requests can be in flight on one connection. Requests are ordinary FastStream messages
-(``BinaryMessageFormatV1`` with ``reply_to`` and ``correlation_id`` headers); the service's
+(``BinaryMessageFormatV1`` with ``reply_to`` and ``correlation_id`` headers, framed by ``wire.py``
+without importing FastStream), appended to the
+stream's inbox, from which the service's gate admits them (``services/bus/gate.py``); its
 FastStream subscribers answer them unchanged.
+
+A request the gate refuses because its user's places are all taken (by other clients: this one
+sends at most ``user_in_flight`` of a user's at once, the rest wait their turn here) is sent
+again after a pause, until the caller's timeout: a user's requests are slowed to the bound, not
+refused, unless the wait runs out.
 """
 
 from __future__ import annotations
@@ -14,10 +21,10 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from faststream.redis.message import DATA_KEY
-from faststream.redis.parser.binary import BinaryMessageFormatV1
 from opentelemetry.propagate import inject
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
@@ -27,28 +34,27 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.errors import EngramError, ErrorCode
-from engram_ledger.contracts.limits import REQUEST_STREAM_BYTES
 from engram_ledger.services.adapters.redis_conn import subscription_messages
-from engram_ledger.services.bus.admission import DEFAULT_USER_IN_FLIGHT, Admission
+from engram_ledger.services.bus import wire
+from engram_ledger.services.bus.admission import ADMISSION_HEADER, DEFAULT_USER_IN_FLIGHT, WAIT_HEADER
 
 log = logging.getLogger("engram.client")
 
 RESUBSCRIBE_PAUSE_SECONDS = 0.2
-# A request's place is kept this long past its wait, so that it is not given back by expiry
-# while its client still waits (the client gives it back itself when the wait ends).
-PLACE_GRACE_MS = 1_000
 SUBSCRIBE_TIMEOUT_SECONDS = 10.0
 # How long ``stop`` waits for the reply reader to end, and how often it asks again meanwhile.
 STOP_GRACE_SECONDS = 5.0
 STOP_RETRY_SECONDS = 0.05
+# While the gate refuses a request (its user's places taken by other clients): the first pause
+# before sending it again, and the longest.
+FIRST_PAUSE_SECONDS = 0.005
+LAST_PAUSE_SECONDS = 0.2
 
 
 class BusRequester:
     def __init__(
         self,
         redis: Redis,
-        request_stream_maxlen: int,
-        request_stream_bytes: int = REQUEST_STREAM_BYTES,
         *,
         client_name: str | None = None,
         quiet_seconds: float = 5.0,
@@ -57,14 +63,13 @@ class BusRequester:
         """``client_name``: replies come on a channel under ``channels.client_reply_channels``,
         which a Redis ACL can grant to this client's user alone; None: an unnamed channel.
         ``quiet_seconds``: how long the reply channel may stay silent before it is pinged.
-        ``user_in_flight``: how many requests of one user may wait for replies at once, across
-        every client (``Admission``); 0: no bound."""
+        ``user_in_flight``: how many requests of one user this client sends at once (the
+        service's own bound holds across every client); 0: no bound here."""
         self._redis = redis
-        self._admission = Admission(redis, user_in_flight)
-        self._maxlen = request_stream_maxlen
-        self._bytes = request_stream_bytes
+        self._user_in_flight = user_in_flight
+        self._turns: dict[str, tuple[asyncio.Semaphore, int]] = {}
         self.reply_channel = channels.reply_channel(uuid.uuid4().hex, client_name)
-        self._waiting: dict[str, asyncio.Future[bytes]] = {}
+        self._waiting: dict[str, asyncio.Future[tuple[bytes, dict[str, Any]]]] = {}
         self._pubsub: PubSub | None = None
         self._reader: asyncio.Task[None] | None = None
         self._quiet_seconds = quiet_seconds
@@ -101,38 +106,56 @@ class BusRequester:
         for future in self._waiting.values():
             future.cancel()
 
-    async def request(self, stream: str, body: bytes, timeout: float, user: tuple[int, str] | None = None) -> bytes:
+    async def request(self, stream: str, body: bytes, timeout: float, user_id: str | None = None) -> bytes:
         """Raises TimeoutError when no reply comes in time (a late reply is dropped), and
-        ConnectionError while Redis cannot be reached. ``user``: the partition and user the
-        request is of, whose places it takes (``Admission``)."""
-        if user is None or not self._admission.per_user:
-            return await self._request(stream, body, timeout, None)
-        async with self._admission.place(user[1]):
-            return await self._request(stream, body, timeout, user)
+        ConnectionError while Redis cannot be reached. ``user_id``: the user the request is
+        of, whose turn here it waits for (None: it waits for none, as an operator's)."""
+        if user_id is None or not self._user_in_flight:
+            return await self._admitted(stream, body, timeout)
+        async with self._turn(user_id):
+            return await self._admitted(stream, body, timeout)
 
-    async def _request(self, stream: str, body: bytes, timeout: float, user: tuple[int, str] | None) -> bytes:
+    @contextlib.asynccontextmanager
+    async def _turn(self, user_id: str) -> AsyncIterator[None]:
+        """One of this client's ``user_in_flight`` turns for the user (waited for when all are taken)."""
+        semaphore, users = self._turns.get(user_id, (asyncio.Semaphore(self._user_in_flight), 0))
+        self._turns[user_id] = (semaphore, users + 1)
+        try:
+            async with semaphore:
+                yield
+        finally:
+            semaphore, users = self._turns[user_id]
+            if users == 1:
+                del self._turns[user_id]
+            else:
+                self._turns[user_id] = (semaphore, users - 1)
+
+    async def _admitted(self, stream: str, body: bytes, timeout: float) -> bytes:
+        """The reply, the request sent again while the gate refuses it for want of a place."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        pause = FIRST_PAUSE_SECONDS
+        while True:
+            reply, headers = await self._request(stream, body, max(deadline - loop.time(), 0.001))
+            if headers.get(ADMISSION_HEADER) is None or loop.time() + pause > deadline:
+                return reply
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, LAST_PAUSE_SECONDS)
+
+    async def _request(self, stream: str, body: bytes, timeout: float) -> tuple[bytes, dict[str, Any]]:
         if self._reader is not None and self._reader.done():
             self._reader.result()  # surface a bug in the reply reader rather than time out silently
         correlation_id = uuid.uuid4().hex
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[tuple[bytes, dict[str, Any]]] = asyncio.get_running_loop().create_future()
         self._waiting[correlation_id] = future
-        taken = False
         try:
-            headers: dict[str, str] = {}
+            # How long this caller waits: the gate holds the request's place no longer.
+            headers: dict[str, str] = {WAIT_HEADER: str(int(timeout * 1000))}
             # W3C trace context: the service's consume span continues the caller's trace.
             inject(headers)
-            message = await BinaryMessageFormatV1.encode(
-                message=body, reply_to=self.reply_channel, headers=headers, correlation_id=correlation_id
-            )
-            # Capped by bytes as well as by count: the larger the request, the fewer the stream
-            # keeps (see REQUEST_STREAM_BYTES), so big requests cannot pile up to the count cap.
-            maxlen = max(1, min(self._maxlen, self._bytes // len(message)))
+            message = wire.encode(body, reply_to=self.reply_channel, headers=headers, correlation_id=correlation_id)
             try:
-                if user is not None:
-                    hold_ms = int(timeout * 1000) + PLACE_GRACE_MS
-                    await self._admission.take(*user, correlation_id, hold_ms=hold_ms, wait=timeout)
-                    taken = True
-                await self._redis.xadd(stream, {DATA_KEY: message}, maxlen=maxlen, approximate=True)
+                await self._redis.rpush(channels.inbox(stream), message)
             except (AttributeError, TypeError) as e:
                 # redis-py 8.1 (redis/redis-py#4287): a write on a connection the server has just
                 # closed can leak the transport's AttributeError/TypeError instead of its
@@ -141,9 +164,6 @@ class BusRequester:
             return await asyncio.wait_for(future, timeout)
         finally:
             self._waiting.pop(correlation_id, None)
-            if taken:
-                assert user is not None
-                await self._admission.release(*user, correlation_id)
 
     async def _read_replies(self) -> None:
         resubscribe = False
@@ -155,10 +175,10 @@ class BusRequester:
                 async for message in subscription_messages(self._pubsub, self._quiet_seconds):
                     if message.get("type") != "message":
                         continue
-                    body, headers = BinaryMessageFormatV1.parse(message["data"])
+                    body, headers = wire.parse(message["data"])
                     future = self._waiting.get(headers.get("correlation_id", ""))
                     if future is not None and not future.done():
-                        future.set_result(bytes(body))
+                        future.set_result((bytes(body), headers))
             except (RedisError, OSError):
                 pass
             except (AttributeError, TypeError) as e:

@@ -14,8 +14,10 @@ deleted), and a delivery of its own left unacknowledged that long comes again.
 Content is sealed in the log (``engram_ledger.services.adapters.crypto``). Without a key a delivery carries
 metadata only, its content fields empty (``ContentState.WITHHELD``). With the master key, the
 content of a note that still has its data key is opened; a note forgotten before the entry is
-read has none, and reads as ``ContentState.ERASED``. Keys are read afresh for every batch and
-never cached, so nothing opens once a forget has destroyed them.
+read has none, and reads as ``ContentState.ERASED``. A recall's query opens with the key drawn
+from its own and those of the notes it names, while all of them exist. Keys are read afresh for
+every batch and never cached, so nothing opens once a forget has destroyed them. An entry whose
+content does not open under keys that exist (altered) is passed over, logged and acked.
 
 What it needs from Redis: XGROUP CREATE (MKSTREAM), XREADGROUP, XACK and XAUTOCLAIM on the log
 keys; GET of ``engram:partitions`` unless ``partition_count`` is given; MGET of the data keys
@@ -42,13 +44,15 @@ from engram_ledger.contracts import channels
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.events import AnyEvent, Event
 from engram_ledger.contracts.limits import UserId
-from engram_ledger.services.adapters.crypto import MasterKey, needs_key
+from engram_ledger.services.adapters.crypto import MasterKey
 from engram_ledger.services.adapters.redis_conn import close_redis, open_redis, redact_url
 from engram_ledger.services.bus.deliveries import (
     ERASURES,
     Delivery,
+    UnopenableEvent,
     check_id,
     checked_users,
+    data_keys_needed,
     event_decoder,
     event_kinds,
     reveal,
@@ -355,8 +359,10 @@ class Subscription:
             await self._queue.put(deliveries)
 
     async def _prepare(self, partition: int, entries: list[Any], redelivered: bool) -> tuple[list[Delivery], list[str]]:
-        """Decodes and filters a batch, and opens what the key allows (the notes' data keys read
-        in one MGET: one partition's keys share a slot)."""
+        """Decodes and filters a batch, and opens what the key allows (the data keys read in one
+        MGET: one partition's keys share a slot). An event whose content does not open under
+        keys that exist is passed over (acked, with a group) with one line in the log: it would
+        fail the same way on every delivery, and stopping at it would stop everything after it."""
         kept: list[tuple[str, AnyEvent]] = []
         passed_over: list[str] = []
         for entry_id, fields in entries:
@@ -366,17 +372,27 @@ class Subscription:
                 kept.append((position, event))
             else:
                 passed_over.append(position)
-        wrapped: dict[tuple[str, str], bytes | None] = {}
-        if self._key is not None:
-            notes = list(dict.fromkeys((e.user_id, e.note_id) for _, e in kept if needs_key(e)))
-            if notes:
-                found = await self._redis.mget([channels.data_key(partition, u, n) for u, n in notes])
-                wrapped = dict(zip(notes, found, strict=True))
+        wrapped = await self._data_keys(partition, [e for _, e in kept]) if self._key is not None else {}
         deliveries = []
         for position, event in kept:
-            shown, state = reveal(event, self._key, wrapped.get((event.user_id, event.note_id)))
+            mine = {n: wrapped.get((event.user_id, n)) for n in data_keys_needed(event)}
+            try:
+                shown, state = reveal(event, self._key, mine.get(event.note_id), mine)
+            except UnopenableEvent as e:
+                log.error("%s entry %s passed over: %s", channels.event_log(partition), position, e.message)
+                passed_over.append(position)
+                continue
             deliveries.append(Delivery(self, partition, position, shown, state, redelivered))
         return deliveries, passed_over
+
+    async def _data_keys(self, partition: int, events: list[AnyEvent]) -> dict[tuple[str, str], bytes | None]:
+        """The wrapped data keys the events' content opens with, by (user, note): read now, never
+        kept, so nothing opens once a forget has destroyed one."""
+        notes = list(dict.fromkeys((e.user_id, n) for e in events for n in data_keys_needed(e)))
+        if not notes:
+            return {}
+        found = await self._redis.mget([channels.data_key(partition, u, n) for u, n in notes])
+        return dict(zip(notes, found, strict=True))
 
     def _decode(self, partition: int, position: str, fields: dict[bytes, bytes] | None) -> AnyEvent:
         try:

@@ -7,11 +7,11 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.services.adapters.redis_conn import close_redis
-from engram_ledger.services.cli import render
 from engram_ledger.services.cli.notes import client_for
 from engram_ledger.services.cli.output import log_to_terminal
 from engram_ledger.services.config import Settings
@@ -95,7 +95,26 @@ def cmd_tokens(args: argparse.Namespace) -> int:
     elif "token" in outcome:
         # The token alone on stdout (for a pipe); what it is, on stderr.
         sys.stdout.write(f"{outcome['token']}\n")
-        sys.stderr.write(render.token_created(outcome))
+        sys.stderr.write(_token_created(outcome))
     else:
-        sys.stdout.write(render.tokens(outcome))
+        sys.stdout.write(_tokens(outcome))
     return 0
+
+
+def _token_created(outcome: Mapping[str, Any]) -> str:
+    """What a new MCP token is (the token itself goes to stdout alone)."""
+    whom = f"user {outcome['user_id']}" if outcome["user_id"] else "the operator role"
+    return f"token {outcome['id']} for {whom}: shown once, keep it secret (Redis keeps only its hash)\n"
+
+
+def _tokens(outcome: Mapping[str, Any]) -> str:
+    """``engram tokens list`` (one line each) or ``revoke``."""
+    if "revoked" in outcome:
+        return f"revoked {outcome['revoked']['id']}\n"
+    lines = []
+    for r in outcome["tokens"]:
+        whom = f"user {r['user_id']}" if r["user_id"] else "operator"
+        expires = f" expires {r['expires_at']}" if r["expires_at"] else ""
+        label = f" {r['label']!r}" if r["label"] else ""
+        lines.append(f"{r['id']}  {whom}  created {r['created_at']}{expires}{label}\n")
+    return "".join(lines)

@@ -10,10 +10,6 @@ import signal
 import sys
 from collections.abc import Iterator
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoPermissionError, RedisClusterException
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.services.cli.parser import UsageError, build_parser
 from engram_ledger.services.config import SettingError
@@ -38,20 +34,15 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(as_json, e.code.value, e.message, e.command_id)
         except SettingError as e:
             return _fail(as_json, ErrorCode.INVALID_PARAMETER.value, f"bad configuration: {e}")
-        except NoPermissionError as e:
-            # An admin command (health, export, rebuild...) run as a role that may not do it.
-            return _fail(
-                as_json,
-                ErrorCode.PERMISSION_DENIED.value,
-                f"Redis refused this command to its user: {e}; `engram acl` says what each role may do",
-            )
-        except (RedisConnectionError, RedisTimeoutError, RedisClusterException) as e:
-            # The operator commands (tail, export, rebuild...) talk to Redis itself.
-            return _fail(as_json, ErrorCode.UNAVAILABLE.value, f"cannot reach the Engram bus: {e}")
         except OSError as e:
             if e.filename is None:
                 raise
             return _fail(as_json, ErrorCode.INVALID_PARAMETER.value, f"cannot open {e.filename}: {e.strerror}")
+        except Exception as e:
+            failure = _redis_failure(e)
+            if failure is None:
+                raise
+            return _fail(as_json, *failure)
         sys.stdout.flush()  # here, not at exit, so that a reader gone early is handled below
         return code
     except KeyboardInterrupt:
@@ -63,6 +54,23 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 128 + signal.SIGPIPE
+
+
+def _redis_failure(e: Exception) -> tuple[str, str] | None:
+    """The error code and message of a Redis failure the operator commands (tail, export,
+    rebuild...) meet talking to Redis themselves; None for any other exception. Redis is imported
+    by the commands that use it, never here: an error of redis-py can only come from a command
+    that imported it."""
+    exceptions = sys.modules.get("redis.exceptions")
+    if exceptions is None:
+        return None
+    if isinstance(e, exceptions.NoPermissionError):
+        # An admin command (health, export, rebuild...) run as a role that may not do it.
+        refused = f"Redis refused this command to its user: {e}; `engram acl` says what each role may do"
+        return ErrorCode.PERMISSION_DENIED.value, refused
+    if isinstance(e, exceptions.ConnectionError | exceptions.TimeoutError | exceptions.RedisClusterException):
+        return ErrorCode.UNAVAILABLE.value, f"cannot reach the Engram bus: {e}"
+    return None
 
 
 def _asks_for_json(argv: list[str]) -> bool:

@@ -122,14 +122,14 @@ async def cmd_forget(client: EngramClient, args: argparse.Namespace) -> None:
             reply = await client.forget_user(args.user, confirmed=args.yes, command_id=args.command_id)
         else:
             reply = await client.forget_session(args.user, args.session, confirmed=args.yes, command_id=args.command_id)
-        print_result(args, reply, render.forget)
+        print_result(args, reply, lambda r: render.forget(r, args.user, erasing=True))
         return
     if (args.query is None) == (not args.note_ids):
         raise EngramError(ErrorCode.INVALID_PARAMETER, "give either --query or note ids")
     reply = await client.forget(
         args.user, query=args.query, note_ids=args.note_ids, confirmed=args.yes, command_id=args.command_id
     )
-    print_result(args, reply, render.forget)
+    print_result(args, reply, lambda r: render.forget(r, args.user))
 
 
 async def cmd_get(client: EngramClient, args: argparse.Namespace) -> None:

@@ -105,6 +105,8 @@ def cmd_relay(args: argparse.Namespace) -> int:
         raise EngramError(ErrorCode.INVALID_PARAMETER, f"--url must be an http:// or https:// URL; got {args.url!r}")
     if args.give_up_after <= 0:
         raise EngramError(ErrorCode.INVALID_PARAMETER, "--give-up-after must be a positive number of seconds")
+    if not args.post_seconds > 0:
+        raise EngramError(ErrorCode.INVALID_PARAMETER, "--post-seconds must be a positive number of seconds")
     secret, secret_file = relay_secret(settings.data_dir, args.secret_file)
     log.info("signing posts with the secret in %s (give the receiver this file)", secret_file)
     options = RelayOptions(
@@ -117,6 +119,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
         key=subscriber_key(settings, args.key_file, args.content),
         metrics_port=args.metrics_port,
         retry=RetryPolicy(give_up_after=args.give_up_after),
+        post_seconds=args.post_seconds,
     )
 
     async def go() -> None:

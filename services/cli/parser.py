@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
+from importlib import import_module
 from typing import Any, NoReturn
 
 import msgspec
@@ -15,39 +17,7 @@ from engram_ledger.contracts.errors import EngramError
 from engram_ledger.contracts.limits import LIST_NOTES_MAX, LIST_NOTES_PAGE, parse_time
 from engram_ledger.contracts.model import NoteKind, NoteSource
 from engram_ledger.services.adapters.minilm import ENCODER_KINDS
-from engram_ledger.services.cli.agents import cmd_mcp, cmd_tokens, cmd_tools
-from engram_ledger.services.cli.notes import (
-    cmd_context,
-    cmd_diff,
-    cmd_forget,
-    cmd_get,
-    cmd_history,
-    cmd_list,
-    cmd_memory,
-    cmd_recalls,
-    cmd_recent,
-    cmd_revert,
-    cmd_save,
-    cmd_search,
-    cmd_supersede,
-    cmd_update,
-    with_client,
-)
-from engram_ledger.services.cli.operator import (
-    cmd_acl,
-    cmd_console,
-    cmd_docs,
-    cmd_export,
-    cmd_health,
-    cmd_import,
-    cmd_keys,
-    cmd_model,
-    cmd_rebuild,
-    cmd_relay,
-    cmd_schema,
-    cmd_serve,
-    cmd_tail,
-)
+from engram_ledger.services.agents.profiles import DESCRIPTIONS, canonical
 from engram_ledger.services.config import ROLES
 
 Run = Callable[[argparse.Namespace], int]
@@ -92,8 +62,12 @@ class Commands:
         )
         return p
 
-    def add(self, name: str, run: Run, help: str, user: bool = False) -> argparse.ArgumentParser:
-        p = self._sub.add_parser(name, help=help, description=help)
+    def add(
+        self, name: str, run: Run, help: str, user: bool = False, epilog: str | None = None
+    ) -> argparse.ArgumentParser:
+        """``epilog``: lines shown after the options, as written."""
+        formatter = argparse.RawDescriptionHelpFormatter if epilog else argparse.HelpFormatter
+        p = self._sub.add_parser(name, help=help, description=help, epilog=epilog, formatter_class=formatter)
         self._common(p, run, user)
         return p
 
@@ -109,8 +83,48 @@ class Commands:
         return parsers
 
 
+def _of_user(name: str) -> Run:
+    """The command ``name`` of ``notes.py``, over one user's memory, run with a client of the bus.
+    Each command's module is imported when it runs, never to parse: ``engram --help`` and a
+    command that does not talk to the bus import neither Redis nor the client."""
+
+    def run(args: argparse.Namespace) -> int:
+        notes = import_module("engram_ledger.services.cli.notes")
+        return int(notes.with_client(getattr(notes, name))(args))
+
+    return run
+
+
+def _operator(name: str) -> Run:
+    """The command ``name`` of ``operator.py``, imported when it runs."""
+    return lambda args: int(getattr(import_module("engram_ledger.services.cli.operator"), name)(args) or 0)
+
+
+def _agent(name: str) -> Run:
+    """The command ``name`` of ``agents.py``, imported when it runs."""
+    return lambda args: int(getattr(import_module("engram_ledger.services.cli.agents"), name)(args) or 0)
+
+
+class _Version(argparse.Action):
+    """``--version``: the installed package's version, looked up only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("engram-ledger")
+        except PackageNotFoundError:
+            found = "(not installed)"
+        sys.stdout.write(f"engram {found}\n")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="engram", description="Engram: long-term memory for LLM agents.")
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     cli = Commands(parser.add_subparsers(dest="command", required=True))
     _serve(cli)
     _memory(cli)
@@ -126,7 +140,9 @@ def _validity(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(cli: Commands) -> None:
-    p = cli.add("serve", cmd_serve, "run the workers (command handler, projections, query responders, forget saga)")
+    p = cli.add(
+        "serve", _operator("cmd_serve"), "run the workers (command handler, projections, query responders, forget saga)"
+    )
     p.add_argument(
         "--role",
         action="append",
@@ -138,7 +154,7 @@ def _serve(cli: Commands) -> None:
 
 def _memory(cli: Commands) -> None:
     """The commands over one user's memory."""
-    p = cli.writes(cli.add("save", with_client(cmd_save), "save a new note", user=True))
+    p = cli.writes(cli.add("save", _of_user("cmd_save"), "save a new note", user=True))
     p.add_argument("text")
     # Unset options take the contract's defaults (NoteDraft), which the help shows.
     p.add_argument("--category", help=f"default {_draft_default('category')}")
@@ -153,7 +169,7 @@ def _memory(cli: Commands) -> None:
     )
     _validity(p)
 
-    p = cli.writes(cli.add("update", with_client(cmd_update), "change a note (new version, same id)", user=True))
+    p = cli.writes(cli.add("update", _of_user("cmd_update"), "change a note (new version, same id)", user=True))
     p.add_argument("note_id")
     p.add_argument("text", nargs="?")
     p.add_argument("--category")
@@ -161,7 +177,7 @@ def _memory(cli: Commands) -> None:
     p.add_argument("--expected-version", type=int)
     _validity(p)
 
-    p = cli.writes(cli.add("supersede", with_client(cmd_supersede), "mark OLD_ID as replaced by NEW_ID", user=True))
+    p = cli.writes(cli.add("supersede", _of_user("cmd_supersede"), "mark OLD_ID as replaced by NEW_ID", user=True))
     p.add_argument("old_id")
     p.add_argument("new_id")
     p.add_argument(
@@ -171,20 +187,20 @@ def _memory(cli: Commands) -> None:
     )
 
     p = cli.writes(
-        cli.add("revert", with_client(cmd_revert), "give a note back what an earlier version held", user=True)
+        cli.add("revert", _of_user("cmd_revert"), "give a note back what an earlier version held", user=True)
     )
     p.add_argument("note_id")
     p.add_argument("--to-version", type=int, required=True, help="the version whose content and fields come back")
     p.add_argument("--expected-version", type=int, help="refuse unless the note is at this version now")
 
-    p = cli.add("diff", with_client(cmd_diff), "what changed in a user's notes between two moments", user=True)
+    p = cli.add("diff", _of_user("cmd_diff"), "what changed in a user's notes between two moments", user=True)
     p.add_argument("--since", required=True, help="from this moment (ISO 8601, UTC if no zone; or a token)")
     p.add_argument("--until", help="up to this moment (default: now)")
     p.add_argument("--limit", type=int, default=200, help=f"changes at most (1-{LIST_NOTES_MAX})")
     p.add_argument("--after", help="consistency token to wait for")
 
     p = cli.add(
-        "recalls", with_client(cmd_recalls), "what searches and memory blocks showed the user's agents", user=True
+        "recalls", _of_user("cmd_recalls"), "what searches and memory blocks showed the user's agents", user=True
     )
     p.add_argument("--since", type=_time_argument, help="after this time (ISO 8601; UTC if no zone)")
     p.add_argument("--until", type=_time_argument, help="up to this time")
@@ -195,7 +211,7 @@ def _memory(cli: Commands) -> None:
     p = cli.writes(
         cli.add(
             "forget",
-            with_client(cmd_forget),
+            _of_user("cmd_forget"),
             "forget notes in two calls: --query finds candidates; ids ask for confirmation, then delete",
             user=True,
         )
@@ -207,16 +223,16 @@ def _memory(cli: Commands) -> None:
     p.add_argument("--yes", action="store_true", help="operator: delete at once, without the second call")
 
     for name, fn, help in (
-        ("get", cmd_get, "show one note"),
-        ("history", cmd_history, "show every version of a note"),
+        ("get", "cmd_get", "show one note"),
+        ("history", "cmd_history", "show every version of a note"),
     ):
-        p = cli.add(name, with_client(fn), help, user=True)
+        p = cli.add(name, _of_user(fn), help, user=True)
         p.add_argument("note_id")
         p.add_argument("--after", help="consistency token to wait for")
         if name == "get":
             p.add_argument("--as-of", help="the note as it was then (ISO 8601, UTC if no zone; or a token)")
 
-    p = cli.add("list", with_client(cmd_list), "list notes by category, then creation time", user=True)
+    p = cli.add("list", _of_user("cmd_list"), "list notes by category, then creation time", user=True)
     p.add_argument("--category")
     p.add_argument("--include-superseded", action="store_true")
     p.add_argument("--limit", type=int, default=LIST_NOTES_PAGE, help=f"notes a page (1-{LIST_NOTES_MAX})")
@@ -225,11 +241,11 @@ def _memory(cli: Commands) -> None:
     p.add_argument("--as-of", help="the notes as they were then (ISO 8601, UTC if no zone; or a token)")
     p.add_argument("--valid-at", type=_time_argument, help="only notes whose content held in the world then")
 
-    p = cli.add("recent", with_client(cmd_recent), "most recently created notes", user=True)
+    p = cli.add("recent", _of_user("cmd_recent"), "most recently created notes", user=True)
     p.add_argument("--limit", type=int, default=10)
     p.add_argument("--after")
 
-    p = cli.add("search", with_client(cmd_search), "hybrid search of a user's notes", user=True)
+    p = cli.add("search", _of_user("cmd_search"), "hybrid search of a user's notes", user=True)
     p.add_argument("query")
     p.add_argument("--session", help="also search this conversation's recorded messages")
     p.add_argument("--conversations", action="store_true", help="also search every past conversation")
@@ -250,7 +266,7 @@ def _memory(cli: Commands) -> None:
     p.add_argument("--as-of", help="search the memory as it was then (ISO 8601, UTC if no zone; or a token)")
     p.add_argument("--valid-at", type=_time_argument, help="only notes whose content held in the world then")
 
-    p = cli.add("context", with_client(cmd_context), "the user's memory as a prompt block", user=True)
+    p = cli.add("context", _of_user("cmd_context"), "the user's memory as a prompt block", user=True)
     p.add_argument("--format", choices=["markdown", "xml"], default="markdown")
     p.add_argument(
         "--query",
@@ -263,8 +279,8 @@ def _memory(cli: Commands) -> None:
 
     memory = cli.add_actions(
         "memory",
-        with_client(cmd_memory),
-        "requirements §3's /memory: list, or delete ID at once",
+        _of_user("cmd_memory"),
+        "the user's memories as a list by category, or delete one at once (no second call)",
         {"list": "the user's memories, by category", "delete": "delete one memory at once"},
         user=True,
     )
@@ -273,7 +289,9 @@ def _memory(cli: Commands) -> None:
 
 def _log_readers(cli: Commands) -> None:
     """The commands that follow the event log, and the one that rebuilds from it."""
-    p = cli.add("tail", cmd_tail, "follow the event log: typed events, one line each (content only with the key)")
+    p = cli.add(
+        "tail", _operator("cmd_tail"), "follow the event log: typed events, one line each (content only with the key)"
+    )
     p.add_argument("--from-start", action="store_true", help="start at the beginning of the log (a new --group too)")
     p.add_argument("--count", type=int, help="stop after this many events")
     p.add_argument(
@@ -283,7 +301,11 @@ def _log_readers(cli: Commands) -> None:
     p.add_argument("--content", action="store_true", help="open content with the master key as `engram serve` finds it")
     p.add_argument("--key-file", help="open content with the master key in this file")
 
-    p = cli.add("relay", cmd_relay, "post every event of the log to a webhook URL, signed (HMAC-SHA256), at least once")
+    p = cli.add(
+        "relay",
+        _operator("cmd_relay"),
+        "post every event of the log to a webhook URL, signed (HMAC-SHA256), at least once",
+    )
     p.add_argument("--url", required=True, help="where to POST each event as JSON")
     p.add_argument("--group", required=True, help="the relay's consumer group: its position is kept in Redis")
     p.add_argument("--secret-file", help="the signing secret (default: generated once as DATA_DIR/relay.secret)")
@@ -297,23 +319,29 @@ def _log_readers(cli: Commands) -> None:
         default=3600.0,
         help="seconds an event is retried before it is dead-lettered (erasures never are; default 3600)",
     )
+    p.add_argument(
+        "--post-seconds",
+        type=float,
+        default=30.0,
+        help="seconds one post may take in all, connecting to reading the answer, before it has failed (default 30)",
+    )
     p.add_argument("--metrics-port", type=int, help="Prometheus metrics on 127.0.0.1:PORT (lag, failures)")
 
-    p = cli.add("rebuild", cmd_rebuild, "rebuild a projection from the event log, then switch to it")
+    p = cli.add("rebuild", _operator("cmd_rebuild"), "rebuild a projection from the event log, then switch to it")
     p.add_argument("projection", choices=["history", "index"])
 
 
 def _agents(cli: Commands) -> None:
-    from engram_ledger.services.agents.tools import PROFILE_NAMES
-
-    p = cli.add("tools", cmd_tools, "the tool definitions of a profile, for an LLM API")
-    p.add_argument("--profile", choices=PROFILE_NAMES)
+    help = "the tool definitions of a profile, for an LLM API"
+    p = cli.add("tools", _agent("cmd_tools"), help, epilog=_PROFILES_HELP)
+    _profile_option(p, "the profile (default: every profile's tools)", None)
     p.add_argument("--format", choices=["openai", "anthropic", "engram"], default="engram")
 
-    p = cli.add("mcp", cmd_mcp, "serve a tool profile over MCP (stdio for one user, or streamable HTTP)")
-    p.add_argument("--profile", choices=PROFILE_NAMES, default="engram")
+    help = "serve a tool profile over MCP (stdio for one user, or streamable HTTP)"
+    p = cli.add("mcp", _agent("cmd_mcp"), help, epilog=_PROFILES_HELP)
+    _profile_option(p, "the profile to serve (default engram)", "engram")
     p.add_argument("--user", help="the user (stdio)")
-    p.add_argument("--session", help="the conversation, for include_conversation")
+    p.add_argument("--session", help="the conversation the agent is in: the tools can search its messages too")
     p.add_argument("--http", type=int, metavar="PORT", help="streamable HTTP on this port (bearer tokens)")
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (loopback by default)")
     p.add_argument("--tls-cert", help="HTTPS: the certificate chain file (PEM)")
@@ -326,7 +354,7 @@ def _agents(cli: Commands) -> None:
 
     tokens = cli.add_actions(
         "tokens",
-        cmd_tokens,
+        _agent("cmd_tokens"),
         "bearer tokens of the MCP server over HTTP: create, list, revoke",
         {
             "create": "a new token for one user (or the operator role), printed once",
@@ -342,19 +370,34 @@ def _agents(cli: Commands) -> None:
     tokens["revoke"].add_argument("token_id", help="the id `engram tokens list` shows")
 
 
+_PROFILES_HELP = "tool profiles:\n" + "\n".join(f"  {name:<10} {line}" for name, line in DESCRIPTIONS.items())
+
+
+def _profile_option(p: argparse.ArgumentParser, help: str, default: str | None) -> None:
+    """``--profile``: one of the profiles the epilog describes; a profile's old name is still
+    taken (as the profile it now names), and never offered."""
+    p.add_argument("--profile", type=canonical, choices=list(DESCRIPTIONS), default=default, help=help)
+
+
 def _operations(cli: Commands) -> None:
-    p = cli.add("console", cmd_console, "the memory console in a browser: users, search, timelines, forgetting, live")
+    p = cli.add(
+        "console",
+        _operator("cmd_console"),
+        "the memory console in a browser: users, search, timelines, forgetting, live",
+    )
     p.add_argument("--port", type=_bounded(int, 1, 65_535), default=8780, help="port to listen on (default 8780)")
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (loopback by default)")
 
-    cli.add("health", cmd_health, "bus reachable? projection and request-group lag, pending deletions")
+    cli.add("health", _operator("cmd_health"), "bus reachable? projection and request-group lag, pending deletions")
 
-    p = cli.add("model", cmd_model, "prepare the embedding model: export it to ONNX under the model cache (once)")
+    p = cli.add(
+        "model", _operator("cmd_model"), "prepare the embedding model: export it to ONNX under the model cache (once)"
+    )
     p.add_argument("--encoder", choices=ENCODER_KINDS, help="default: ENGRAM_ENCODER (onnx)")
 
     keys = cli.add_actions(
         "keys",
-        cmd_keys,
+        _operator("cmd_keys"),
         "the master key's generations: rotate, status, retire",
         {
             "rotate": "re-wrap every note's data key under a new master-key generation; resumes one in progress",
@@ -378,20 +421,22 @@ def _operations(cli: Commands) -> None:
         help="seconds between rounds, to spare a busy Redis",
     )
 
-    p = cli.add("export", cmd_export, "write the raw event log (sealed) and data keys as JSON lines")
+    p = cli.add("export", _operator("cmd_export"), "write the raw event log (sealed) and data keys as JSON lines")
     p.add_argument("--out", required=True)
-    p = cli.add("import", cmd_import, "replay an export into an empty store (same master key)")
+    p = cli.add("import", _operator("cmd_import"), "replay an export into an empty store (same master key)")
     p.add_argument("source")
 
-    p = cli.add("docs", cmd_docs, "write the AsyncAPI 3.0 document of every channel and message")
+    p = cli.add("docs", _operator("cmd_docs"), "write the AsyncAPI 3.0 document of every channel and message")
     p.add_argument("--out", help="file to write (default: stdout)")
 
-    p = cli.add("schema", cmd_schema, "write the JSON Schema of every contract")
+    p = cli.add("schema", _operator("cmd_schema"), "write the JSON Schema of every contract")
     p.add_argument("--out", help="file to write (default: stdout)")
 
     from engram_ledger.services.ops.acl import ROLES as ACL_ROLES
 
-    p = cli.add("acl", cmd_acl, "Redis ACL users with least privilege, one per role: print them, or --write files")
+    p = cli.add(
+        "acl", _operator("cmd_acl"), "Redis ACL users with least privilege, one per role: print them, or --write files"
+    )
     p.add_argument("role", nargs="?", choices=list(ACL_ROLES), help="one role (default: all)")
     p.add_argument("--name", help="the ACL user's name (default engram-ROLE); an agent's replies are bound to it")
     p.add_argument("--cluster", action="store_true", help="also what a Redis Cluster client needs")

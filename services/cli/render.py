@@ -6,6 +6,7 @@ as markup, and control characters are shown escaped, not sent to the terminal.""
 
 from __future__ import annotations
 
+import shlex
 import unicodedata
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -208,7 +209,9 @@ def recalls(reply: RecallsReply) -> Text:
         where = ", ".join(x for x in (r.channel, f"session {r.session_id}" if r.session_id else None) if x)
         asked = f"{r.query!r}" if r.query is not None else "(no query)"
         if r.query is None and r.asked:
-            asked = "(query gone: a note it showed, or the user, was forgotten)"
+            asked = (
+                "(query gone with a note it names, or not kept)" if r.notes else "(query not kept: it showed nothing)"
+            )
         shown = " ".join(f"{n}@v{v}" for n, v in zip(r.notes, r.versions, strict=False)) or "nothing"
         lines.append(
             Text.assemble(f"{when(r.at)}  {r.kind:<8} ", (f"[{where}] " if where else "", DIM), asked, f" → {shown}")
@@ -226,22 +229,51 @@ def superseded(reply: NoteWritten) -> Text:
     )
 
 
-def forget(reply: ForgetReply) -> Text:
-    """A forget reply: its message, the candidates a query found, when a pending deletion lapses,
-    and the receipt of an erasure."""
-    parts: list[Text | None] = [Text(cut(reply.message, NOTE_CHARS))]
+def forget(reply: ForgetReply, user: str = "USER", erasing: bool = False) -> Text:
+    """A forget reply in a person's words (its ``message`` is the tools' text, for a model): the
+    candidates a query found and how to forget one, what is asked and until when to confirm it by
+    running the same command again, what was forgotten or erased. ``erasing``: the command erases
+    a whole user or conversation."""
+    if reply.status == "candidates":
+        return _candidates(reply, user)
+    parts: list[Text | None] = []
+    if reply.status == "forgotten" and erasing:
+        erased = f"Erased {len(reply.forgotten):,} notes and messages"
+        parts.append(Text(f"{erased} on {when(reply.erased_at)}. This cannot be undone."))
+    elif reply.forgotten:
+        parts.append(Text.assemble("Forgotten: ", _ids(reply.forgotten), ". The content cannot be recovered."))
+    for p in reply.pending:
+        asked = cut(p.preview, LINE_CHARS, one_line=True)
+        if erasing:
+            parts.append(Text(f"Erase {asked}? Nothing is erased yet."))
+        else:
+            parts.append(Text.assemble(f"Forget {asked!r} (", _id(p.note_id), ")? Nothing is deleted yet."))
+    if reply.pending:
+        deadline = when(min(p.expires_at for p in reply.pending))
+        what = "erase it all" if erasing else "forget it" if len(reply.pending) == 1 else "forget them"
+        parts.append(Text(f"Run the same command again before {deadline} to {what}.", style=HEADING))
+    if reply.withdrawn:
+        parts.append(Text.assemble("The earlier request to forget ", _ids(reply.withdrawn), " is withdrawn."))
+    if reply.token:
+        parts.append(Text.assemble("token ", (reply.token, DIM), " (replayed)" if reply.replayed else ""))
+    return _lines(*parts)
+
+
+def _candidates(reply: ForgetReply, user: str) -> Text:
+    if not reply.candidates:
+        return Text("No memory matched; nothing was deleted.")
+    found = f"{len(reply.candidates)} {'memory' if len(reply.candidates) == 1 else 'memories'}"
+    parts = [Text(f"Found {found}; nothing was deleted.")]
     parts += [
         Text.assemble("  ", _id(c.note_id), f"  {c.similarity:.2f}  ", cut(c.preview, LINE_CHARS, one_line=True))
         for c in reply.candidates
     ]
-    if reply.pending:
-        deadline = min(p.expires_at for p in reply.pending)
-        parts.append(Text(f"run the same command again before {when(deadline)} to confirm", style=DIM))
-    if reply.erased_at is not None:
-        parts.append(Text(f"erased on {when(reply.erased_at)}"))
-    if reply.token:
-        parts.append(Text.assemble("token ", (reply.token, DIM), " (replayed)" if reply.replayed else ""))
+    parts.append(Text(f"Forget which one? Run: engram forget --user {shlex.quote(user)} ID", style=HEADING))
     return _lines(*parts)
+
+
+def _ids(note_ids: list[str]) -> Text:
+    return Text(", ").join(map(_id, note_ids))
 
 
 # reads ------------------------------------------------------------------------------------------
@@ -293,7 +325,8 @@ def note(view: NoteView) -> Text:
     if view.updated_at != view.created_at:
         times.append(f"updated {when(view.updated_at)}")
     if view.access_count:
-        times.append(f"read {view.access_count} times")
+        reads = "once" if view.access_count == 1 else f"{view.access_count:,} times"
+        times.append(f"read {reads}, last {when(view.last_accessed_at)}")
     parts.append(Text(" · ".join(times), style=DIM))
     return _lines(*parts)
 
@@ -550,22 +583,3 @@ def _event_details(event: AnyEvent) -> list[str]:
     if isinstance(event, NoteForgotten):
         return [f"forgotten ({event.reason or 'requested'})"]
     return []
-
-
-def token_created(outcome: Mapping[str, Any]) -> str:
-    """What a new MCP token is (the token itself goes to stdout alone)."""
-    whom = f"user {outcome['user_id']}" if outcome["user_id"] else "the operator role"
-    return f"token {outcome['id']} for {whom}: shown once, keep it secret (Redis keeps only its hash)\n"
-
-
-def tokens(outcome: Mapping[str, Any]) -> str:
-    """``engram tokens list`` (one line each) or ``revoke``."""
-    if "revoked" in outcome:
-        return f"revoked {outcome['revoked']['id']}\n"
-    lines = []
-    for r in outcome["tokens"]:
-        whom = f"user {r['user_id']}" if r["user_id"] else "operator"
-        expires = f" expires {r['expires_at']}" if r["expires_at"] else ""
-        label = f" {r['label']!r}" if r["label"] else ""
-        lines.append(f"{r['id']}  {whom}  created {r['created_at']}{expires}{label}\n")
-    return "".join(lines)

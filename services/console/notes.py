@@ -11,8 +11,9 @@ from starlette.routing import Route
 
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.model import VersionView
-from engram_ledger.contracts.queries import ForgetReply
+from engram_ledger.contracts.queries import ForgetReply, GetNote, NoteReply
 from engram_ledger.services.console.auth import checked_form
+from engram_ledger.services.console.search import LOOKING
 from engram_ledger.services.console.web import Console, Pages, int_of, link, note_id_of, text_of, token_of, user_of
 
 
@@ -23,7 +24,8 @@ def routes(console: Console, pages: Pages) -> list[Route]:
         note_id = note_id_of(text_of(q, "id"))
         after = token_of(q)
         history = await console.bus.history(user, note_id, after=after)
-        view = await console.bus.get_note(user, note_id)
+        # A person looking: the note shows its reads and counts none.
+        view = (await console.bus.ask(GetNote(user_id=user, note_id=note_id, origin=LOOKING), NoteReply)).note
         await console.log.reached(after)
         pending = next((p for p in console.log.pending(user) if p.note_id == note_id), None)
         return pages.page(

@@ -41,7 +41,9 @@ Where Engram differs from LangGraph's in-memory and Postgres stores:
 
 Every read passes the token of the store's last write as ``after``, so it sees that write.
 The async client lives on a private event loop in a daemon thread: the sync methods work from
-any thread (a sync node of a running graph too), and the async ones hop onto that loop.
+any thread (a sync node of a running graph too), and the async ones hop onto that loop. A store
+dropped without ``close()``, or still open when the program exits, is closed as ``close()``
+closes it, so that nothing is left to warn at exit.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import logging
 import re
 import threading
 import weakref
@@ -87,8 +90,12 @@ from engram_ledger.contracts.model import NoteView
 from engram_ledger.services.bus.client import EngramClient
 
 T = TypeVar("T")
+log = logging.getLogger("engram.integrations")
 
 ENCODED = "x--"
+# How long closing a store waits for its calls to end and its client to close (the client's own
+# stop is bounded too): past it the loop is stopped all the same, so that an exit never hangs.
+CLOSE_SECONDS = 15.0
 _SEGMENT = re.compile(r"[a-z0-9][a-z0-9_-]*")
 
 
@@ -239,11 +246,15 @@ class EngramStore(BaseStore):
         self.token: str | None = None  # the last write's, passed as ``after`` to every read
         self._connecting: asyncio.Task[None] | None = None
         self._closed = False
+        # What the store runs on its loop (calls and the connect), ended first when it closes.
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="engram-store", daemon=True)
+        self._thread = threading.Thread(target=_run_loop, args=(self._loop,), name="engram-store", daemon=True)
         self._thread.start()
-        # A store dropped without close() must not leave its thread running for good.
-        self._finalizer = weakref.finalize(self, self._loop.call_soon_threadsafe, self._loop.stop)
+        # The one way a store closes: called by close(), or when the store is dropped or the
+        # program exits with it open (a finalizer runs while daemon threads still do), so that the
+        # client's connections and reply reader always end on the loop they belong to.
+        self._finalizer = weakref.finalize(self, _close_on_loop, self._loop, self._thread, self.client, self._tasks)
 
     # BaseStore -----------------------------------------------------------------------------
 
@@ -260,22 +271,15 @@ class EngramStore(BaseStore):
     # Life cycle ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        if self._closed:
-            return
+        """Ends the calls still in flight (CancelledError in their callers), closes the client
+        the store owns and stops its loop. Calling it again does nothing."""
         self._closed = True
-        try:
-            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result()
-        finally:
-            self._stop_loop()
+        self._finalizer()
 
     async def aclose(self) -> None:
-        if self._closed:
-            return
         self._closed = True
-        try:
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop))
-        finally:
-            self._stop_loop()
+        if self._finalizer.alive:
+            await asyncio.to_thread(self._finalizer)
 
     def __enter__(self) -> EngramStore:
         return self
@@ -294,20 +298,10 @@ class EngramStore(BaseStore):
             raise RuntimeError("this EngramStore is closed")
         return self._loop
 
-    async def _shutdown(self) -> None:
-        # Calls still in flight end (CancelledError in their callers) rather than wait forever
-        # on a loop that no longer runs.
-        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in others:
-            task.cancel()
-        await asyncio.gather(*others, return_exceptions=True)
-        await self.client.close()
-
-    def _stop_loop(self) -> None:
-        self._finalizer.detach()
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+    def _started(self, task: asyncio.Task[T]) -> asyncio.Task[T]:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     # On the store's loop -------------------------------------------------------------------
 
@@ -332,6 +326,9 @@ class EngramStore(BaseStore):
         return checked
 
     async def _run(self, ops: list[Op]) -> list[Result]:
+        task = asyncio.current_task()
+        if task is not None:
+            self._started(task)
         client = await self._ready()
         results: list[Result] = [None] * len(ops)
         reads: dict[int, Coroutine[Any, Any, Result]] = {}
@@ -363,7 +360,7 @@ class EngramStore(BaseStore):
         task = self._connecting
         if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
             # Connect at first use, and again after a failure: the service may have come up since.
-            task = self._connecting = asyncio.ensure_future(self.client.connect())
+            task = self._connecting = self._started(asyncio.ensure_future(self.client.connect()))
         if not task.done():
             await asyncio.shield(task)  # one caller's cancellation must not cancel everyone's connect
         task.result()
@@ -485,6 +482,47 @@ class EngramStore(BaseStore):
         prefix = listing_prefix(op.match_conditions)
         reply = await client.list_categories(self.user_id, prefix=prefix, keyed_only=True, after=self.token)
         return select_namespaces(reply.categories, op)
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """A store's thread: its loop until stopped, then closed there."""
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
+
+
+def _close_on_loop(
+    loop: asyncio.AbstractEventLoop, thread: threading.Thread, client: EngramClient, tasks: set[asyncio.Task[Any]]
+) -> None:
+    """Closes a store (its ``close()`` and its finalizer): on its loop, the calls still in
+    flight end (rather than wait forever on a loop that no longer runs), then its client closes
+    (the reply reader stopped, every connection closed); then the loop stops."""
+
+    async def shut_down() -> None:
+        pending = list(tasks)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        await client.close()
+
+    def stop(_: object = None) -> None:
+        loop.stop()
+
+    if not thread.is_alive():
+        return
+    if threading.get_ident() == thread.ident:
+        # Dropped by a call running on the loop itself: nothing can be waited for here, so the
+        # loop stops once its client is closed, and its thread closes it.
+        loop.create_task(shut_down()).add_done_callback(stop)
+        return
+    try:
+        asyncio.run_coroutine_threadsafe(shut_down(), loop).result(CLOSE_SECONDS)
+    except Exception as e:  # a close that failed or hung still stops the loop: the store is done
+        log.warning("closing an EngramStore's client did not end cleanly: %r", e)
+    finally:
+        loop.call_soon_threadsafe(stop)
+        thread.join(CLOSE_SECONDS)
 
 
 def _search_item(note: NoteView | None, score: float | None) -> SearchItem | None:

@@ -83,6 +83,11 @@ class WorkerReport:
         }
         if index is not None and index.model_load_seconds is not None:
             state["model_load_seconds"] = index.model_load_seconds
+        elif index is not None and index.embedder.loading_seconds:
+            # Starting: searches wait for the model (and answer STARTING past their caller's wait).
+            state["model_loading_seconds"] = round(index.embedder.loading_seconds, 1)
+        if index is not None and (files := index.files_state()) is not None:
+            state["index_files"] = files
         if self._keys is not None:
             # What a key rotation waits on (services/ops/keys.py): the generations this worker can
             # open, and the one it wraps new data keys under.
@@ -140,6 +145,30 @@ async def _lag(redis: Redis, partition: int, checkpoint: bytes | None, head: tup
         "lag_entries": len(behind),
         "lag_ms": max(0, head[0] - done[0]) if behind else 0,
     }
+
+
+def _when(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def _index_files(workers: list[dict[str, Any]], now: float) -> dict[str, Any] | None:
+    """Whether deleted points (forgotten notes' vectors, ids and payloads) are still in the
+    index's files: ``removal`` is ``complete``, ``pending`` (with when it is due) or
+    ``overdue`` (past its bound by ``OVERDUE_SECONDS``: degraded)."""
+    reports = [w["index_files"] for w in workers if w.get("index_files")]
+    if not reports:
+        return None
+    owed = [r["owed_since"] for r in reports if r.get("owed_since") is not None]
+    purged = [r["purged_at"] for r in reports if r.get("purged_at") is not None]
+    found: dict[str, Any] = {"bound_seconds": max(r["bound_seconds"] for r in reports)}
+    if purged:
+        found["last_rewritten_at"] = _when(max(purged))
+    if not owed:
+        return {"removal": "complete", **found}
+    since = min(owed)
+    due = since + found["bound_seconds"]
+    late = now > due + OVERDUE_SECONDS
+    return {"removal": "overdue" if late else "pending", "owed_since": _when(since), "due_by": _when(due), **found}
 
 
 async def health(redis: Redis, partitions: int | None = None) -> dict[str, Any]:
@@ -207,6 +236,10 @@ async def health(redis: Redis, partitions: int | None = None) -> dict[str, Any]:
         lags = [part["history"], part["forget_saga"]]
         degraded |= any(x["lag_entries"] > LAG_ENTRIES_LIMIT for x in lags) or part["forget_saga"]["overdue"] > 0
         report["partitions"].append(part)
+    files = _index_files(workers, now_ms / 1000)
+    if files is not None:
+        report["index_files"] = files
+        degraded |= files["removal"] == "overdue"
     if index_state == "open":
         report["index"] = "catching up" if index_behind else "ready"
     elif index_state == "opening":

@@ -57,7 +57,7 @@ ROLES: dict[str, Role] = {
             "operator",
             "the `engram` CLI's bus commands (save, search, get, list, forget --yes, memory delete, ...); "
             "the framework adapters given a URL (they open an operator's client)",
-            "what an agent can, and add requests to the operators' streams `engram:{p}:operator` "
+            "what an agent can, and append requests to the operators' inbox `engram:{p}:operator:inbox` "
             "(a `confirmed` forget deletes at once)",
             "read the log, the notes' streams, data keys, read model or request streams; another "
             "client's replies; write any key; `engram health`, `export`, `import`, `rebuild` (the "
@@ -67,13 +67,14 @@ ROLES: dict[str, Role] = {
             "agent",
             "an agent's client (`EngramClient`, `engram mcp` over stdio, the tool dispatcher): one ACL "
             "user per agent or per host",
-            "read `engram:partitions`; add requests to the command and query streams "
-            "(`engram:{p}:commands`, `engram:{p}:queries`); subscribe to its own reply channels "
-            "`engram:replies:<its user>:*`; take and give back a user's places in flight "
-            "(`engram:{p}:inflight:*`, by the client's script)",
-            "add requests to the operators' streams (delete at once); read the log, the notes' "
-            "streams, data keys, read model, request streams or any other key; subscribe to "
-            "another client's replies, pattern-subscribe or publish",
+            "read `engram:partitions`; append requests (RPUSH, nothing else) to the inboxes of the command "
+            "and query streams (`engram:{p}:commands:inbox`, `engram:{p}:queries:inbox`), from which the "
+            "service admits them; subscribe to its own reply channels `engram:replies:<its user>:*`",
+            "write a request stream itself (XADD, XTRIM, XDEL: no trimming or dropping another's request); "
+            "touch a user's places in flight; add requests to the operators' inbox (delete at once); "
+            "read or pop an inbox, the log, the notes' streams, data keys, read model, request streams or "
+            "any other key; create any other key; subscribe to another client's replies, pattern-subscribe or "
+            "publish",
         ),
         Role(
             "front-door",
@@ -112,31 +113,14 @@ _REQUEST_STREAMS: dict[str, Callable[[int], str]] = {
 }
 
 
-def _requests(partitions: int, *streams: str) -> list[str]:
-    # Write-only (%W): adding an entry needs no read of the stream, and requests waiting there
-    # hold other users' text until they are answered. Each partition's stream by its name: a
-    # pattern over the hash tag would let a caller fill streams that no worker reads.
-    return [f"%W~{_REQUEST_STREAMS[stream](p)}" for stream in streams for p in range(partitions)]
-
-
-def _places(partitions: int) -> list[str]:
-    # Each user's places in the request streams (services/bus/admission.py), taken and given
-    # back by the client's script.
-    return [f"~{channels.in_flight(p, '*')}" for p in range(partitions)]
-
-
-# What the admission script runs (a script runs with its caller's rights, key by key).
-_ADMISSION = [
-    "+evalsha",
-    "+script|load",
-    "+time",
-    "+zremrangebyscore",
-    "+zcard",
-    "+zrange",
-    "+zadd",
-    "+zrem",
-    "+pexpire",
-]
+def _inboxes(partitions: int, *streams: str) -> list[str]:
+    # Write-only (%W) and with RPUSH alone: a client appends its request and can neither read
+    # the requests waiting there (other users' text) nor remove, trim or reorder any. Each
+    # partition's inbox by its name: a pattern over the hash tag would let a caller create
+    # inboxes that no worker reads. (The service's gate admits what is appended:
+    # services/bus/gate.py. A Redis function could not stand in for it: Redis checks what a
+    # function runs against its caller's ACL.)
+    return [f"%W~{channels.inbox(_REQUEST_STREAMS[stream](p))}" for stream in streams for p in range(partitions)]
 
 
 def _logs(partitions: int) -> list[str]:
@@ -182,9 +166,8 @@ def rules(role: str, user: str, *, cluster: bool = False, partitions: int = 1) -
         ]
     elif role in ("agent", "operator", "front-door"):
         streams = ("commands", "queries", "operator") if role == "operator" else ("commands", "queries")
-        requests = _requests(partitions, *streams)
-        found = [*_BASE, _PARTITIONS, *requests, *_places(partitions), replies, "+get", "+xadd"]
-        found += ["+subscribe", "+unsubscribe", *_ADMISSION]
+        found = [*_BASE, _PARTITIONS, *_inboxes(partitions, *streams), replies, "+get", "+rpush"]
+        found += ["+subscribe", "+unsubscribe"]
         if role == "front-door":
             # One token's record by the token's hash: never the list of them, never a write.
             found += [f"%R~{channels.TOKENS_KEY}", "+hget"]

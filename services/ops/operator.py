@@ -27,19 +27,35 @@ PASSWORD_FILE = "redis.password"
 
 
 def resolve_url(settings: Settings) -> str:
-    """The configured URL; else the private redis-server that this user's `engram serve` started
-    and recorded in the data dir, while it answers; else the default address if it answers (a
-    Redis shared by the service); else the recorded one (so that an error names it), or the
-    default. The recorded one comes first: whoever listens at the default address is not
-    necessarily the service, and would receive the caller's notes in the clear."""
+    """The configured URL; else, when `engram serve` keeps this user's notes in a private
+    redis-server (recorded in the data dir), that one, and ``UNAVAILABLE`` when it does not answer;
+    else the default address. A user with a private Redis never falls back to the default address:
+    whoever listens there is not necessarily the service, and would receive the caller's notes in
+    the clear (or hold a store of its own that the caller takes for theirs)."""
     if settings.redis_url_configured:
         return settings.redis_url
     private = recorded_private_url(settings)
     if private is not None and answers(private):
         return private
-    if answers(settings.redis_url):
-        return settings.redis_url
-    return private or settings.redis_url
+    if private is not None or has_private_redis(settings):
+        raise EngramError(ErrorCode.UNAVAILABLE, _private_redis_down(settings, private))
+    return settings.redis_url
+
+
+def has_private_redis(settings: Settings) -> bool:
+    """Whether `engram serve` ever started a private redis-server for this data dir: its password
+    stays there for good, its URL only while it runs (or after a crash)."""
+    return (settings.data_dir / PASSWORD_FILE).exists() or (settings.data_dir / PRIVATE_URL_FILE).exists()
+
+
+def _private_redis_down(settings: Settings, private: str | None) -> str:
+    where = f", last at {redact_url(private)}" if private else ""
+    return (
+        f"the private Redis that keeps this user's notes (under {settings.data_dir / 'redis'}{where}) is not "
+        f"running: start it with `engram serve` (in the repository: `bash scripts/serve.sh`). Nothing was sent "
+        f"to the Redis at the default address {redact_url(settings.redis_url)} nor to any other; set "
+        f"ENGRAM_REDIS_URL to use another Redis"
+    )
 
 
 def recorded_private_url(settings: Settings) -> str | None:

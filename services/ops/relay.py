@@ -2,13 +2,14 @@
 
 The relay is a subscriber like any other (``services/bus/subscription.py``: a consumer group of
 its own on every partition's log). It posts each event as JSON to one URL and acknowledges the
-entry only after a 2xx, so a relay that dies comes back to what it had not delivered. A delivery
-that keeps failing is retried with exponential backoff and jitter for up to ``give_up_after``
-(an hour), then recorded in a dead-letter stream (``engram:relay:<group>:dead``: where it is in
-the log and why it failed, never its content) and acknowledged, so one poisoned event does not
-hold its lane forever; an erasure is retried until it is delivered. Events of one note are
-posted in log order: deliveries go to lanes by note, one post at a time per lane, several lanes
-at once.
+entry only after a 2xx, so a relay that dies comes back to what it had not delivered. A post
+has a deadline as a whole (``post_seconds``: connecting, sending, reading the answer), past
+which it has failed. A delivery that keeps failing is retried with exponential backoff and
+jitter for up to ``give_up_after`` (an hour), then recorded in a dead-letter stream
+(``engram:relay:<group>:dead``: where it is in the log and why it failed, never its content) and
+acknowledged, so one poisoned event does not hold its lane forever; an erasure is retried until
+it is delivered. Events of one note are posted in log order: deliveries go to lanes by note, one
+post at a time per lane, several lanes at once.
 
 Each post is signed as Stripe and GitHub sign theirs, so a receiver can tell it comes from this
 relay and is not a replay:
@@ -71,6 +72,9 @@ FAILURE_LOG_SECONDS = 10.0
 # answers with a huge body must not grow the relay (the rest is left unread and the connection
 # closed).
 RESPONSE_READ_BYTES = 64 * 1024
+# How long one post may take in all (connecting, sending, reading the answer): httpx's timeout
+# bounds each read alone, so a receiver that trickles a byte at a time would hold its lane.
+POST_SECONDS = 30.0
 
 
 class Delivery(Protocol):
@@ -185,8 +189,12 @@ class WebhookRelay:
         lanes: int = 8,
         metrics: RelayMetrics | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        post_seconds: float = POST_SECONDS,
     ) -> None:
+        """``post_seconds``: the deadline of one post, connection to answer; past it the post
+        has failed, and is retried as any other failure is."""
         self._url = url
+        self._post_seconds = post_seconds
         self._secret = secret
         self._group = group
         self._redis = redis
@@ -293,24 +301,34 @@ class WebhookRelay:
             REDELIVERED_HEADER: "true" if delivery.redelivered else "false",
         }
         try:
-            async with self._http.stream("POST", self._url, content=body, headers=headers) as answer:
-                status = answer.status_code
-                # A small body is read whole, so the connection can serve the next post.
-                with contextlib.suppress(httpx.HTTPError, httpx.StreamError):
-                    read = 0
-                    async for chunk in answer.aiter_raw():
-                        read += len(chunk)
-                        if read >= RESPONSE_READ_BYTES:
-                            break
+            async with asyncio.timeout(self._post_seconds):
+                status = await self._exchange(body, headers)
         except httpx.HTTPError as e:
             error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             self._count_failure("no answer", error, delivery)
+            return error
+        except TimeoutError:
+            # Cut short mid-exchange: httpcore closes that connection, so no later post reuses it.
+            error = f"no whole answer within {self._post_seconds:g} s"
+            self._count_failure("deadline", error, delivery)
             return error
         if 200 <= status < 300:
             return ""
         error = f"HTTP {status}"
         self._count_failure(str(status), error, delivery)
         return error
+
+    async def _exchange(self, body: bytes, headers: dict[str, str]) -> int:
+        """One post and its answer's status."""
+        async with self._http.stream("POST", self._url, content=body, headers=headers) as answer:
+            # A small body is read whole, so the connection can serve the next post.
+            with contextlib.suppress(httpx.HTTPError, httpx.StreamError):
+                read = 0
+                async for chunk in answer.aiter_raw():
+                    read += len(chunk)
+                    if read >= RESPONSE_READ_BYTES:
+                        break
+            return answer.status_code
 
     def _count_failure(self, reason: str, detail: str, delivery: Delivery) -> None:
         if self._metrics is not None:
@@ -374,7 +392,8 @@ class RelayOptions:
     metrics_port: int | None = None
     lanes: int = 8
     retry: RetryPolicy = RetryPolicy()
-    timeout: float = 10.0
+    timeout: float = 10.0  # each step of a post: connecting, sending, each read of the answer
+    post_seconds: float = POST_SECONDS  # a whole post
 
 
 async def run_relay(redis_url: str, cluster: bool, options: RelayOptions, stop: asyncio.Event) -> None:
@@ -414,6 +433,7 @@ async def run_relay(redis_url: str, cluster: bool, options: RelayOptions, stop: 
                 retry=options.retry,
                 lanes=options.lanes,
                 metrics=metrics,
+                post_seconds=options.post_seconds,
             )
             log.info("relaying the log to %s as group %s", redact_webhook(options.url), options.group)
             relaying = asyncio.create_task(relay.run(subscription))

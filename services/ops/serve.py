@@ -13,7 +13,7 @@ from engram_ledger.services.adapters.private_files import NotPrivate, check_priv
 from engram_ledger.services.adapters.redis_conn import redact_url
 from engram_ledger.services.adapters.redis_server import RedisServer, answers
 from engram_ledger.services.config import Settings
-from engram_ledger.services.ops.operator import PASSWORD_FILE, PRIVATE_URL_FILE
+from engram_ledger.services.ops.operator import PASSWORD_FILE, PRIVATE_URL_FILE, has_private_redis
 
 log = logging.getLogger("engram")
 
@@ -36,19 +36,27 @@ def serve(settings: Settings) -> int:
             earlier,
         )
     private = None
+    # A data dir whose notes are in a private Redis gets that one again, whatever answers at the
+    # default address since: the `engram` commands look for no other (operator.resolve_url).
+    kept = has_private_redis(settings)
     if settings.redis_url_configured:
         log.info("using the configured Redis at %s (ENGRAM_REDIS_URL)", redact_url(settings.redis_url))
-    elif answers(settings.redis_url):
+    elif not kept and answers(settings.redis_url):
         # Whoever runs a Redis there gets every note: worth a line an operator notices.
         log.warning(
             "no Redis configured: using the one that answers at the default %s; set ENGRAM_REDIS_URL to choose",
             redact_url(settings.redis_url),
         )
     else:
+        reason = (
+            "no Redis configured and this data dir keeps its notes in a private one"
+            if kept
+            else f"no Redis at {redact_url(settings.redis_url)} and none configured"
+        )
         private = start_private_redis(settings)
         log.info(
-            "no Redis at %s and none configured: started a private redis-server (AOF, password in %s) at %s under %s",
-            redact_url(settings.redis_url),
+            "%s: started a private redis-server (AOF, password in %s) at %s under %s",
+            reason,
             settings.data_dir / PASSWORD_FILE,
             redact_url(private.url),
             private.directory,

@@ -1,5 +1,6 @@
 """The bus for other languages: a client with nothing but `redis-cli` (no Python on its side)
-talks to a running `engram serve`. It XADDs the documented JSON envelope and reads the reply on
+talks to a running `engram serve`. It RPUSHes the documented JSON envelope onto the stream's
+inbox and reads the reply on
 its own Pub/Sub channel through `redis-cli SUBSCRIBE`: every reply, error replies included, is
 the same JSON envelope, readable without FastStream's binary framing. Runs on one Redis and on
 a Redis Cluster (``bus``)."""
@@ -77,8 +78,8 @@ class RedisCliSubscription:
 
 class JsonClient:
     """What a client in any language does: route by ``crc32(user_id) mod P`` (P read from
-    ``engram:partitions``), XADD ``{"data": <body as JSON text>, "headers": {reply_to,
-    correlation_id}}`` under ``__data__``, and read the JSON envelope that comes back."""
+    ``engram:partitions``), RPUSH ``{"data": <body as JSON text>, "headers": {reply_to,
+    correlation_id}}`` onto the stream's inbox, and read the JSON envelope that comes back."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.cli = redis_cli(env)
@@ -95,9 +96,10 @@ class JsonClient:
         return f"engram:{{{zlib.crc32(user_id.encode()) % self.partitions}}}:{kind}"
 
     def send(self, stream: str, envelope: dict[str, Any]) -> dict[str, Any]:
-        """XADD the envelope as it is; returns the reply envelope, checked to be plain JSON."""
-        entry_id = self.run("XADD", stream, "*", "__data__", json.dumps(envelope))
-        assert entry_id.count("-") == 1, entry_id
+        """RPUSH the envelope as it is onto the stream's inbox; returns the reply envelope,
+        checked to be plain JSON."""
+        length = self.run("RPUSH", f"{stream}:inbox", json.dumps(envelope))
+        assert int(length) >= 1, length
         payload = self.replies.next_payload()
         # The whole payload is the JSON envelope: no binary header before it.
         assert payload.startswith(b'{"data":'), payload[:40]

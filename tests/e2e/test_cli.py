@@ -18,12 +18,19 @@ from tests.support import ENGRAM_CLI, ROOT, ServeProcess, cli, cli_text, engram_
 def serving(bus: dict[str, str], data: Path, **extra: str) -> Iterator[dict[str, str]]:
     values = engram_env(**bus, ENGRAM_DATA_DIR=str(data), **extra)
     serve = ServeProcess(values).start()
-    if values.get("ENGRAM_INDEX") != "off":
-        # The model loads in the background at start (6-9 s warm, more from a cold disk cache);
-        # the tests begin once the index answers, as in tests/e2e/test_mcp.py.
-        wait_until(lambda: cli(values, "search", "--user", "warm-up", "anything")[0] == 0, timeout=90, interval=0.5)
-    yield values
-    assert serve.stop() == 0
+    stopped = False
+    try:
+        if values.get("ENGRAM_INDEX") != "off":
+            # The model loads in the background at start (6-9 s warm, more from a cold disk cache);
+            # the tests begin once the index answers, as in tests/e2e/test_mcp.py.
+            wait_until(lambda: cli(values, "search", "--user", "warm-up", "anything")[0] == 0, timeout=90, interval=0.5)
+        yield values
+        stopped = True
+        assert serve.stop() == 0
+    finally:
+        # A service left running after a failed start would answer the next tests' requests.
+        if not stopped:
+            serve.stop()
 
 
 @pytest.fixture
@@ -423,6 +430,10 @@ def test_colour_on_a_terminal(env: dict[str, str]) -> None:
     assert done.returncode == 0 and "Likes black coffee" in out.decode() and ANSI in out.decode()
 
 
+# What the forget tools say to a model (services/application/forget.py's messages).
+TOOL_WORDS = ("memory_id", "call forget", "ask the user", "please confirm")
+
+
 def test_human_output_of_advice_and_search(env_with_index: dict[str, str]) -> None:
     env = env_with_index
     _, boss, _ = cli(env, "save", "--user", "ann", "--subject", "Alec", "Alec is my boss at TechCorp")
@@ -442,6 +453,36 @@ def test_human_output_of_advice_and_search(env_with_index: dict[str, str]) -> No
     hit = next(x for x in found.splitlines() if boss["note_id"] in x)
     assert f"superseded by {newer}" in hit and "memory" in hit
     assert f"superseded by {newer}" not in human(env, "search", "--user", "ann", "--after", token, "who is my boss?")
+
+    # Forgetting by query: the command a person runs next, never the tool's call for a model.
+    asked = human(env, "forget", "--user", "ann", "--query", "Alec")
+    assert asked.startswith("Found ") and f"  {newer}  " in asked
+    assert asked.splitlines()[-1] == "Forget which one? Run: engram forget --user ann ID"
+    assert not any(word in asked.lower() for word in TOOL_WORDS), asked
+
+
+def test_forget_speaks_to_a_person(env: dict[str, str]) -> None:
+    _, saved, _ = cli(env, "save", "--user", "ann", "User lives in San Francisco")
+    note = saved["note_id"]
+    asked = human(env, "forget", "--user", "ann", note).splitlines()
+    assert asked[0] == f"Forget 'User lives in San Francisco' ({note})? Nothing is deleted yet."
+    assert asked[1].startswith("Run the same command again before ") and asked[1].endswith(" to forget it.")
+    done = human(env, "forget", "--user", "ann", note)
+    assert done.startswith(f"Forgotten: {note}. The content cannot be recovered.")
+    assert not any(word in text.lower() for text in (*asked, done) for word in TOOL_WORDS)
+
+
+def test_get_and_the_listings_agree_on_a_notes_reads(env: dict[str, str]) -> None:
+    """`engram get` said "read 6 times" while `engram list --json` gave access_count 0."""
+    _, saved, _ = cli(env, "save", "--user", "ann", "Alec is my boss")
+    note = saved["note_id"]
+    for count in (1, 2):
+        _, got, _ = cli(env, "get", "--user", "ann", note, "--after", saved["token"])
+        _, listed, _ = cli(env, "list", "--user", "ann")
+        _, recent, _ = cli(env, "recent", "--user", "ann")
+        shown = [(n["access_count"], n["last_accessed_at"]) for n in (got, listed["notes"][0], recent["notes"][0])]
+        assert shown == [(count, got["last_accessed_at"])] * 3 and got["last_accessed_at"] is not None
+    assert "read 3 times, last " in human(env, "get", "--user", "ann", note)
 
 
 def test_list_pages_and_says_how_many_more(env: dict[str, str]) -> None:

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from engram_ledger.contracts.commands import NoteDraft
 from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.observability.health import LAG_ENTRIES_LIMIT, health
-from tests.support import ServeProcess, cli, engram_env, wait_until
+from tests.support import TEST_MODEL_CACHE, ServeProcess, cli, engram_env, wait_until
 
 # Notes the index has to embed when it starts: more than "caught up" allows, and more than the lag
 # that makes a request group or another projection "degraded" (an index catching up is "starting").
@@ -63,7 +63,8 @@ def test_health_waits_for_the_model_and_the_index(redis_url: str, tmp_path: Path
     finally:
         assert plain.stop() == 0
 
-    serve = ServeProcess(env).start()
+    # From its first line: it says it serves only once the model is loaded.
+    serve = ServeProcess(env).start(line="engram starting on")
     try:
         # The model loads in the background (seconds); until then the index cannot embed its
         # backlog. Watched here every 50 ms (a CLI call takes about a second, and a warm model
@@ -93,3 +94,36 @@ def test_health_waits_for_the_model_and_the_index(redis_url: str, tmp_path: Path
 
     code, report, _ = cli(env, "health")
     assert code == 1 and report["status"] == "down", "a stopped worker withdraws its report"
+
+
+async def _save_and_search(url: str) -> tuple[str, list[str]]:
+    async with EngramClient(url) as client:  # the default wait, as a new user's
+        saved = await client.save("newcomer", "My cat Zyzzyva sleeps on the piano")
+        found = await client.search("newcomer", "where does my cat sleep?", after=saved.token)
+    return saved.note_id, [hit.note_id for hit in found.results]
+
+
+def test_a_save_and_a_search_sent_as_the_service_starts_are_answered(redis_url: str, tmp_path: Path) -> None:
+    """Ready means ready: a fresh data dir, and a save and a search with its token sent the
+    moment the first line of the start appears, while the model still loads: both answered, the
+    search finding the note (it waits for the model within its caller's wait). The line saying
+    the service serves comes only once the model is loaded."""
+    # The model's export is the machine's, kept in the user's cache (made by the set-up, or by
+    # any earlier start), not the data dir's: a fresh data dir only loads it.
+    cache = tmp_path / "cache"
+    (cache / "engram").mkdir(parents=True)
+    (cache / "engram" / "models").symlink_to(TEST_MODEL_CACHE)
+    env = engram_env(ENGRAM_REDIS_URL=redis_url, ENGRAM_DATA_DIR=str(tmp_path / "data"), XDG_CACHE_HOME=str(cache))
+    del env["ENGRAM_MODEL_CACHE"]
+    serve = ServeProcess(env).start(timeout=60, line="engram starting on")
+    try:
+        serving_lines = [line for line in serve.lines if "engram serving on" in line]
+        note_id, found = asyncio.run(_save_and_search(redis_url))
+        assert found[:1] == [note_id]
+        wait_until(lambda: any("engram serving on" in line for line in serve.lines), timeout=60)
+        assert not serving_lines, "it said it serves before the model was loaded"
+        assert any("the embedding model loaded in" in line for line in serve.lines)
+        # Loaded from the machine's export: none made for this data dir.
+        assert not any("exporting" in line for line in serve.lines) and not (tmp_path / "data" / "models").exists()
+    finally:
+        assert serve.stop() == 0

@@ -4,6 +4,7 @@ posting to a receiver on loopback, killed with SIGKILL midway and started again.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 from collections import Counter
@@ -14,10 +15,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from engram_ledger.contracts import channels
+from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.services.adapters.redis_server import free_port
 from engram_ledger.services.bus.client import EngramClient
+from tests.integration.test_recalls import alter, user_log
 from tests.integration.test_relay import SECRET, Receiver
-from tests.support import ENGRAM_CLI, ROOT, ServeProcess, engram_env
+from tests.support import ENGRAM_CLI, ROOT, ServeProcess, cli_text, engram_env
 
 pytestmark = pytest.mark.e2e
 
@@ -96,3 +99,87 @@ async def test_a_relay_killed_midway_and_restarted_delivers_every_event_in_note_
         by_note.setdefault(note, []).append(event_id)
     for note, ids in by_note.items():
         assert [first_arrival[i] for i in ids] == sorted(first_arrival[i] for i in ids), note
+
+
+async def warm(client: EngramClient, token: str) -> None:
+    """Once the index has the write ``token`` names: the model loads in the background at start
+    (6-9 s warm, more from a cold disk cache), and a search waits for the token only 5 s."""
+    for _ in range(90):
+        try:
+            await client.search("warm-up", "anything", after=token)
+            return
+        except EngramError as e:
+            if e.code is not ErrorCode.TIMEOUT:
+                raise
+    raise AssertionError("the index did not start")
+
+
+async def test_relay_and_tail_with_content_open_recalls_and_pass_over_an_event_that_does_not_open(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """With the recall audit on, `engram relay --content` posts each recall with its query open
+    while the notes it names live, and `engram tail --content` prints it; a log entry that does
+    not open (altered) is passed over with one line, acknowledged, and what follows still comes."""
+    env = engram_env(ENGRAM_REDIS_URL=redis_url, ENGRAM_DATA_DIR=str(tmp_path / "data"), ENGRAM_RECALL_AUDIT="alice")
+    secret_file = tmp_path / "relay.secret"
+    secret_file.write_bytes(SECRET)
+    receiver = Receiver(free_port(), fail_every=10**9)
+    await receiver.start()
+    serve = ServeProcess(env).start()
+    command = [
+        *(*ENGRAM_CLI, "relay", "--url", receiver.url, "--group", "hooks", "--content"),
+        *("--secret-file", str(secret_file), "--from-start"),
+    ]
+    # To a file, not a pipe: a pipe nobody reads until the end fills, and the relay then blocks.
+    stderr_file = tmp_path / "relay.stderr"
+    with open(stderr_file, "w") as stderr_out:
+        relay = subprocess.Popen(command, env=env, cwd=ROOT, stderr=stderr_out, text=True)
+    try:
+        async with EngramClient(redis_url, timeout=30) as client:
+            alec = await client.save("alice", "Alec works at TechCorp", subject="Alec")
+            await warm(client, alec.token)
+            await client.search("alice", "where does Alec work now", min_relevance=0, after=alec.token)
+            await client.context("alice", query="Alec", min_relevance=0, after=alec.token)
+            recalls = [e for e in await user_log(redis_url, "alice") if e["type"] == "memory_recalled"]
+            assert len(recalls) == 2
+            altered = await alter(redis_url, recalls[0])
+            later = await client.save("alice", "Alec moved to Lisbon", subject="Alec")
+        await until(lambda: later.note_id in {b["event"]["note_id"] for b in receiver.bodies.values()}, 60)  # type: ignore[index]
+        assert relay.poll() is None, "the relay goes on"
+        async with aioredis.Redis.from_url(redis_url) as redis:
+            log = channels.event_log(channels.partition_of("alice", int(await redis.get(channels.PARTITIONS_KEY))))
+            assert (await redis.xpending(log, "hooks"))["pending"] == 0, "the altered entry was acked too"
+        relay.send_signal(signal.SIGTERM)
+        assert relay.wait(timeout=20) == 0
+        await tail_passes_over(env, redis_url, altered)
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+            relay.wait()
+        serve.stop()
+        await receiver.stop()
+
+    posted = {b["id"]: b["event"] for b in receiver.bodies.values()}
+    assert altered not in posted
+    assert {posted[r["event_id"]]["query"] for r in recalls} == {"where does Alec work now", "Alec"}  # type: ignore[index]
+    stderr = stderr_file.read_text()
+    said = [line for line in stderr.splitlines() if "passed over" in line]
+    assert len(said) == 1 and altered in said[0], stderr
+
+
+async def tail_passes_over(env: dict[str, str], redis_url: str, altered: str) -> None:
+    """`engram tail --content` through a group of its own: every event but the altered one (which
+    it acks all the same), recalls with their queries open."""
+    shown = len(await user_log(redis_url, "alice")) - 1
+    done = cli_text(env, "tail", "--from-start", "--content", "--json", "--group", "tail", "--user", "alice",
+                    "--count", str(shown))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert altered not in {line["event"]["event_id"] for line in lines}
+    assert {(line["event"]["query"], line["content"]) for line in lines if line["type"] == "memory_recalled"} == {
+        ("where does Alec work now", "open"),
+        ("Alec", "open"),
+    }
+    async with aioredis.Redis.from_url(redis_url) as redis:
+        log = channels.event_log(channels.partition_of("alice", int(await redis.get(channels.PARTITIONS_KEY))))
+        assert (await redis.xpending(log, "tail"))["pending"] == 0

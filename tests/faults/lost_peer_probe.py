@@ -67,7 +67,7 @@ async def probe(url: str, far: int) -> dict[str, Any]:
     broker = make_broker(url)
     await broker.connect()
     brokers_client: Redis = broker.config.broker_config.connection.client  # type: ignore[attr-defined]
-    requester = BusRequester(own, 1000)
+    requester = BusRequester(own)
     stop = asyncio.Event()
     watching = asyncio.create_task(longest_stall(stop))
     try:

@@ -305,31 +305,30 @@ async def test_a_listing_without_a_limit_is_one_page_of_the_largest_size(redis_u
 
 
 async def test_a_request_stream_keeps_big_requests_within_its_byte_budget(redis_url: str) -> None:
-    """Request streams were capped by count only: 100,000 requests of up to 8 MiB each. Each
-    request now trims its stream to the byte budget over its own size. (No service answers
-    here, so nothing else trims the stream.)"""
-    from engram_ledger.services.bus.requester import BusRequester
+    """Request streams were capped by count only: 100,000 requests of up to 8 MiB each. The gate
+    adds each request with MAXLEN ~ the byte budget over its own size. (No service answers here,
+    so nothing else trims the stream.)"""
+    from engram_ledger.services.bus.gate import Lane, RequestGate
 
     redis = aioredis.Redis.from_url(redis_url)
     budget = 4 * 1024 * 1024
-    bus = BusRequester(redis, 100_000, budget)
-    await bus.start()
     stream = channels.query_stream(0)
+    lane = Lane(channels.inbox(stream), stream)
+    gate = RequestGate(redis, 0, lane, per_user=0, maxlen=100_000, budget=budget)
 
-    async def send(body: bytes) -> None:
-        with pytest.raises(TimeoutError):
-            await bus.request(stream, body, 0.01)
+    async def admit(entry: bytes) -> None:
+        await redis.rpush(lane.inbox, entry)
+        assert await gate.admit_head() == 0
 
     try:
         for i in range(50):
-            await send(b'{"a small request": %d}' % i)
+            await admit(b'{"a small request": %d}' % i)
         assert await redis.xlen(stream) == 50, "small requests keep the count cap's backlog"
         for _ in range(10):
-            await send(b"x" * (1024 * 1024))
+            await admit(b"x" * (1024 * 1024))
         kept = sum(len(v) for _, fields in await redis.xrange(stream) for v in fields.values())
         assert 3 * 1024 * 1024 < kept <= budget, kept
     finally:
-        await bus.stop()
         await redis.aclose()
 
 

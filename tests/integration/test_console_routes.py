@@ -22,6 +22,7 @@ from engram_ledger.services.adapters.redis_server import free_port
 from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.console.app import create_app, http_server
 from engram_ledger.services.console.auth import COOKIE
+from engram_ledger.services.console.web import when
 from tests.conftest import RunningService, service_settings
 
 TOKEN = "integration-console-token-0123456789"
@@ -168,6 +169,20 @@ async def test_forgetting_asks_twice_and_reloading_the_page_never_confirms(serve
         page = await http.get(second.headers["location"])
         assert 'id="tombstone"' in page.text and "9911" not in page.text
         assert (await served.client.history("bob", saved.note_id)).status == "forgotten"
+
+
+async def test_the_console_shows_a_notes_reads_as_a_get_does_and_counts_none(served: Served) -> None:
+    saved = await served.client.save("dan", "Dan's locker is 12")
+    got = await served.client.get_note("dan", saved.note_id, after=saved.token)
+    assert got.access_count == 1
+    async with served.http(headers=BEARER) as http:
+        for _ in range(2):
+            page = await http.get("/note", params={"u": "dan", "id": saved.note_id})
+            assert page.status_code == 200 and 'id="reads">1<' in page.text
+            assert f'id="last-read">{when(got.last_accessed_at)}<' in page.text
+        listing = await http.get("/user", params={"u": "dan"})
+        assert "<dt>reads</dt><dd>1</dd>" in listing.text
+    assert (await served.client.get_note("dan", saved.note_id)).access_count == 2, "the console counted no read"
 
 
 async def test_erasing_a_user_needs_its_id_typed_and_two_calls(served: Served) -> None:

@@ -1,6 +1,6 @@
-"""One caller cannot starve the others: a flood of one user's requests, written straight onto
-the real bus as a hostile agent would, is taken in turns with everyone else's, and what is over
-the user's share is refused at once, typed, with a hint of when to try again."""
+"""One caller cannot starve the others: a flood of one user's requests, appended to the real
+bus's inboxes as a hostile agent would, is admitted no further than the user's places, and what
+is over them is refused at once, typed, with a hint of when to try again."""
 
 from __future__ import annotations
 
@@ -12,22 +12,21 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from faststream.redis.parser.binary import BinaryMessageFormatV1
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.errors import EngramError, ErrorCode
-from engram_ledger.services.bus.admission import DEFAULT_USER_IN_FLIGHT, Admission
+from engram_ledger.services.bus.admission import DEFAULT_USER_IN_FLIGHT, WAIT_HEADER
 from engram_ledger.services.bus.client import EngramClient
-from engram_ledger.services.bus.shedder import BacklogShedder
+from engram_ledger.services.bus.gate import ADMISSION_HEADER, Lane, RequestGate
 from tests.conftest import RunningService, service_settings
-from tests.support import log_events
+from tests.support import eventually, log_events
 
 FLOOD = 2_000
 
 
 async def flood(redis: aioredis.Redis, stream: str, bodies: list[dict[str, Any]]) -> asyncio.Task[list[dict[str, Any]]]:
-    """Every body written to ``stream`` in one pipeline, replies asked on one channel: a task
-    that gathers the replies' bodies."""
+    """Every body appended to ``stream``'s inbox in one pipeline, replies asked on one channel: a
+    task that gathers the replies' bodies."""
     reply_to = channels.reply_channel(f"flood-{uuid.uuid4().hex}")
     pubsub = redis.pubsub(ignore_subscribe_messages=True)
     await pubsub.subscribe(reply_to)
@@ -46,12 +45,12 @@ async def flood(redis: aioredis.Redis, stream: str, bodies: list[dict[str, Any]]
     async with redis.pipeline(transaction=False) as pipe:
         for i, body in enumerate(bodies):
             headers = {"reply_to": reply_to, "correlation_id": f"c-{i}"}
-            pipe.xadd(stream, {"__data__": json.dumps({"data": json.dumps(body), "headers": headers})})
+            pipe.rpush(channels.inbox(stream), json.dumps({"data": json.dumps(body), "headers": headers}))
         await pipe.execute()
     return gathering
 
 
-async def test_a_flood_written_straight_onto_the_bus_is_answered_in_full_and_refused_past_the_share(
+async def test_a_flood_appended_to_an_inbox_is_answered_in_full_and_refused_past_the_share(
     redis_url: str,
 ) -> None:
     running = await RunningService(
@@ -59,7 +58,7 @@ async def test_a_flood_written_straight_onto_the_bus_is_answered_in_full_and_ref
     ).start()
     try:
         async with aioredis.Redis.from_url(redis_url) as redis, EngramClient(redis_url, timeout=60) as bob:
-            # given one user's 2,000 saves on the stream at once, as a hostile agent writes them
+            # given one user's 2,000 saves in the inbox at once, as a hostile agent appends them
             saves = [
                 {"type": "save_note", "command_id": f"f-{i}", "user_id": "flood", "content": f"flood note {i}"}
                 for i in range(FLOOD)
@@ -112,6 +111,14 @@ async def test_one_clients_flood_waits_its_turn_in_the_client_and_others_are_not
         await running.stop()
 
 
+async def _hold_places(redis: aioredis.Redis, user: str, count: int) -> list[str]:
+    """Places of the user taken by other clients' requests, for longer than any wait here."""
+    places = [f"elsewhere-{i}" for i in range(count)]
+    far = (await redis.time())[0] * 1000 + 60_000
+    await redis.zadd(channels.in_flight(0, user), dict.fromkeys(places, far))
+    return places
+
+
 async def test_a_user_whose_places_other_clients_hold_past_the_wait_is_refused_with_when_to_try_again(
     redis_url: str,
 ) -> None:
@@ -120,21 +127,34 @@ async def test_a_user_whose_places_other_clients_hold_past_the_wait_is_refused_w
         async with aioredis.Redis.from_url(redis_url) as redis, EngramClient(redis_url, timeout=1) as agent:
             # given every place of the user held by other clients' requests for longer than this
             # client waits for a reply (1 s)
-            others = Admission(redis, DEFAULT_USER_IN_FLIGHT)
-            for i in range(DEFAULT_USER_IN_FLIGHT):
-                await others.take(0, "flood", f"elsewhere-{i}", hold_ms=30_000)
+            places = await _hold_places(redis, "flood", DEFAULT_USER_IN_FLIGHT)
             with pytest.raises(EngramError) as refused:
                 await agent.save("flood", "one too many", advise=False)
-            assert refused.value.code is ErrorCode.RATE_LIMITED and refused.value.retry_after_ms == 1_000
-            assert "for the last 1 s" in refused.value.message, "it waited for a place before it gave up"
-            assert await redis.xinfo_stream(channels.command_stream(0)) is not None
+            assert refused.value.code is ErrorCode.RATE_LIMITED and refused.value.retry_after_ms
+            assert "send this request again in" in refused.value.message
             # nothing was sent; another user is served; and once a place is given back, so is it
             assert await agent.save("bob", "not refused", advise=False)
-            await others.release(0, "flood", "elsewhere-0")
+            await redis.zrem(channels.in_flight(0, "flood"), places[0])
             assert await agent.save("flood", "one too many", advise=False)
         assert len([e for e in await log_events(redis_url) if e.user_id == "flood"]) == 1, (
             "the refused one sent nothing"
         )
+    finally:
+        await running.stop()
+
+
+async def test_a_request_waits_for_a_place_another_client_gives_back(redis_url: str) -> None:
+    """Two clients of one user: while the other holds both places, a request is sent again
+    until one is given back, rather than refused while the other's are answered."""
+    running = await RunningService(service_settings(redis_url, index_enabled=False)).start()
+    try:
+        async with aioredis.Redis.from_url(redis_url) as redis, EngramClient(redis_url, timeout=30) as mine:
+            places = await _hold_places(redis, "erin", DEFAULT_USER_IN_FLIGHT)
+            waiting = asyncio.create_task(mine.save("erin", "waits for a place", advise=False))
+            done, _ = await asyncio.wait({waiting}, timeout=0.3)
+            assert not done, "it waits while the other client holds both places"
+            await redis.zrem(channels.in_flight(0, "erin"), places[0])
+            assert (await asyncio.wait_for(waiting, 10)).version == 1
     finally:
         await running.stop()
 
@@ -159,91 +179,104 @@ async def test_a_flood_of_queries_is_refused_past_the_users_share_and_others_are
         await running.stop()
 
 
-async def test_the_shedder_refuses_only_unread_requests_past_a_users_share_in_the_format_sent(redis_url: str) -> None:
+async def test_the_gate_admits_a_users_share_and_refuses_the_rest_in_the_format_sent(redis_url: str) -> None:
     stream = channels.query_stream(0)
+    lane = Lane(channels.inbox(stream), stream)
     async with aioredis.Redis.from_url(redis_url) as redis:
-        await redis.xgroup_create(stream, channels.QUERY_GROUP, id="0", mkstream=True)
+        gate = RequestGate(redis, 0, lane, per_user=3, maxlen=100_000)
         pubsub = redis.pubsub(ignore_subscribe_messages=True)
-        await pubsub.subscribe("engram:replies:shed")
-        # given a worker that has read (taken) the first two entries of one user
+        await pubsub.subscribe("engram:replies:gate")
         binary = await BinaryMessageFormatV1.encode(
             message=b'{"type": "list_notes", "user_id": "flood"}',
-            reply_to="engram:replies:shed",
+            reply_to="engram:replies:gate",
             headers={},
             correlation_id="bin-0",
         )
-        await redis.xadd(stream, {"__data__": binary})
-        await redis.xadd(stream, {"__data__": binary})
-        await redis.xreadgroup(channels.QUERY_GROUP, "worker", {stream: ">"}, count=2)
-        # and behind them 300 more of that user (binary and JSON) and one of another
-        async with redis.pipeline(transaction=False) as pipe:
-            for i in range(300):
-                envelope = {
-                    "data": '{"type": "list_notes", "user_id": "flood"}',
-                    "headers": {"reply_to": "engram:replies:shed", "correlation_id": f"json-{i}"},
-                }
-                pipe.xadd(stream, {"__data__": binary if i % 2 else json.dumps(envelope)})
-            pipe.xadd(stream, {"__data__": b'{"type": "list_notes", "user_id": "bob"}'})
-            await pipe.execute()
-        shedder = BacklogShedder(redis, stream, channels.QUERY_GROUP, per_user=3, backlog=100)
-        # when it sheds
-        assert await shedder.shed() == 297
-        # then what was read stays, the user's first three unread stay, and the other user's
-        left = [fields[b"__data__"] for _, fields in await redis.xrange(stream)]
-        assert len(left) == 2 + 3 + 1 and left[-1] == b'{"type": "list_notes", "user_id": "bob"}'
-        # and each refused request was answered in its own format
+        # given 300 requests of one user (binary and JSON) and one of another
+        entries: list[bytes] = []
+        for i in range(300):
+            envelope = {
+                "data": '{"type": "list_notes", "user_id": "flood"}',
+                "headers": {"reply_to": "engram:replies:gate", "correlation_id": f"json-{i}"},
+            }
+            entries.append(binary if i % 2 else json.dumps(envelope).encode())
+        entries.append(b'{"type": "list_notes", "user_id": "bob"}')
+        # when the gate admits them
+        await redis.rpush(lane.inbox, *entries)
+        assert await _drain(gate) == 297 and not await redis.exists(lane.inbox)
+        # then the user's first three and the other user's are in the stream, each with its place
+        admitted = [fields for _, fields in await redis.xrange(stream)]
+        assert len(admitted) == 3 + 1 and admitted[-1][b"__data__"] == entries[-1]
+        assert await redis.zcard(channels.in_flight(0, "flood")) == 3
+        assert {f[b"engram-place"] for f in admitted[:3]} == set(
+            await redis.zrange(channels.in_flight(0, "flood"), 0, -1)
+        )
+        assert await redis.pttl(channels.in_flight(0, "flood")) > 0, "the places lapse on their own"
+        # and each refused request was answered in its own format, marked as not admitted
         replies = []
         async with asyncio.timeout(10):
             while len(replies) < 297:
                 if (message := await pubsub.get_message(timeout=1.0)) is not None:
                     replies.append(message["data"])
-        assert len(replies) == 297
         jsons = [json.loads(r) for r in replies if r.startswith(b"{")]
         binaries = [BinaryMessageFormatV1.parse(r) for r in replies if not r.startswith(b"{")]
         assert jsons and binaries and len(jsons) + len(binaries) == 297
         assert json.loads(jsons[0]["data"])["code"] == "RATE_LIMITED" and jsons[0]["headers"]["correlation_id"]
+        assert jsons[0]["headers"][ADMISSION_HEADER] == "full"
         body, headers = binaries[0]
         assert json.loads(body)["code"] == "RATE_LIMITED" and headers["correlation_id"] == "bin-0"
         await pubsub.aclose()
 
 
-async def test_places_a_client_could_not_give_back_do_not_refuse_its_retries(redis_url: str) -> None:
-    """Redis restarting (the faults tests kill it) fails the give-back of requests that timed
-    out: the client's retries were refused by its own dead requests until they lapsed."""
+async def test_a_place_lapses_when_its_callers_wait_ends(redis_url: str) -> None:
+    """A request whose worker died keeps its place no longer than its caller waits: the gate
+    clears lapsed places, and the set expires with its last place."""
+    stream = channels.command_stream(0)
+    lane = Lane(channels.inbox(stream), stream)
     async with aioredis.Redis.from_url(redis_url) as redis:
-        admission = Admission(redis, per_user=2)
-        for request in ("a", "b"):
-            await admission.take(0, "ada", request, hold_ms=60_000)
-        zrem = redis.zrem
-
-        # redis-py's own error, and what it can leak from a connection Redis just closed
-        lost = iter([RedisConnectionError("Redis is restarting"), AttributeError("'NoneType' has no 'writelines'")])
-
-        async def unreachable(*args: Any) -> Any:
-            raise next(lost)
-
-        redis.zrem = unreachable  # type: ignore[method-assign]
-        for request in ("a", "b"):
-            await admission.release(0, "ada", request)  # does not raise: kept for later
-        redis.zrem = zrem  # type: ignore[method-assign]
-        await admission.take(0, "ada", "c", hold_ms=60_000)  # gives a and b back first
-        assert await redis.zrange(channels.in_flight(0, "ada"), 0, -1) == [b"c"]
+        gate = RequestGate(redis, 0, lane, per_user=2, maxlen=100_000)
+        quick = await BinaryMessageFormatV1.encode(
+            message=b'{"type": "save_note", "user_id": "ada"}',
+            reply_to=None,
+            headers={WAIT_HEADER: "0"},
+            correlation_id="q",
+        )
+        await redis.rpush(lane.inbox, quick, quick, quick)
+        assert await _drain(gate) == 1, "two places, the third refused"
+        # then, once their holds have run out (the caller's wait and a grace of a second)
+        assert await eventually(lambda: _admitted(redis, gate, quick), timeout=30, what="a lapsed place taken again")
+        await eventually(lambda: _gone(redis, channels.in_flight(0, "ada")), timeout=30, what="the set to expire")
 
 
-async def test_a_request_waits_for_a_place_another_client_gives_back(redis_url: str) -> None:
-    """Two clients of one user: the second's requests wait for a place the first gives back,
-    rather than being refused while the first's requests are answered within milliseconds."""
+async def _drain(gate: RequestGate) -> int:
+    """Admit batches until the inbox is empty; how many requests were refused."""
+    refused = 0
+    while (some := await gate.admit_head()) is not None:
+        refused += some
+    return refused
+
+
+async def _admitted(redis: aioredis.Redis, gate: RequestGate, entry: bytes) -> bool:
+    await redis.rpush(gate.lane.inbox, entry)
+    return await gate.admit_head() == 0
+
+
+async def test_gates_of_several_workers_admit_each_request_once_and_lose_none(redis_url: str) -> None:
+    """Four gates on one inbox at once: every request reaches the stream exactly once."""
+    stream = channels.command_stream(0)
+    lane = Lane(channels.inbox(stream), stream)
     async with aioredis.Redis.from_url(redis_url) as redis:
-        other = Admission(redis, per_user=2)
-        for request in ("a", "b"):
-            await other.take(0, "erin", request, hold_ms=60_000)
-        mine = Admission(redis, per_user=2)
-        waiting = asyncio.create_task(mine.take(0, "erin", "c", hold_ms=60_000, wait=5.0))
-        await asyncio.sleep(0.1)
-        assert not waiting.done(), "it waits while the other client holds both places"
-        await other.release(0, "erin", "a")
-        await asyncio.wait_for(waiting, 2.0)
-        # and a wait that runs out is refused, with a hint of about a second
-        with pytest.raises(EngramError) as refused:
-            await mine.take(0, "erin", "d", hold_ms=60_000, wait=0.05)
-        assert refused.value.code is ErrorCode.RATE_LIMITED and refused.value.retry_after_ms == 1_000
+        gates = [RequestGate(redis, 0, lane, per_user=0, maxlen=100_000, batch=7) for _ in range(4)]
+        sent = [b'{"type": "save_note", "user_id": "u%d", "n": %d}' % (i % 13, i) for i in range(3_000)]
+
+        async with redis.pipeline(transaction=False) as pipe:
+            for entry in sent:
+                pipe.rpush(lane.inbox, entry)
+            await pipe.execute()
+        await asyncio.gather(*(_drain(g) for g in gates))
+        written = [fields[b"__data__"] for _, fields in await redis.xrange(stream)]
+        assert written == sent
+
+
+async def _gone(redis: aioredis.Redis, key: str) -> bool:
+    return not await redis.exists(key)

@@ -5,7 +5,9 @@ be counted and who may call it is tried from every side."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,7 +20,7 @@ import uvicorn
 from engram_ledger.contracts import channels
 from engram_ledger.services.adapters.redis_server import free_port
 from engram_ledger.services.agents.mcp_server import MAX_DISPATCHERS, USER_HEADER, Dispatchers, build_server, http_app
-from engram_ledger.services.agents.mcp_sessions import SessionLimits
+from engram_ledger.services.agents.mcp_sessions import SessionLimits, _sessions_of
 from engram_ledger.services.agents.tokens import EngramTokenVerifier, GatewayVerifier, TokenRegistry
 from engram_ledger.services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
@@ -76,12 +78,32 @@ class Front:
         registry: TokenRegistry,
         dispatchers: Dispatchers,
         limits: SessionLimits,
+        server: Any,
     ) -> None:
         self.url, self.http, self.registry, self.dispatchers = url, http, registry, dispatchers
-        self.limits = limits
+        self.limits, self.server = limits, server
 
     def session(self, token: str | None) -> McpHttp:
         return McpHttp(self.http, self.url, token)
+
+    def open_sessions(self) -> set[str]:
+        """The sessions the SDK's session manager holds open, whoever holds them."""
+        return set(_sessions_of(self.server)._server_instances)
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[str]:
+    """``app`` under uvicorn on a free port, until the block ends; its MCP endpoint's URL."""
+    web = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    running = asyncio.create_task(web.serve())
+    while not web.started:
+        assert not running.done(), "uvicorn did not start"
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{web.config.port}/mcp"
+    finally:
+        web.should_exit = True
+        await running
 
 
 @pytest.fixture
@@ -96,21 +118,15 @@ async def front(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator
             server = build_server(client, "engram", None, dispatchers=dispatchers)
             limits = SessionLimits(verifier, per_token=SESSIONS_PER_TOKEN, check_seconds=0.2)
             app = http_app(server, verifier, session_idle_seconds=idle, limits=limits)
-            web = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
-            serving = asyncio.create_task(web.serve())
-            while not web.started:
-                assert not serving.done(), "uvicorn did not start"
-                await asyncio.sleep(0.01)
-            stop = asyncio.Event()
-            checking = asyncio.create_task(limits.run(stop))
-            try:
-                async with httpx.AsyncClient(timeout=30) as http:
-                    yield Front(f"http://127.0.0.1:{web.config.port}/mcp", http, registry, dispatchers, limits)
-            finally:
-                stop.set()
-                await checking
-                web.should_exit = True
-                await serving
+            async with serving(app) as url:
+                stop = asyncio.Event()
+                checking = asyncio.create_task(limits.run(stop))
+                try:
+                    async with httpx.AsyncClient(timeout=30) as http:
+                        yield Front(url, http, registry, dispatchers, limits, server)
+                finally:
+                    stop.set()
+                    await checking
     finally:
         await running.stop()
 
@@ -256,6 +272,50 @@ async def test_one_token_cannot_take_every_session_of_the_server(front: Front) -
     # and once the greedy token ends a session, it may open one again
     assert (await front.http.delete(front.url, headers=held[0].headers)).status_code == 200
     await front.session(greedy).start(None)
+
+
+CONCURRENT = 1_000
+
+
+async def test_a_token_opening_a_thousand_sessions_at_once_gets_its_limit_and_429s(front: Front) -> None:
+    """The limit was checked before a session was recorded: 150 concurrent initialize calls
+    with one token opened 136 sessions, and 1,000 made the token check run out of Redis
+    connections (HTTP 500). Now a place is taken before the SDK sees the request, and the token
+    checks wait their turn: exactly the limit is opened, every other call is refused 429."""
+    token, record = await front.registry.create(user_id="rushing-rob")
+    limits = httpx.Limits(max_connections=CONCURRENT, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        calls = [McpHttp(http, front.url, token).post(None, "initialize", INITIALIZE) for _ in range(CONCURRENT)]
+        answers = await asyncio.gather(*calls)
+    statuses = Counter(a.status_code for a in answers)
+    assert set(statuses) <= {200, 429}, {a.status_code: a.text for a in answers if a.status_code not in (200, 429)}
+    assert statuses[200] == SESSIONS_PER_TOKEN, statuses
+    refused = next(a for a in answers if a.status_code == 429)
+    assert refused.headers["retry-after"] == "5"
+    assert "its limit" in refused.json()["error"]["message"]
+    opened = {a.headers["mcp-session-id"] for a in answers if a.status_code == 200}
+    assert front.open_sessions() == opened
+    assert front.limits.held_by(f"token/{record.id}") == SESSIONS_PER_TOKEN
+    # The refused calls gave their places back: ending one session lets the token open one again.
+    one = front.session(token)
+    one.headers |= {"mcp-session-id": opened.pop(), "mcp-protocol-version": PROTOCOL}
+    assert (await front.http.delete(front.url, headers=one.headers)).status_code == 200
+    await front.session(token).start(None)
+
+
+async def test_a_token_that_cannot_be_checked_is_answered_503_not_500(redis_url: str) -> None:
+    """A token check that cannot reach Redis was an unhandled error: HTTP 500. It is a 503 with
+    Retry-After, in plain words: the token may be good, the caller tries again later."""
+    nowhere = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    async with aioredis.Redis.from_url(nowhere) as redis:
+        verifier = EngramTokenVerifier(TokenRegistry(redis))
+        # No tool is called: the client is never connected.
+        app = http_app(build_server(EngramClient(redis_url), "engram", None), verifier)
+        async with serving(app) as url, httpx.AsyncClient(timeout=30) as http:
+            answered = await McpHttp(http, url, "engram_" + "x" * 43).post(None, "initialize", INITIALIZE)
+    assert answered.status_code == 503, answered.text
+    assert answered.headers["retry-after"] == "5"
+    assert "could not be checked" in answered.json()["error"]["message"]
 
 
 async def test_a_revoked_tokens_open_sessions_and_event_streams_are_ended(front: Front) -> None:

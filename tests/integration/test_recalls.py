@@ -7,13 +7,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
+import msgspec
 import pytest
+import redis.asyncio as aioredis
 
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.events import MemoryRecalled
 from engram_ledger.contracts.model import Origin, RecallView
 from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.bus.deliveries import ContentState, Delivery
+from engram_ledger.services.cli import render
 from tests.conftest import RunningService, service_settings
-from tests.support import leaked
+from tests.support import leaked, master_key_for_tests
 
 
 @pytest.fixture
@@ -105,6 +112,105 @@ async def test_finding_what_to_forget_is_no_recall_and_erasing_a_session_erases_
     assert erased.status == "forgotten"
     left = (await client.recalls("alice", after=erased.token)).recalls
     assert [r.session_id for r in left] == ["s-8"]
+
+
+async def user_log(redis_url: str, user: str) -> list[dict[str, Any]]:
+    """The user's events in the log (their partition's, in log order), as JSON objects."""
+    async with aioredis.Redis.from_url(redis_url) as redis:
+        log = channels.event_log(channels.partition_of(user, int(await redis.get(channels.PARTITIONS_KEY))))
+        events = [msgspec.json.decode(fields[b"e"]) for _, fields in await redis.xrange(log)]
+    return [e for e in events if e["user_id"] == user]
+
+
+async def alter(redis_url: str, event: dict[str, Any]) -> str:
+    """A copy of ``event`` appended to the log under another event id: its sealed fields are bound
+    to the id they were sealed with, so it no longer opens. A recall's copy (its version already
+    applied) leaves the projections as they were. The copy's id."""
+    user = event["user_id"]
+    altered = {**event, "event_id": f"altered-{event['event_id']}"}
+    async with aioredis.Redis.from_url(redis_url) as redis:
+        log = channels.event_log(channels.partition_of(user, int(await redis.get(channels.PARTITIONS_KEY))))
+        await redis.xadd(log, {"e": msgspec.json.encode(altered), "u": user})
+    return str(altered["event_id"])
+
+
+async def test_a_search_that_showed_nothing_keeps_no_query_text(audited: tuple[RunningService, EngramClient]) -> None:
+    service, client = audited
+    alec = await client.save("alice", "Alec works at TechCorp", category="work", subject="Alec")
+    asked = "where does Alec work now"
+    # The floor at its highest: nothing is relevant enough to show.
+    assert (await client.search("alice", asked, min_relevance=1.0, after=alec.token)).results == []
+    (recall,) = await recalled(client, "alice", 1)
+    # What was asked is recorded (asked, when, by whom, that it showed nothing); its text is not.
+    assert (recall.kind, recall.notes, recall.asked, recall.query) == ("search", [], True, None)
+    assert "(query not kept: it showed nothing)" in render.recalls(await client.recalls("alice")).plain
+    gone = await client.forget("alice", note_ids=[alec.note_id], confirmed=True)
+    (after,) = (await client.recalls("alice", after=gone.token)).recalls
+    assert after.query is None and after.asked
+    for needle in (asked, "does Alec work", "Alec work"):
+        assert await leaked(service.settings.redis_url, needle.encode()) == [], needle
+
+
+async def test_a_query_goes_with_a_note_whose_subject_it_names_though_it_did_not_show_it(
+    audited: tuple[RunningService, EngramClient],
+) -> None:
+    service, client = audited
+    alec = await client.save("alice", "Alec works at TechCorp", category="work", subject="Alec")
+    tea = await client.save("alice", "I drink green tea every morning", category="home")
+    asked = "does Alec's team drink tea too?"
+    hits = await client.search("alice", asked, category="home", min_relevance=0, after=tea.token)
+    assert [h.note_id for h in hits.results] == [tea.note_id]
+    (recall,) = await recalled(client, "alice", 1)
+    assert (recall.query, recall.notes) == (asked, [tea.note_id])
+
+    gone = await client.forget("alice", note_ids=[alec.note_id], confirmed=True)
+    (after,) = (await client.recalls("alice", after=gone.token)).recalls
+    # Forgetting Alec's note takes the query that named Alec with it, though only tea was shown.
+    assert (after.query, after.notes, after.asked) == (None, [tea.note_id], True)
+    assert await leaked(service.settings.redis_url, b"team drink tea") == []
+
+
+async def test_a_subscriber_with_the_key_reads_recalls_and_passes_over_an_event_that_does_not_open(
+    audited: tuple[RunningService, EngramClient],
+) -> None:
+    service, client = audited
+    alec = await client.save("alice", "Alec works at TechCorp", category="work", subject="Alec")
+    tea = await client.save("alice", "I drink green tea every morning", category="home")
+    await client.search("alice", "where does Alec work now", min_relevance=0, after=tea.token)
+    await client.search("alice", "what does Alec drink", category="home", min_relevance=0)
+    made = {r.recall_id for r in await recalled(client, "alice", 2)}
+    first = next(e for e in await user_log(service.settings.redis_url, "alice") if e["type"] == "memory_recalled")
+    altered = await alter(service.settings.redis_url, first)
+    later = await client.save("alice", "Alec moved to Lisbon", subject="Alec")
+
+    async def read(group: str) -> list[Delivery]:
+        seen = []
+        async with client.events(group, from_start=True, users=["alice"], key=master_key_for_tests()) as events:
+            async for delivery in events:
+                seen.append(delivery)
+                await delivery.ack()
+                if delivery.event.note_id == later.note_id:
+                    return seen
+        return seen
+
+    seen = await asyncio.wait_for(read("audit"), 30)
+    recalls = {d.event.note_id: d for d in seen if isinstance(d.event, MemoryRecalled)}
+    assert set(recalls) == made
+    assert all(d.content is ContentState.OPEN for d in recalls.values())
+    asked = {d.event.query for d in recalls.values() if isinstance(d.event, MemoryRecalled)}
+    assert asked == {"where does Alec work now", "what does Alec drink"}
+    # The altered copy was passed over (and acked), and what came after it delivered.
+    assert altered not in {d.event.event_id for d in seen} and seen[-1].event.note_id == later.note_id
+    async with aioredis.Redis.from_url(service.settings.redis_url) as redis:
+        log = channels.event_log(channels.partition_of("alice", service.settings.partitions))
+        assert (await redis.xpending(log, "audit"))["pending"] == 0
+
+    # Once Alec's note is forgotten, both queries are gone for a subscriber too: one showed it,
+    # the other named its subject.
+    await client.forget("alice", note_ids=[alec.note_id], confirmed=True)
+    again = {d.event.note_id: d for d in await asyncio.wait_for(read("later"), 30) if d.event.note_id in recalls}
+    assert set(again) == made
+    assert all(d.content is ContentState.ERASED and d.event.query is None for d in again.values())
 
 
 def test_an_export_with_recalls_can_be_imported() -> None:

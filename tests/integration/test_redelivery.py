@@ -14,9 +14,10 @@ from engram_ledger.contracts.channels import PARTITIONS_KEY
 from engram_ledger.contracts.commands import SaveNote
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.services.bus.client import EngramClient
+from engram_ledger.services.bus.gate import Lane, RequestGate
 from engram_ledger.services.bus.reclaimer import ATTEMPT_FIELD, DEAD_LETTERS_KEPT, PendingReclaimer
 from tests.conftest import RunningService, service_settings
-from tests.support import log_events
+from tests.support import eventually, log_events
 
 
 async def test_a_dead_consumers_pending_command_is_claimed_and_answered(redis_url: str) -> None:
@@ -28,7 +29,14 @@ async def test_a_dead_consumers_pending_command_is_claimed_and_answered(redis_ur
         request = asyncio.create_task(
             client.execute(SaveNote(command_id="orphan", user_id="alice", content="taken by a dying worker"), object)  # type: ignore[arg-type]
         )
-        # A worker reads the command into its pending list, then dies without acking.
+        # A worker's gate admits the command, the worker reads it into its pending list, then
+        # dies without acking.
+        gate = RequestGate(redis, 0, Lane(channels.inbox(stream), stream), per_user=2, maxlen=1_000)
+
+        async def admitted() -> bool:
+            return await gate.admit_head() is not None
+
+        await eventually(admitted, 10, what="the command in the inbox")
         grabbed = await redis.xreadgroup(channels.COMMAND_GROUP, "dead-worker", {stream: ">"}, count=1, block=5000)
         assert grabbed and len(grabbed[0][1]) == 1
         running = await RunningService(service_settings(redis_url, claim_idle_ms=300)).start()

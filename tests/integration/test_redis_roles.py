@@ -255,9 +255,13 @@ async def test_no_role_reaches_a_partition_the_deployment_does_not_have(roles: R
         try:
             await _refused(
                 *(
-                    (f"{role}: XADD {stream}", lambda s=stream, c=r: c.xadd(s, {"__data__": "junk"}))
+                    (f"{role}: {verb} {key}", call)
                     for tag in (beyond, made_up)
                     for stream in (f"engram:{tag}:commands", f"engram:{tag}:queries")
+                    for verb, key, call in (
+                        ("XADD", stream, lambda s=stream, c=r: c.xadd(s, {"__data__": "junk"})),
+                        ("RPUSH", f"{stream}:inbox", lambda s=stream, c=r: c.rpush(f"{s}:inbox", "junk")),
+                    )
                 )
             )
         finally:
@@ -272,6 +276,75 @@ async def test_no_role_reaches_a_partition_the_deployment_does_not_have(roles: R
         )
     finally:
         await r.aclose()
+
+
+async def test_an_agent_appends_requests_and_can_do_nothing_else_to_the_bus(roles: Roles) -> None:
+    """The agent's one write is RPUSH onto its partitions' inboxes: it cannot take or hold a
+    user's places, trim or delete a request stream or an inbox, or read what waits there."""
+    p = 0
+    bob_places = channels.in_flight(p, "bob")
+    commands, queries = channels.command_stream(p), channels.query_stream(p)
+    r = aioredis.Redis.from_url(roles.url("agent"))
+    try:
+        await _refused(
+            ("ZADD a user's places", lambda: r.zadd(bob_places, {"p1": 99999999999999, "p2": 99999999999998})),
+            ("ZREM a user's places", lambda: r.zrem(bob_places, "p1")),
+            ("DEL a user's places", lambda: r.delete(bob_places)),
+            ("XADD MAXLEN 0 to the queries", lambda: r.xadd(queries, {"junk": "x"}, maxlen=0)),
+            ("XADD to the commands", lambda: r.xadd(commands, {"__data__": "junk"})),
+            ("XTRIM the queries", lambda: r.xtrim(queries, maxlen=0)),
+            ("XDEL from the commands", lambda: r.xdel(commands, "0-1")),
+            ("DEL the queries", lambda: r.delete(queries)),
+            ("DEL an inbox", lambda: r.delete(channels.inbox(queries))),
+            ("LTRIM an inbox", lambda: r.ltrim(channels.inbox(queries), 0, 0)),
+            ("LPOP an inbox", lambda: r.lpop(channels.inbox(queries))),
+            ("LRANGE an inbox", lambda: r.lrange(channels.inbox(queries), 0, -1)),
+            ("LPUSH an inbox (to the front)", lambda: r.lpush(channels.inbox(queries), "first")),
+            ("RPUSH to a key of its own making", lambda: r.rpush("engram:{0}:mine", "x")),
+            ("EVAL a script", lambda: r.eval("return 1", 0)),
+            ("FCALL a function", lambda: r.execute_command("FCALL", "engram_admit", "0")),
+        )
+    finally:
+        await r.aclose()
+
+
+async def test_a_flood_through_the_inbox_cannot_make_another_users_requests_time_out(roles: Roles) -> None:
+    """As the agent role, one user's requests appended without pause (and, for good measure, the
+    old ways to jam the bus tried on the way): another agent's saves and searches for another
+    user of the same partition are all answered within their timeout."""
+    flooder = aioredis.Redis.from_url(roles.url("agent"))
+    p = channels.partition_of("mallory", PARTITIONS)
+    user = next(u for u in (_user() for _ in range(1000)) if channels.partition_of(u, PARTITIONS) == p)
+    body = json.dumps({"data": json.dumps({"type": "list_notes", "user_id": "mallory"}), "headers": {}})
+    done = asyncio.Event()
+    appended = 0
+
+    async def flood() -> None:
+        nonlocal appended
+        while not done.is_set() and appended < 200_000:
+            async with flooder.pipeline(transaction=False) as pipe:
+                for _ in range(2_000):
+                    pipe.rpush(channels.inbox(channels.query_stream(p)), body)
+                await pipe.execute()
+            appended += 2_000
+        with pytest.raises(NoPermissionError):
+            await flooder.xadd(channels.query_stream(p), {"junk": "x"}, maxlen=0)
+        with pytest.raises(NoPermissionError):
+            await flooder.zadd(channels.in_flight(p, user), {"held": 99999999999999})
+
+    try:
+        async with EngramClient(roles.other_agent_url, timeout=10) as other:
+            flooding = asyncio.create_task(flood())
+            saved = await other.save(user, "My bike is the green one by the door", advise=False)
+            found = [await other.search(user, "which bike is mine?", after=saved.token) for _ in range(6)]
+            again = await other.save(user, "and my helmet is red", advise=False)
+            done.set()
+            await flooding
+        assert appended >= 2_000, "the flood was on while they were answered"
+        assert all(f.results and f.results[0].note_id == saved.note_id for f in found)
+        assert again.version == 1
+    finally:
+        await flooder.aclose()
 
 
 async def test_an_agent_cannot_delete_at_once_through_the_operators_stream(roles: Roles) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import zlib
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -281,3 +282,90 @@ async def test_a_receiver_answering_with_a_huge_body_is_read_no_further_than_a_b
         receiver.close()
     assert sent["posts"] == 1, "acknowledged on the first 200: not posted again"
     assert sent["bytes"] < 64 << 20, f"{sent['bytes']} bytes of the answer taken before the relay hung up"
+
+
+async def test_a_receiver_that_trickles_its_answer_is_cut_off_at_the_post_deadline_and_the_rest_flow(
+    service: RunningService, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A receiver that sends one byte a second never trips httpx's timeout (each read is quick):
+    the deadline of a whole post abandons it, the post is retried as any failure is, and the
+    events of other lanes reach the receiver meanwhile."""
+    deadline = 1.0
+    async with EngramClient(redis_url, timeout=30, operator=True) as client:
+        for n in range(12):
+            await client.save("alice", f"note {n}")
+    ids = await log_event_ids(redis_url, 2)
+    slow = ids[0]
+    trickled: list[float] = []  # how long each trickled post lasted before the relay hung up
+    accepted: dict[str, tuple[int, float]] = {}  # event id -> (attempt, when)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        headers = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:] if b": " in line)
+        await reader.readexactly(int(headers[b"Content-Length"]))
+        event_id, attempt = headers[EVENT_ID_HEADER.encode()].decode(), int(headers[ATTEMPT_HEADER.encode()])
+        try:
+            if event_id == slow and attempt <= 2:
+                began = asyncio.get_running_loop().time()
+                for byte in b"HTTP/1.1 204 No Content\r\n\r\n" * 4:  # a minute's worth
+                    writer.write(bytes([byte]))
+                    await writer.drain()
+                    try:  # one byte a second, until the relay hangs up (EOF)
+                        if await asyncio.wait_for(reader.read(1), 1.0) == b"":
+                            break
+                    except TimeoutError:
+                        pass
+                trickled.append(asyncio.get_running_loop().time() - began)
+                return
+            accepted.setdefault(event_id, (attempt, asyncio.get_running_loop().time()))
+            writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+            await writer.drain()
+        except (ConnectionError, OSError):
+            pass  # the relay hung up
+        finally:
+            writer.close()
+
+    receiver = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = receiver.sockets[0].getsockname()[1]
+    stop = asyncio.Event()
+    options = RelayOptions(
+        url=f"http://127.0.0.1:{port}/hook",
+        group="trickle",
+        secret=SECRET,
+        from_start=True,
+        retry=RetryPolicy(give_up_after=60, first_delay=0.05, max_delay=0.1),
+        post_seconds=deadline,
+    )
+    relaying = asyncio.create_task(run_relay(redis_url, False, options, stop))
+    try:
+
+        async def all_in() -> None:
+            while not set(ids) <= set(accepted):
+                assert not relaying.done(), relaying
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(all_in(), 20)
+    finally:
+        stop.set()
+        await asyncio.wait_for(relaying, 30)
+        receiver.close()
+    # Abandoned at the deadline both times (not after the minute the receiver would take), then
+    # answered on the third attempt.
+    assert len(trickled) == 2 and all(deadline - 0.1 <= t < deadline + 1.5 for t in trickled), trickled
+    assert accepted[slow][0] == 3
+    # Events of the other lanes were delivered while the slow one was being retried.
+    lane = {i: zlib.crc32(note.encode()) % 8 for i, note in (await log_event_notes(redis_url, 2)).items()}
+    others = [i for i in ids if lane[i] != lane[slow]]
+    assert others and all(accepted[i][1] < accepted[slow][1] for i in others)
+    assert any("no whole answer within 1 s" in r.getMessage() for r in caplog.records), "the failure is logged"
+
+
+async def log_event_notes(redis_url: str, partitions: int) -> dict[str, str]:
+    """Each event id of the log, with the ``user/note`` its lane is chosen by."""
+    async with aioredis.Redis.from_url(redis_url) as redis:
+        found = {}
+        for p in range(partitions):
+            for _, fields in await redis.xrange(channels.event_log(p)):
+                event = msgspec.json.decode(fields[b"e"])
+                found[event["event_id"]] = f"{event['user_id']}/{event['note_id']}"
+        return found

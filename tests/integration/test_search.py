@@ -65,6 +65,35 @@ async def test_search_never_returns_another_users_note_even_with_identical_text(
     assert (await client.search("mallory", "Alec boss", top_k=20)).results == []
 
 
+async def test_no_score_or_rank_of_a_user_depends_on_another_users_notes(client: EngramClient) -> None:
+    """BM25's statistics are the user's own: dave's hits (ids, order, every score and the
+    relevance) are identical before frank writes notes sharing dave's rare words, while frank's
+    notes are there, and after frank is erased."""
+    for text in (
+        "My cat Zyzzyva sleeps on the piano",
+        "Zyzzyva was adopted from the Lisbon shelter",
+        "The piano tuner comes on Thursdays",
+        "Thursday is also bin day",
+    ):
+        token = (await client.save("dave", text, advise=False)).token
+    queries = ["zyzzyva", "piano thursdays", "who is Zyzzyva the cat?"]
+
+    async def daves() -> list[list[tuple[str, float, float, float, float]]]:
+        replies = [await client.search("dave", q, after=token, min_relevance=0.0) for q in queries]
+        return [[(h.note_id, h.score, h.similarity, h.keyword, h.relevance) for h in r.results] for r in replies]
+
+    alone = await daves()
+    assert all(alone) and any(h[3] > 0 for hits in alone for h in hits)
+    for n in range(30):
+        token = (await client.save("frank", f"zyzzyva piano note {n} on thursdays", advise=False)).token
+    assert await daves() == alone
+    erased = await client.forget_user("frank", confirmed=True)
+    assert erased.status == "forgotten"
+    assert erased.token is not None
+    token = erased.token
+    assert await daves() == alone
+
+
 async def test_superseded_notes_leave_default_results_at_once_and_show_on_request(client: EngramClient) -> None:
     seattle = await client.save("alice", "User lives in Seattle")
     austin = await client.save("alice", "User moved to Austin last month")

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from engram_ledger.contracts.channels import parse_token
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.model import NoteStatus
 from engram_ledger.contracts.queries import NotesReply
@@ -393,3 +394,43 @@ async def test_a_tombstone_is_in_a_listing_of_the_past_only_where_its_note_was(c
     assert all(n.status is NoteStatus.FORGOTTEN and n.content == "" for n in everything.notes)
     # Its history still says nothing of its versions: they went with its words.
     assert (await client.history("alice", old.note_id)).versions == []
+
+
+async def test_a_forget_is_part_of_the_moment_its_own_token_names(client: EngramClient) -> None:
+    """Forgets sent at once with saves, so that several land in one millisecond with other writes:
+    read as of each forget's own token, its note is forgotten (out of the listing and its count,
+    its forget in what changed); as of the token just before, it is not yet (its tombstone
+    listed and counted, no forget in what changed)."""
+    kept = [await client.save("alice", f"errand {i}: buy {w}", advise=False) for i, w in enumerate("abcdefgh")]
+    partition, _ = parse_token(kept[-1].token)
+    writes = []
+    for i, note in enumerate(kept):
+        writes.append(client.forget("alice", note_ids=[note.note_id], confirmed=True))
+        writes.append(client.save("alice", f"chore {i}: water plant {i}", advise=False))
+    replies = await asyncio.gather(*writes)
+    saved = {n.note_id: parse_token(n.token)[1] for n in [*kept, *replies[1::2]]}
+    forgotten = {n.note_id: parse_token(r.token or "")[1] for n, r in zip(kept, replies[::2], strict=True)}
+    log = sorted([*saved.values(), *forgotten.values()])
+
+    def token(position: tuple[int, int]) -> str:
+        return f"{partition}:{position[0]}-{position[1]}"
+
+    last = token(log[-1])
+    for note_id, own in forgotten.items():
+        before = max(p for p in log if p < own)
+        for moment, done in ((own, True), (before, False)):
+            as_of = token(moment)
+            # The listing then: every note saved by then and not forgotten by then, a tombstone
+            # if forgotten since.
+            gone = {n for n, p in forgotten.items() if p <= moment}
+            then = {n for n, p in saved.items() if p <= moment and n not in gone}
+            listing = await client.list_notes("alice", as_of=as_of, limit=100, after=last)
+            shown = {n.id: n.status for n in listing.notes}
+            assert (note_id in shown) is not done
+            assert set(shown) == then and listing.total == len(then), (note_id, done)
+            assert all(status is NoteStatus.FORGOTTEN for n, status in shown.items() if n in forgotten)
+            changes = await client.diff("alice", kept[-1].token, as_of)
+            assert {c.note_id for c in changes.changes if c.change == "forgotten"} == gone, (note_id, done)
+            # Erasure is absolute: before its forget too, the note reads as its tombstone.
+            note = await client.get_note("alice", note_id, as_of=as_of)
+            assert (note.status, note.content) == (NoteStatus.FORGOTTEN, "")

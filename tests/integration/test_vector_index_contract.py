@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import struct
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from engram_ledger.services.application.vector_index import (
     TimeWindow,
     VectorIndex,
 )
+from tests.support import files_holding
 
 DIM = 8
 bm25 = Bm25()
@@ -164,3 +166,74 @@ async def test_a_time_window_keeps_the_points_whose_time_is_within_it(index: Vec
     assert set(notes(await index.nearest(dense("carol", 5)))) == {"EEEEEEEE", "FFFFFFFF", "GGGGGGGG"}
     assert notes(await index.nearest(within(1_686_000_000.0, None))) == ["FFFFFFFF"]
     assert notes(await index.nearest(within(None, 1_683_500_000.0))) == ["EEEEEEEE"], "bounds are inclusive"
+
+
+async def _scores(index: VectorIndex, user: str, text: str) -> list[tuple[str, float]]:
+    return [(h.payload["note_id"], h.score) for h in await index.nearest(keyword(user, text))]
+
+
+async def test_a_users_bm25_scores_depend_on_that_users_points_alone(index: VectorIndex) -> None:
+    """Term statistics per user: another user's points, written, then deleted, move no score
+    and no rank of this user's (the whole collection's statistics would: deleted points too)."""
+    await index.upsert([point("dave", f"DAVE{i:04d}", 0, 100 + i, text) for i, text in enumerate(DAVES)])
+    alone = {text: await _scores(index, "dave", text) for text in QUERIES}
+    assert all(alone.values()) and len({s for scores in alone.values() for _, s in scores}) >= 3
+    await index.upsert([point("frank", f"FRNK{i:04d}", 0, 200 + i, f"zyzzyva rowing number {i}") for i in range(40)])
+    assert {text: await _scores(index, "dave", text) for text in QUERIES} == alone
+    for i in range(40):
+        await index.delete("frank", f"FRNK{i:04d}")
+    assert await index.count("frank") == 0
+    assert {text: await _scores(index, "dave", text) for text in QUERIES} == alone
+
+
+async def test_the_statistics_of_the_past_are_those_of_the_points_that_held_then(index: VectorIndex) -> None:
+    """Ranges (a search of the past) bound the statistics too: a point that began later counts
+    for nothing at an earlier moment."""
+    early = [point("erin", f"ERIN{i:04d}", 0, 300 + i, text, from_at=1.0) for i, text in enumerate(DAVES)]
+    await index.upsert(early)
+    then = {"from_at": (None, 5.0)}
+    query = NearestQuery(
+        user_id="erin", using=SPARSE, sparse=sparse("zyzzyva", query=True), match={}, limit=5, ranges=then
+    )
+    before = [(h.payload["note_id"], h.score) for h in await index.nearest(query)]
+    await index.upsert([point("erin", f"LATE{i:04d}", 0, 400 + i, "zyzzyva again", from_at=9.0) for i in range(10)])
+    assert [(h.payload["note_id"], h.score) for h in await index.nearest(query)] == before
+
+
+async def test_compact_removes_deleted_points_from_the_files(index: VectorIndex, tmp_path: Path) -> None:
+    """After a delete, ``compact`` leaves no byte of the deleted vectors or ids in any file of
+    the index (an index whose files are a server's own says it does not, and compacts nothing)."""
+    secret = point("alice", "SECRETNT", 0, 777, "zyzzyva is the password")
+    await index.upsert([secret])
+    assert index.owed_since() is None
+    await index.delete("alice", "SECRETNT")
+    if not index.compacts_files:
+        assert await index.compact() is False
+        return
+    assert index.owed_since() is not None
+    kept = point("alice", "AAAAAAAA", 0, 1, "Alec is my boss at TechCorp").dense
+    assert _found_in(tmp_path, secret.dense, b"SECRETNT")  # the delete alone leaves them on disk
+    assert await index.compact() is True
+    assert index.owed_since() is None and await index.compact() is False
+    assert not _found_in(tmp_path, secret.dense, b"SECRETNT")
+    assert _found_in(tmp_path, kept, b"AAAAAAAA")  # what lives is still there, and found
+    assert notes(await index.nearest(dense("alice", 1)))[0] == "AAAAAAAA"
+    assert await index.count("alice") == 4 and await index.count("bob") == 1
+
+
+def _found_in(root: Path, vector: list[float], note_id: bytes) -> bool:
+    """Whether any file under ``root`` holds the vector (float32 or float64, either byte order;
+    as stored, i.e. normalized) or the note id."""
+    norm = math.sqrt(sum(x * x for x in vector))
+    unit_vector = [x / norm for x in vector]
+    needles = [note_id] + [struct.pack(f"{order}{DIM}{kind}", *unit_vector) for order in "<>" for kind in "fd"]
+    return bool(files_holding(root, needles))
+
+
+DAVES = [
+    "my cat is called zyzzyva the great",
+    "I like pizza on fridays with my cat",
+    "the dentist appointment is on monday",
+    "zyzzyva likes tuna more than pizza",
+]
+QUERIES = ["zyzzyva", "pizza cat", "dentist monday zyzzyva"]

@@ -142,8 +142,15 @@ def test_every_role_names_the_deployments_partitions_and_no_pattern_over_the_tag
             assert not [r for r in rules if "{*}" in r], (role, rules)
     agent = acl.rules("agent", "someone", partitions=3)
     assert [r for r in agent if r.startswith("%W~")] == [
-        *(f"%W~{channels.command_stream(p)}" for p in range(3)),
-        *(f"%W~{channels.query_stream(p)}" for p in range(3)),
+        *(f"%W~{channels.inbox(channels.command_stream(p))}" for p in range(3)),
+        *(f"%W~{channels.inbox(channels.query_stream(p))}" for p in range(3)),
+    ]
+    # Appending is all the agent may do: no command of a stream, nor of a user's places.
+    assert [r for r in agent if r.startswith("+") and r not in ("+ping", "+select")] == [
+        "+get",
+        "+rpush",
+        "+subscribe",
+        "+unsubscribe",
     ]
     assert [r for r in acl.rules("subscriber", "s", partitions=2) if r.startswith("~")] == [
         f"~{channels.event_log(0)}",

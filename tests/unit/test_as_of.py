@@ -14,7 +14,9 @@ from engram_ledger.services.application.as_of import (
     Listed,
     Moment,
     changes_between,
+    forgotten_by,
     listed,
+    listed_as_of,
     listed_then,
     listing_as_of,
     note_as_of,
@@ -117,8 +119,60 @@ def test_a_note_forgotten_since_is_its_tombstone_at_every_moment_it_existed() ->
     assert note_as_of(tombstone, [], Moment(at(5))) == tombstone
     assert note_as_of(tombstone, [], Moment(at(-5))) is None
     # Listed then as a tombstone if it was forgotten after the moment; not if before.
-    assert listed_then(tombstone, Moment(at(5)), include_superseded=False)
-    assert not listed_then(tombstone, Moment(at(45)), include_superseded=False)
+    assert listed_as_of(tombstone, [], Moment(at(5)), include_superseded=False) == tombstone
+    assert listed_as_of(tombstone, [], Moment(at(45)), include_superseded=False) is None
+
+
+def forgotten_within_one_millisecond() -> tuple[NoteView, list[VersionView], int]:
+    """A note saved, then forgotten at entry ``<ms>-5`` of the log; the worker stamped the forget
+    later in that millisecond than the entry's own time (the start of the millisecond)."""
+    ms = int(at(40).timestamp() * 1000)
+    forgot_at = at(40) + timedelta(microseconds=700)
+    saved = version(1, 0, "", "saved")
+    forget = version(2, 40, "", "forgotten", NoteStatus.FORGOTTEN, created_at=forgot_at, position=f"{ms}-5")
+    tombstone = msgspec.structs.replace(
+        NOW_VIEW, status=NoteStatus.FORGOTTEN, content="", version=2, updated_at=forgot_at, superseded_by=None
+    )
+    return tombstone, [saved, forget], ms
+
+
+def test_a_forget_is_part_of_the_moment_its_own_token_names() -> None:
+    tombstone, versions, ms = forgotten_within_one_millisecond()
+    own, before = parse_moment(f"0:{ms}-5"), parse_moment(f"0:{ms}-4")
+    assert forgotten_by(tombstone, versions, own) and not forgotten_by(tombstone, versions, before)
+    # The listing as of the forget's token no longer holds it; as of the entry before, its tombstone.
+    assert listed_as_of(tombstone, versions, own, include_superseded=False) is None
+    then = listed_as_of(tombstone, versions, before, include_superseded=False)
+    assert then is not None and then.status is NoteStatus.FORGOTTEN
+    # What changed up to the forget's token holds the forget; up to the entry before, nothing.
+    since = Moment(at(30))
+    (gone,) = changes_between(tombstone, versions, since, own)
+    assert (gone.change, gone.version, gone.at) == ("forgotten", 2, tombstone.updated_at)
+    assert changes_between(tombstone, versions, since, before) == []
+    assert changes_between(tombstone, versions, own, None) == []
+
+
+def test_a_forget_stamped_before_the_entry_ahead_of_it_is_still_after_that_token() -> None:
+    """The worker's clock may run behind the log's: a forget stamped a millisecond before the
+    write logged just ahead of it is still after that write's token."""
+    tombstone, versions, ms = forgotten_within_one_millisecond()
+    early = at(40) - timedelta(milliseconds=1)
+    versions[-1] = msgspec.structs.replace(versions[-1], created_at=early)
+    tombstone = msgspec.structs.replace(tombstone, updated_at=early)
+    before = parse_moment(f"0:{ms}-4")
+    assert not forgotten_by(tombstone, versions, before)
+    assert listed_as_of(tombstone, versions, before, include_superseded=False) is not None
+    assert changes_between(tombstone, versions, Moment(at(30)), before) == []
+
+
+def test_a_time_counts_a_forget_made_at_or_before_it_to_the_microsecond() -> None:
+    tombstone, versions, _ = forgotten_within_one_millisecond()
+    forgot_at = tombstone.updated_at
+    assert forgotten_by(tombstone, versions, Moment(forgot_at))
+    assert not forgotten_by(tombstone, versions, Moment(forgot_at - timedelta(microseconds=1)))
+    # A history recorded before the forget's position was kept: its time alone places it.
+    assert forgotten_by(tombstone, versions[:1], Moment(forgot_at))
+    assert not forgotten_by(tombstone, versions[:1], Moment(forgot_at - timedelta(microseconds=1)))
 
 
 def test_a_listing_then_is_the_listing_now_with_the_changed_notes_as_they_were() -> None:

@@ -144,8 +144,10 @@ def test_the_encoder_setting(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.delenv("ENGRAM_MODEL_CACHE", raising=False)
     monkeypatch.setenv("ENGRAM_DATA_DIR", "/srv/engram")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/home/u/.cache")
     default = Settings.from_env()
-    assert default.encoder == "onnx" and default.model_cache_dir == Path("/srv/engram/models")
+    # The machine's export, shared by every data dir of the user.
+    assert default.encoder == "onnx" and default.model_cache_dir == Path("/home/u/.cache/engram/models")
     monkeypatch.setenv("ENGRAM_ENCODER", "Torch")
     monkeypatch.setenv("ENGRAM_MODEL_CACHE", "/var/cache/engram")
     chosen = Settings.from_env()

@@ -1,12 +1,15 @@
 """Engram installs as one import package, engram_ledger, so an application with packages of its
-own named like our folders (contracts, services, projections) imports both."""
+own named like our folders (contracts, services, projections) imports both; the set-up's editable
+install builds without setuptools' warnings, and a wheel carries the console's files."""
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -58,3 +61,44 @@ def test_no_file_in_the_repository_imports_the_folders_as_top_level_packages() -
         if ".venv" not in path.parts and old.search(path.read_text(encoding="utf-8"))
     ]
     assert offenders == []
+
+
+# What a build reads: the packages' folders and the two files that describe the distribution.
+BUILT_FROM = (*FOLDERS, "pyproject.toml", "setup.py", "README.md")
+CONSOLE_FILES = ("services/console/templates", "services/console/static")
+
+
+def _build(tmp_path: Path, hook: str) -> tuple[Path, str]:
+    """Runs setuptools' PEP 517/660 ``hook`` (build_wheel, build_editable) on a copy of the
+    repository's sources, with the setuptools installed here (no network), every warning shown.
+    The wheel built and what the build printed on stderr."""
+    source, out = tmp_path / "source", tmp_path / "dist"
+    for name in BUILT_FROM:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(ROOT / name, source / name)
+    out.mkdir()
+    script = f"from setuptools import build_meta; print(build_meta.{hook}({str(out)!r}))"
+    done = subprocess.run(
+        [sys.executable, "-W", "always", "-c", script], cwd=source, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out / done.stdout.strip().splitlines()[-1], done.stderr
+
+
+def test_the_editable_install_builds_without_a_packaging_warning(tmp_path: Path) -> None:
+    _, printed = _build(tmp_path, "build_editable")
+    # A folder of data inside a package that the configuration does not list as a package is
+    # "absent from the packages configuration": three screens of warning in every set-up.
+    assert "packages` configuration" not in printed, printed
+    assert "SetuptoolsDeprecationWarning" not in printed, printed
+
+
+def test_a_wheel_carries_every_file_of_the_console(tmp_path: Path) -> None:
+    wheel, _ = _build(tmp_path, "build_wheel")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    files = sorted(p for folder in CONSOLE_FILES for p in (ROOT / folder).rglob("*") if p.is_file())
+    assert len(files) > 10
+    missing = [str(p.relative_to(ROOT)) for p in files if f"engram_ledger/{p.relative_to(ROOT)}" not in shipped]
+    assert missing == []

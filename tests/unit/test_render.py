@@ -13,6 +13,7 @@ from rich.console import Console
 
 from engram_ledger.contracts.model import MessageView, NoteKind, NoteSource, NoteStatus, NoteView, VersionView
 from engram_ledger.contracts.queries import (
+    ForgetCandidate,
     ForgetReply,
     HistoryReply,
     NoteWritten,
@@ -217,17 +218,59 @@ def test_search_marks_superseded_hits_and_where_each_was_found() -> None:
 def test_a_forget_reply_says_until_when_to_confirm_and_the_receipt() -> None:
     asked = ForgetReply(
         status="confirmation_required",
-        message="Please confirm: Delete 'Alec is my boss' (AAAAAAAA)?",
+        message="Please confirm: Delete 'Alec is my boss' (AAAAAAAA)? Call forget again with the same memory_id.",
         pending=[PendingForget(note_id="AAAAAAAA", preview="Alec is my boss", request_count=1, expires_at=T1)],
+        withdrawn=["BBBBBBBB"],
         token="0:7-0",
     )
-    assert render.forget(asked).plain.splitlines() == [
-        "Please confirm: Delete 'Alec is my boss' (AAAAAAAA)?",
-        "run the same command again before 2026-05-02 08:30:00 UTC to confirm",
+    assert render.forget(asked, "alice").plain.splitlines() == [
+        "Forget 'Alec is my boss' (AAAAAAAA)? Nothing is deleted yet.",
+        "Run the same command again before 2026-05-02 08:30:00 UTC to forget it.",
+        "The earlier request to forget BBBBBBBB is withdrawn.",
         "token 0:7-0",
     ]
+    done = ForgetReply(status="forgotten", message="Deleted successfully: AAAAAAAA.", forgotten=["AAAAAAAA"])
+    assert render.forget(done).plain == "Forgotten: AAAAAAAA. The content cannot be recovered."
     erased = ForgetReply(status="forgotten", message="Erased 2 memories.", forgotten=["A", "B"], erased_at=T1)
-    assert render.forget(erased).plain.splitlines() == ["Erased 2 memories.", "erased on 2026-05-02 08:30:00 UTC"]
+    assert render.forget(erased, erasing=True).plain.splitlines() == [
+        "Erased 2 notes and messages on 2026-05-02 08:30:00 UTC. This cannot be undone."
+    ]
+
+
+# What the forget tools say to a model: a person never reads it from the command line.
+TOOL_WORDS = ("memory_id", "call forget", "ask the user", "the first call")
+
+
+def test_a_forget_by_query_says_how_to_forget_one_in_a_persons_words() -> None:
+    found = ForgetReply(
+        status="candidates",
+        message="Found 2 memories; nothing was deleted. Ask the user which to delete, then call forget with its "
+        "memory_id (twice: the first call asks for confirmation).",
+        candidates=[
+            ForgetCandidate(note_id="AAAAAAAA", preview="Alec is my boss", similarity=0.83),
+            ForgetCandidate(note_id="BBBBBBBB", preview="Alec likes tea", similarity=0.41),
+        ],
+    )
+    shown = render.forget(found, "alice smith").plain
+    assert shown.splitlines() == [
+        "Found 2 memories; nothing was deleted.",
+        "  AAAAAAAA  0.83  Alec is my boss",
+        "  BBBBBBBB  0.41  Alec likes tea",
+        "Forget which one? Run: engram forget --user 'alice smith' ID",
+    ]
+    none = ForgetReply(status="candidates", message="No memory matched 'Alec'; nothing was deleted.")
+    assert render.forget(none).plain == "No memory matched; nothing was deleted."
+    erasing = ForgetReply(
+        status="confirmation_required",
+        message="Please confirm: erase ALL 3 memories of alice? Send the same request again to erase them for good.",
+        pending=[PendingForget(note_id="~account", preview="ALL 3 memories of alice", request_count=1, expires_at=T1)],
+    )
+    asked = render.forget(erasing, "alice", erasing=True).plain
+    assert asked.splitlines() == [
+        "Erase ALL 3 memories of alice? Nothing is erased yet.",
+        "Run the same command again before 2026-05-02 08:30:00 UTC to erase it all.",
+    ]
+    assert not any(word in text.lower() for text in (shown, asked) for word in TOOL_WORDS)
 
 
 def test_health_is_a_readable_summary_of_whatever_the_report_holds() -> None:

@@ -16,7 +16,7 @@ class ClosedTransportRedis:
     def __init__(self, error: Exception) -> None:
         self._error = error
 
-    async def xadd(self, *args: Any, **kwargs: Any) -> bytes:
+    async def rpush(self, *args: Any, **kwargs: Any) -> int:
         raise self._error
 
 
@@ -25,6 +25,6 @@ class ClosedTransportRedis:
     [AttributeError("'NoneType' object has no attribute 'writelines'"), TypeError("'NoneType' object is not callable")],
 )
 async def test_a_transport_error_on_send_is_a_lost_connection(leaked: Exception) -> None:
-    requester = BusRequester(ClosedTransportRedis(leaked), 1000)  # type: ignore[arg-type]
+    requester = BusRequester(ClosedTransportRedis(leaked))  # type: ignore[arg-type]
     with pytest.raises(RedisConnectionError, match="connection lost while sending"):
         await requester.request("engram:{0}:commands", b"{}", timeout=1.0)

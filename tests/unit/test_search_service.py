@@ -313,3 +313,46 @@ async def test_pages_are_slices_of_one_ranking_above_the_floor(world: World) -> 
     above = [h for h in ranked if h.relevance >= DEFAULT_FLOOR]
     assert above and len(above) < len(ranked)
     assert [(h.note_id, h.relevance) for h in kept] == [(h.note_id, h.relevance) for h in above]
+
+
+class LoadingEmbedder(HashEmbedder):
+    """A model still loading: ``start`` waits until ``loaded`` is set."""
+
+    def __init__(self) -> None:
+        self.loaded = asyncio.Event()
+
+    @property
+    def ready(self) -> bool:  # type: ignore[override]
+        return self.loaded.is_set()
+
+    @property
+    def loading_seconds(self) -> float:  # type: ignore[override]
+        return 0.0 if self.loaded.is_set() else 42.0
+
+    async def start(self) -> None:
+        await self.loaded.wait()
+
+
+async def test_a_search_while_the_model_loads_waits_within_its_callers_wait_then_says_starting(
+    index: QdrantEdgeIndex,
+) -> None:
+    """Ready means ready: past its caller's wait, a search during a start is refused STARTING in
+    words (how long the model has loaded), never left to time out; within it, it is answered."""
+    import time
+
+    from engram_ledger.services.application.deadline import caller_waits_until
+
+    world = make_world(index)
+    embedder = LoadingEmbedder()
+    world.runtime.embedder = embedder
+    world.search = SearchService(world.runtime, world.history, 1.0, clock=world.clock)
+    note = await world.save("Alec is my boss at TechCorp")
+    with caller_waits_until(time.time() + 0.8), pytest.raises(EngramError) as refused:
+        await world.find("who is my boss?")
+    assert refused.value.code is ErrorCode.STARTING and refused.value.retry_after_ms
+    assert "loading for 42 s" in refused.value.message
+    with caller_waits_until(time.time() + 30):
+        answering = asyncio.create_task(world.find("who is my boss?"))
+        await asyncio.sleep(0)
+        embedder.loaded.set()
+        assert ids(await answering)[0] == note
