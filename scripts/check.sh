@@ -6,12 +6,6 @@ cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/lint-imports --no-cache --no-logo
-# mypy reads packages from folders: it gets engram_ledger as links to the top-level folders
-# (setuptools maps them at install time, which mypy does not follow).
-tree="$(mktemp -d)"
-trap 'rm -rf "$tree"' EXIT
-mkdir "$tree/engram_ledger"
-for folder in contracts services projections; do
-  ln -s "$PWD/$folder" "$tree/engram_ledger/$folder"
-done
-MYPYPATH="$tree" .venv/bin/mypy -p engram_ledger.contracts -p engram_ledger.services -p engram_ledger.projections
+# mypy reads the package from the files: engram_ledger/ holds a link to each top-level folder
+# (docs/internals.md, "One package, read from the files").
+.venv/bin/mypy -p engram_ledger.contracts -p engram_ledger.services -p engram_ledger.projections

@@ -102,3 +102,25 @@ def test_a_wheel_carries_every_file_of_the_console(tmp_path: Path) -> None:
     assert len(files) > 10
     missing = [str(p.relative_to(ROOT)) for p in files if f"engram_ledger/{p.relative_to(ROOT)}" not in shipped]
     assert missing == []
+
+
+def test_the_package_is_read_from_the_files_without_the_editable_hook() -> None:
+    """engram_ledger/ holds a link to each top-level folder: mypy, an IDE or an import graph
+    drawn from the files finds the package and its imports without the editable install."""
+    for folder in ("contracts", "services", "projections"):
+        link = ROOT / "engram_ledger" / folder
+        assert link.is_symlink() and link.resolve() == (ROOT / folder).resolve()
+    script = (
+        "import sys\n"
+        "sys.meta_path = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "import grimp\n"
+        "g = grimp.build_graph('engram_ledger.contracts', 'engram_ledger.services', 'engram_ledger.projections', "
+        "cache_dir=None)\n"
+        "print(g.count_imports(), g.direct_import_exists(importer='engram_ledger.services.bus.client', "
+        "imported='engram_ledger.contracts.channels'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd="/", capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    imports, client_reads_channels = done.stdout.split()
+    assert int(imports) > 500 and client_reads_channels == "True"
