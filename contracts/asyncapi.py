@@ -26,13 +26,37 @@ def _tag(cls: type) -> str:
     return str(cls.__struct_config__.tag)  # type: ignore[attr-defined]
 
 
+GROUPS = {"command": AnyCommand, "event": AnyEvent, "query": AnyQuery, "reply": AnyReply}
+_PARTITION = {"p": {"description": "the partition: crc32(user_id) mod ENGRAM_PARTITIONS"}}
+_ENVELOPE = (
+    'in FastStream\'s binary format or its JSON envelope {"data": "<body as JSON text>", "headers": '
+    '{"reply_to": ..., "correlation_id": ..., "engram-wait-ms": ...}}'
+)
+
+
 def asyncapi() -> dict[str, Any]:
-    groups = {"command": AnyCommand, "event": AnyEvent, "query": AnyQuery, "reply": AnyReply}
-    classes = [cls for union in groups.values() for cls in get_args(union)]
+    classes = [cls for union in GROUPS.values() for cls in get_args(union)]
     _, schemas = msgspec.json.schema_components(classes, ref_template="#/components/schemas/{name}")
+    messages, kinds = _messages()
+    return {
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "Engram",
+            "version": f"schema {SCHEMA_VERSION}",
+            "description": "Long-term memory for LLM agents, event-sourced on Redis Streams.",
+        },
+        "defaultContentType": "application/json",
+        "channels": _channels(kinds),
+        "operations": _operations(),
+        "components": {"messages": messages, "schemas": schemas},
+    }
+
+
+def _messages() -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """Every message, described by its contract's docstring; and their names by kind."""
     messages: dict[str, Any] = {}
     kinds: dict[str, list[str]] = {}
-    for kind, union in groups.items():
+    for kind, union in GROUPS.items():
         for cls in get_args(union):
             name = cls.__name__
             kinds.setdefault(kind, []).append(name)
@@ -43,25 +67,28 @@ def asyncapi() -> dict[str, Any]:
                 "contentType": "application/json",
                 "payload": {"$ref": f"#/components/schemas/{name}"},
             }
+    return messages, kinds
 
+
+def _channels(kinds: dict[str, list[str]]) -> dict[str, Any]:
     def refs(kind: str) -> dict[str, Any]:
         return {name: {"$ref": f"#/components/messages/{name}"} for name in kinds[kind]}
 
-    partition = {"p": {"description": "the partition: crc32(user_id) mod ENGRAM_PARTITIONS"}}
-    channels = {
+    return {
         "commands": {
-            "address": "engram:{p}:commands",
-            "description": "Redis stream, consumer group engram-commands. Entries carry one field, __data__, in "
-            'FastStream\'s binary format or its JSON envelope {"data": "<body as JSON text>", "headers": '
-            '{"reply_to": ..., "correlation_id": ...}}; the reply goes to the Pub/Sub channel named by '
-            "reply_to, in the request's format.",
-            "parameters": partition,
+            "address": "engram:{p}:commands:inbox",
+            "description": "Redis list: RPUSH the request (all a client's role may do), " + _ENVELOPE + "; the "
+            "service's gate admits it, within its user's share, into the stream engram:{p}:commands (consumer "
+            "group engram-commands), and the reply goes to the Pub/Sub channel named by reply_to, in the "
+            "request's format.",
+            "parameters": _PARTITION,
             "messages": refs("command"),
         },
         "queries": {
-            "address": "engram:{p}:queries",
-            "description": "Redis stream, consumer group engram-queries; request/reply like commands.",
-            "parameters": partition,
+            "address": "engram:{p}:queries:inbox",
+            "description": "Redis list, admitted into the stream engram:{p}:queries (consumer group "
+            "engram-queries); request/reply like commands.",
+            "parameters": _PARTITION,
             "messages": refs("query"),
         },
         "replies": {
@@ -81,17 +108,20 @@ def asyncapi() -> dict[str, Any]:
             "pending entries first (XREADGROUP with 0). Delivery is at least once: make processing idempotent by "
             "note_id and version. In Python: EngramClient.events(group, ...) (typed deliveries, content opened "
             "with the master key), or FastStream's StreamSub (examples/subscriber.py). " + ERASURE_CONTRACT,
-            "parameters": partition,
+            "parameters": _PARTITION,
             "messages": refs("event"),
         },
         "deadLetters": {
             "address": "engram:{p}:commands:dead",
             "description": "Requests that failed ENGRAM_MAX_DELIVERIES times, kept for an operator.",
-            "parameters": partition,
+            "parameters": _PARTITION,
             "messages": refs("command"),
         },
     }
-    operations = {
+
+
+def _operations() -> dict[str, Any]:
+    return {
         "sendCommand": {
             "action": "send",
             "channel": {"$ref": "#/channels/commands"},
@@ -108,16 +138,4 @@ def asyncapi() -> dict[str, Any]:
             "summary": "Subscribe to memory events with a consumer group of your own; ack after processing.",
             "description": ERASURE_CONTRACT,
         },
-    }
-    return {
-        "asyncapi": "3.0.0",
-        "info": {
-            "title": "Engram",
-            "version": f"schema {SCHEMA_VERSION}",
-            "description": "Long-term memory for LLM agents, event-sourced on Redis Streams.",
-        },
-        "defaultContentType": "application/json",
-        "channels": channels,
-        "operations": operations,
-        "components": {"messages": messages, "schemas": schemas},
     }

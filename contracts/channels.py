@@ -250,8 +250,8 @@ class IndexKeys(GenerationKeys):
     """The vector index projection's own state (projections/index.py) of one partition and
     generation; the points themselves live in the vector index."""
 
-    def __init__(self, partition: int, generation: int) -> None:
-        super().__init__(partition, generation, "idx")
+    def __init__(self, partition: int, generation: int, name: str = "idx") -> None:
+        super().__init__(partition, generation, name)
 
     def note(self, user_id: str, note_id: str) -> str:
         return f"{self.prefix}note:{part(user_id)}:{part(note_id)}"
@@ -273,6 +273,16 @@ class IndexKeys(GenerationKeys):
         is retracted, and so held it in their context."""
         digest = hashlib.blake2b(session_id.encode(), digest_size=12).hexdigest()
         return f"{self.prefix}turns:{part(user_id)}:{digest}"
+
+
+class TimelineKeys(IndexKeys):
+    """The timeline projection's own state (projections/timeline.py): the same kinds of keys as
+    the index's, under its own prefix, checkpoint and lease. It is kept in the index's
+    generations: the index's pointer names the live one of both."""
+
+    def __init__(self, partition: int, generation: int) -> None:
+        super().__init__(partition, generation, "timeline")
+        self.live = IndexKeys(partition, generation).live
 
 
 # One index generation serves every partition (one shard directory or collection), so these

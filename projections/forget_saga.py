@@ -10,22 +10,13 @@ due at once when it starts.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from engram_ledger.contracts import channels
+from engram_ledger.contracts import channels, events
 from engram_ledger.contracts.channels import SagaKeys
-from engram_ledger.contracts.events import (
-    ForgetExpired,
-    ForgetRequested,
-    NoteForgotten,
-    NoteRenewed,
-    NoteSaved,
-    NoteUpdated,
-    SessionForgotten,
-    UserForgotten,
-)
 from engram_ledger.projections.tracking import TrackedProjection
 from engram_ledger.services.application.ports import LogEntry
 
@@ -51,21 +42,54 @@ class ForgetSagaProjection(TrackedProjection[Sequence[LogEntry]]):
         return batch  # each event's change stands alone: nothing to read first
 
     def _queue(self, pipe: Pipeline, batch: Sequence[LogEntry]) -> None:
-        keys = self.keys
         for entry in batch:
-            event = entry.event
-            if isinstance(event, ForgetRequested):
-                score = event.expires_at.timestamp() * 1000
-                pipe.zadd(keys.deadlines, {member(event.user_id, event.note_id): score})
-                pipe.sadd(keys.pending(event.user_id), event.note_id)
-            elif isinstance(event, ForgetExpired | NoteForgotten | UserForgotten | SessionForgotten):
-                pipe.zrem(keys.deadlines, member(event.user_id, event.note_id))
-                pipe.srem(keys.pending(event.user_id), event.note_id)
-            # Times to live: when each note put with one is due to be forgotten.
-            if isinstance(event, NoteSaved | NoteUpdated | NoteRenewed) and event.expires_at is not None:
-                pipe.zadd(keys.expiries, {member(event.user_id, event.note_id): event.expires_at.timestamp() * 1000})
-            elif (isinstance(event, NoteUpdated) and event.expiry_cleared) or isinstance(event, NoteForgotten):
-                pipe.zrem(keys.expiries, member(event.user_id, event.note_id))
+            # An event the table does not name (a turn, a recall, a supersede...) leaves no
+            # deletion pending or due.
+            rule = _RULES.get(type(entry.event))
+            if rule is not None:
+                rule(pipe, self.keys, entry.event)
+
+
+def _requested(pipe: Pipeline, keys: SagaKeys, event: events.ForgetRequested) -> None:
+    pipe.zadd(keys.deadlines, {member(event.user_id, event.note_id): event.expires_at.timestamp() * 1000})
+    pipe.sadd(keys.pending(event.user_id), event.note_id)
+
+
+def _settled(pipe: Pipeline, keys: SagaKeys, event: events.AnyEvent) -> None:
+    """A pending deletion lapsed or done: no longer pending."""
+    pipe.zrem(keys.deadlines, member(event.user_id, event.note_id))
+    pipe.srem(keys.pending(event.user_id), event.note_id)
+
+
+def _expires(pipe: Pipeline, keys: SagaKeys, event: events.NoteSaved | events.NoteUpdated | events.NoteRenewed) -> None:
+    """A note put with a time to live is due to be forgotten when it runs out."""
+    if event.expires_at is not None:
+        pipe.zadd(keys.expiries, {member(event.user_id, event.note_id): event.expires_at.timestamp() * 1000})
+
+
+def _expiry_changed(pipe: Pipeline, keys: SagaKeys, event: events.NoteUpdated) -> None:
+    """A put again: with a time to live, due again when it runs out; without one, never."""
+    _expires(pipe, keys, event)
+    if event.expires_at is None and event.expiry_cleared:
+        pipe.zrem(keys.expiries, member(event.user_id, event.note_id))
+
+
+def _forgotten(pipe: Pipeline, keys: SagaKeys, event: events.NoteForgotten) -> None:
+    _settled(pipe, keys, event)
+    pipe.zrem(keys.expiries, member(event.user_id, event.note_id))
+
+
+# One rule per event type that changes what is pending or due.
+_RULES: dict[type[events.AnyEvent], Callable[[Pipeline, SagaKeys, Any], None]] = {
+    events.ForgetRequested: _requested,
+    events.ForgetExpired: _settled,
+    events.UserForgotten: _settled,
+    events.SessionForgotten: _settled,
+    events.NoteForgotten: _forgotten,
+    events.NoteSaved: _expires,
+    events.NoteRenewed: _expires,
+    events.NoteUpdated: _expiry_changed,
+}
 
 
 async def due(

@@ -16,6 +16,7 @@ versions, scores and categories (the listings are ordered by category), as in th
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -23,21 +24,8 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
-from engram_ledger.contracts import channels
+from engram_ledger.contracts import channels, events
 from engram_ledger.contracts.channels import HistoryKeys
-from engram_ledger.contracts.events import (
-    MemoryRecalled,
-    MessageRecorded,
-    MessageRetracted,
-    NoteForgotten,
-    NoteReverted,
-    NoteSaved,
-    NoteSuperseded,
-    SessionForgotten,
-    UserForgotten,
-    is_control_stream,
-    is_recall,
-)
 from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView, RecallView, VersionView
 from engram_ledger.projections.history_model import (
     add_supersedes,
@@ -109,7 +97,7 @@ class _Recall:
     """A recall as the read model keeps it: everything but its query (which only the event
     store opens, with the keys of the notes it names)."""
 
-    def __init__(self, event: MemoryRecalled) -> None:
+    def __init__(self, event: events.MemoryRecalled) -> None:
         self.user_id = event.user_id
         self.recall_id = event.note_id
         self.view = RecallView(
@@ -173,7 +161,7 @@ class HistoryProjection(GenerationalProjection[_Writes]):
         listings = {
             e.event.user_id: {m.decode() for m in await self._redis.smembers(self.keys.sessions(e.event.user_id))}  # type: ignore[misc]
             for e in batch
-            if isinstance(e.event, UserForgotten)
+            if isinstance(e.event, events.UserForgotten)
         }
         # A note forgotten keeps its versions' plain parts (times, statuses, categories) and
         # the forget's time and log position: a reading of the past places its tombstone by them.
@@ -181,7 +169,7 @@ class HistoryProjection(GenerationalProjection[_Writes]):
         forgotten = [
             (e.event.user_id, e.event.note_id)
             for e in batch
-            if isinstance(e.event, NoteForgotten) and (e.event.user_id, e.event.note_id) in notes
+            if isinstance(e.event, events.NoteForgotten) and (e.event.user_id, e.event.note_id) in notes
         ]
         kept: dict[str, dict[bytes, bytes]] = {}
         if forgotten:
@@ -275,17 +263,33 @@ def _touched(batch: Sequence[LogEntry]) -> tuple[dict[tuple[str, str], None], di
     messages: dict[tuple[str, str], None] = {}
     for entry in batch:
         event = entry.event
-        if is_control_stream(event.note_id):
+        if events.is_control_stream(event.note_id):
             continue
-        if isinstance(event, MessageRecorded | MessageRetracted):
+        if isinstance(event, events.MessageRecorded | events.MessageRetracted):
             messages[(event.user_id, event.note_id)] = None
             continue
         notes[(event.user_id, event.note_id)] = None
-        if isinstance(event, NoteSuperseded):
+        if isinstance(event, events.NoteSuperseded):
             notes[(event.user_id, event.superseded_by)] = None
-        if isinstance(event, NoteReverted) and event.replaced_by is not None:
+        if isinstance(event, events.NoteReverted) and event.replaced_by is not None:
             notes[(event.user_id, event.replaced_by)] = None
     return notes, messages
+
+
+@dataclass
+class _Folding:
+    """A batch being folded: what it writes, and what it reads. ``views``: the notes' views, kept
+    up to date as the batch goes; ``listings``: the conversation listings (relative key names) of
+    each user the batch erases; ``turns``: the read model's records of the batch's turns;
+    ``stored``: the stored versions of the notes the batch forgets."""
+
+    writes: _Writes
+    views: dict[str, NoteView | None]
+    keys: HistoryKeys
+    fields: KeyedFields
+    listings: dict[str, set[str]]
+    turns: dict[str, MessageView]
+    stored: dict[str, dict[bytes, bytes]]
 
 
 def _fold(
@@ -298,117 +302,186 @@ def _fold(
     digests: dict[str, str] | None = None,
     stored: dict[str, dict[bytes, bytes]] | None = None,
 ) -> _Writes:
-    """The writes a batch makes, computed in memory in log order. ``listings``: the conversation
-    listings (relative key names) of each user a batch erases; ``turns``: the read model's
-    records of the batch's turns; ``digests``: the keyed hashes stored beside the views."""
+    """The writes a batch makes, computed in memory in log order, each event by its type's rule
+    (``_RULES``; the arguments are ``_Folding``'s). ``digests``: the keyed hashes stored beside
+    the views."""
     writes = _Writes(views={}, versions={}, stale_members={}, messages={}, digests=dict(digests or {}))
-    turns = dict(turns or {})
+    folding = _Folding(writes, views, keys, fields, listings or {}, dict(turns or {}), stored or {})
     for entry in batch:
-        event = entry.event
-        if isinstance(event, UserForgotten):
-            user = event.user_id
-            said = {keys.prefix + name for name in (listings or {}).get(user, set()) | writes.sessions.pop(user, set())}
-            writes.erased |= said | {keys.sessions(user), keys.keyed(user)}
-            writes.keyed = {k: v for k, v in writes.keyed.items() if k[0] != keys.keyed(user)}
-            writes.said = {k: v for k, v in writes.said.items() if k[0] not in said}
-            for note_id in event.erased:
-                writes.versions.pop((user, note_id), None)
-                writes.shells.pop(keys.versions(user, note_id), None)
-                for key in (keys.note(user, note_id), keys.versions(user, note_id), keys.message(user, note_id)):
-                    writes.erased.add(key)
-                    writes.views.pop(key, None)
-                    writes.messages.pop(key, None)
-                    views.pop(key, None)
-            erased_keys = {
-                keys.order(user, True),
-                keys.order(user, False),
-                keys.recent(user),
-                keys.changed(user),
-                keys.relisted(user),
-            }
-            writes.erased |= erased_keys | {keys.recalls(user)} | {keys.recall(user, n) for n in event.erased}
-            writes.stale_members.pop(user, None)
-            writes.changed.pop(user, None)
-            writes.relisted.pop(user, None)
-            writes.recalled.pop(user, None)
-            writes.recalls = {k: v for k, v in writes.recalls.items() if v.user_id != user}
-            continue
-        if isinstance(event, SessionForgotten):
-            said_key = keys.said(event.user_id, event.session_id)
-            writes.erased.add(said_key)
-            writes.said = {k: v for k, v in writes.said.items() if k[0] != said_key}
-        if is_control_stream(event.note_id):
-            continue  # an account or session stream: pending erasures live in the forget saga
-        if isinstance(event, MemoryRecalled):
-            writes.recalls[keys.recall(event.user_id, event.note_id)] = _Recall(event)
-            writes.recalled.setdefault(event.user_id, {})[event.note_id] = event.at.timestamp() * 1000
-            continue
-        if is_recall(event.note_id):
-            # A recall forgotten (its user erased): its record and its place go.
-            writes.erased.add(keys.recall(event.user_id, event.note_id))
-            writes.recalls.pop(keys.recall(event.user_id, event.note_id), None)
-            continue
-        if isinstance(event, MessageRecorded | MessageRetracted):
-            message_key = keys.message(event.user_id, event.note_id)
-            known = turns.get(message_key)
-            if known is not None and known.version >= event.version:
-                continue  # applied before (a replay), or retracted already
-            said_key = keys.said(event.user_id, event.session_id)
-            if isinstance(event, MessageRecorded):
-                turns[message_key] = writes.messages[message_key] = message_view(event)
-                writes.said[(said_key, event.note_id)] = said_score(entry.position)
-                writes.sessions.setdefault(event.user_id, set()).add(said_key[len(keys.prefix) :])
-            else:
-                turns[message_key] = writes.messages[message_key] = retracted_view(event)
-                writes.said[(said_key, event.note_id)] = None
-            continue
-        if isinstance(event, NoteForgotten):
-            # A forgotten message (its session or its user erased) leaves the read model too.
-            message_key = keys.message(event.user_id, event.note_id)
-            writes.messages.pop(message_key, None)
-            writes.erased.add(message_key)
-        key = keys.note(event.user_id, event.note_id)
-        current = views.get(key)
-        if current is not None and current.version >= event.version:
-            continue
-        if current is None and not isinstance(event, NoteSaved):
-            # An event whose note was never saved cannot be applied; the log is the authority, so
-            # this means corruption. Skipping keeps the projection flowing; rebuild will agree.
-            continue
-        view = evolve_view(current, event)
-        _track_key(writes, keys, fields, key, current, view)
-        if current is not None and order_member(current) != order_member(view):
-            writes.stale_members.setdefault(event.user_id, set()).add(order_member(current))
-        views[key] = view
-        writes.views[key] = view
-        writes.changed.setdefault(event.user_id, {})[event.note_id] = changed_score(event, entry.position)
-        if relists(event):
-            writes.relisted.setdefault(event.user_id, {})[event.note_id] = changed_score(event, entry.position)
-        if isinstance(event, NoteForgotten):
-            versions_key = keys.versions(event.user_id, event.note_id)
-            written = writes.versions.pop((event.user_id, event.note_id), {})
-            # The forget itself, with its log position: a reading of the past places it exactly.
-            written[str(event.version)] = version_entry(view, event, entry.position)
-            writes.shells[versions_key] = _shells((stored or {}).get(versions_key, {}), written)
-            writes.dropped.add(versions_key)
-            if current is not None:
-                writes.stale_members.setdefault(event.user_id, set()).add(order_member(current))
-            continue
-        entry_ = version_entry(view, event, entry.position)
-        writes.versions.setdefault((event.user_id, event.note_id), {})[str(event.version)] = entry_
-        replacement = event.superseded_by if isinstance(event, NoteSuperseded) else None
-        if isinstance(event, NoteReverted):
-            replacement = event.replaced_by
-        other_key = keys.note(event.user_id, replacement) if replacement is not None else None
-        other = views.get(other_key) if other_key is not None else None
-        if other_key is not None and other is not None:
-            if isinstance(event, NoteSuperseded):
-                other = add_supersedes(other, event.note_id)
-            else:
-                other = drop_supersedes(other, event.note_id)
-            views[other_key] = other
-            writes.views[other_key] = other
+        rule = _RULES.get(type(entry.event))
+        if rule is None:
+            # Every event the log can hold has a rule here: one without is a bug, never skipped.
+            raise TypeError(f"the history has no rule for {type(entry.event).__name__}")
+        rule(folding, entry.event, entry.position)
     return writes
+
+
+def _erase_user(folding: _Folding, event: events.UserForgotten, position: str) -> None:
+    """Everything of the user goes, what the batch wrote before the erasure included."""
+    keys, writes, user = folding.keys, folding.writes, event.user_id
+    said = {keys.prefix + name for name in folding.listings.get(user, set()) | writes.sessions.pop(user, set())}
+    writes.erased |= said | {keys.sessions(user), keys.keyed(user)}
+    writes.keyed = {k: v for k, v in writes.keyed.items() if k[0] != keys.keyed(user)}
+    writes.said = {k: v for k, v in writes.said.items() if k[0] not in said}
+    for note_id in event.erased:
+        writes.versions.pop((user, note_id), None)
+        writes.shells.pop(keys.versions(user, note_id), None)
+        for key in (keys.note(user, note_id), keys.versions(user, note_id), keys.message(user, note_id)):
+            writes.erased.add(key)
+            writes.views.pop(key, None)
+            writes.messages.pop(key, None)
+            folding.views.pop(key, None)
+    listings = {keys.order(user, True), keys.order(user, False), keys.recent(user), keys.changed(user)}
+    writes.erased |= listings | {keys.relisted(user), keys.recalls(user)} | {keys.recall(user, n) for n in event.erased}
+    writes.stale_members.pop(user, None)
+    writes.changed.pop(user, None)
+    writes.relisted.pop(user, None)
+    writes.recalled.pop(user, None)
+    writes.recalls = {k: v for k, v in writes.recalls.items() if v.user_id != user}
+
+
+def _erase_session(folding: _Folding, event: events.SessionForgotten, position: str) -> None:
+    said_key = folding.keys.said(event.user_id, event.session_id)
+    folding.writes.erased.add(said_key)
+    folding.writes.said = {k: v for k, v in folding.writes.said.items() if k[0] != said_key}
+
+
+def _recall(folding: _Folding, event: events.MemoryRecalled, position: str) -> None:
+    folding.writes.recalls[folding.keys.recall(event.user_id, event.note_id)] = _Recall(event)
+    folding.writes.recalled.setdefault(event.user_id, {})[event.note_id] = event.at.timestamp() * 1000
+
+
+def _new_turn(folding: _Folding, event: events.MessageRecorded | events.MessageRetracted) -> str | None:
+    """The turn's record key, unless the read model has this event's version of it already (a
+    replay) or a later one (retracted already)."""
+    message_key = folding.keys.message(event.user_id, event.note_id)
+    known = folding.turns.get(message_key)
+    return None if known is not None and known.version >= event.version else message_key
+
+
+def _recorded(folding: _Folding, event: events.MessageRecorded, position: str) -> None:
+    if (message_key := _new_turn(folding, event)) is None:
+        return
+    writes, said_key = folding.writes, folding.keys.said(event.user_id, event.session_id)
+    folding.turns[message_key] = writes.messages[message_key] = message_view(event)
+    writes.said[(said_key, event.note_id)] = said_score(position)
+    writes.sessions.setdefault(event.user_id, set()).add(said_key[len(folding.keys.prefix) :])
+
+
+def _retracted(folding: _Folding, event: events.MessageRetracted, position: str) -> None:
+    if (message_key := _new_turn(folding, event)) is None:
+        return
+    folding.turns[message_key] = folding.writes.messages[message_key] = retracted_view(event)
+    folding.writes.said[(folding.keys.said(event.user_id, event.session_id), event.note_id)] = None
+
+
+def _of_a_note(folding: _Folding, event: events.AnyEvent) -> bool:
+    """Whether the event is on a note's own stream (or a turn's, for a forget). On a recall's
+    stream it can only say that its user was erased: the recall's record and place go."""
+    if events.is_control_stream(event.note_id):
+        return False  # an account or session stream: pending erasures live in the forget saga
+    if events.is_recall(event.note_id):
+        folding.writes.erased.add(folding.keys.recall(event.user_id, event.note_id))
+        folding.writes.recalls.pop(folding.keys.recall(event.user_id, event.note_id), None)
+        return False
+    return True
+
+
+def _apply_to_note(folding: _Folding, event: events.AnyEvent, position: str) -> tuple[NoteView | None, NoteView] | None:
+    """The note's view before and after the event, written with when it changed and where it is
+    listed; None when the view has this version already, or the note was never saved."""
+    keys, writes = folding.keys, folding.writes
+    key = keys.note(event.user_id, event.note_id)
+    current = folding.views.get(key)
+    if current is not None and current.version >= event.version:
+        return None
+    if current is None and not isinstance(event, events.NoteSaved):
+        # An event whose note was never saved cannot be applied; the log is the authority, so
+        # this means corruption. Skipping keeps the projection flowing; rebuild will agree.
+        return None
+    view = evolve_view(current, event)
+    _track_key(writes, keys, folding.fields, key, current, view)
+    if current is not None and order_member(current) != order_member(view):
+        writes.stale_members.setdefault(event.user_id, set()).add(order_member(current))
+    folding.views[key] = writes.views[key] = view
+    writes.changed.setdefault(event.user_id, {})[event.note_id] = changed_score(event, position)
+    if relists(event):
+        writes.relisted.setdefault(event.user_id, {})[event.note_id] = changed_score(event, position)
+    return current, view
+
+
+def _changed(folding: _Folding, event: events.AnyEvent, position: str) -> bool:
+    """A note's change, and its entry in the note's history; whether it was applied."""
+    if not _of_a_note(folding, event):
+        return False
+    applied = _apply_to_note(folding, event, position)
+    if applied is None:
+        return False
+    entry = version_entry(applied[1], event, position)
+    folding.writes.versions.setdefault((event.user_id, event.note_id), {})[str(event.version)] = entry
+    return True
+
+
+def _superseded(folding: _Folding, event: events.NoteSuperseded, position: str) -> None:
+    """The replacement's view learns which note it supersedes."""
+    if _changed(folding, event, position):
+        _change_other(folding, event.user_id, event.superseded_by, lambda other: add_supersedes(other, event.note_id))
+
+
+def _reverted(folding: _Folding, event: events.NoteReverted, position: str) -> None:
+    """A note back from a supersede: its replacement no longer supersedes it."""
+    if _changed(folding, event, position) and event.replaced_by is not None:
+        _change_other(folding, event.user_id, event.replaced_by, lambda other: drop_supersedes(other, event.note_id))
+
+
+def _change_other(folding: _Folding, user_id: str, note_id: str, change: Callable[[NoteView], NoteView]) -> None:
+    key = folding.keys.note(user_id, note_id)
+    other = folding.views.get(key)
+    if other is not None:
+        folding.views[key] = folding.writes.views[key] = change(other)
+
+
+def _forgotten(folding: _Folding, event: events.NoteForgotten, position: str) -> None:
+    """A note's tombstone, its versions kept without their words; a forgotten turn (its session
+    or its user erased) leaves the read model."""
+    keys, writes = folding.keys, folding.writes
+    if not _of_a_note(folding, event):
+        return
+    message_key = keys.message(event.user_id, event.note_id)
+    writes.messages.pop(message_key, None)
+    writes.erased.add(message_key)
+    applied = _apply_to_note(folding, event, position)
+    if applied is None:
+        return
+    current, view = applied
+    versions_key = keys.versions(event.user_id, event.note_id)
+    written = writes.versions.pop((event.user_id, event.note_id), {})
+    # The forget itself, with its log position: a reading of the past places it exactly.
+    written[str(event.version)] = version_entry(view, event, position)
+    writes.shells[versions_key] = _shells(folding.stored.get(versions_key, {}), written)
+    writes.dropped.add(versions_key)
+    if current is not None:
+        writes.stale_members.setdefault(event.user_id, set()).add(order_member(current))
+
+
+# One rule per event type: what the event writes into the read model, given its log position.
+_RULES: dict[type[events.AnyEvent], Callable[[_Folding, Any, str], object]] = {
+    events.UserForgotten: _erase_user,
+    events.SessionForgotten: _erase_session,
+    events.MemoryRecalled: _recall,
+    events.MessageRecorded: _recorded,
+    events.MessageRetracted: _retracted,
+    events.NoteSaved: _changed,
+    events.NoteUpdated: _changed,
+    events.NoteRenewed: _changed,
+    events.NoteSuperseded: _superseded,
+    events.NoteReverted: _reverted,
+    # A deletion requested or lapsed is a version of its note; on an account or session stream,
+    # nothing here (pending erasures live in the forget saga).
+    events.ForgetRequested: _changed,
+    events.ForgetExpired: _changed,
+    events.NoteForgotten: _forgotten,
+}
 
 
 def _shells(stored: dict[bytes, bytes], written: dict[str, VersionView]) -> dict[str, bytes]:

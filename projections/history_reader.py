@@ -1,6 +1,8 @@
 """Reading the history read model (``projections/history.py`` writes it): notes, versions,
 keyed lookups, the listings by category and recency, and conversations, from the live
-generation, for the query responders."""
+generation, for the query responders (the application's ``NoteHistory``), and what a reading
+of the past reads (its ``PastReader``: the notes changed since a moment and their versions, the
+listing's places now)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from engram_ledger.projections.history_records import (
 from engram_ledger.projections.tracking import CheckpointReader, read_position
 from engram_ledger.services.adapters.crypto import KeyedFields, MasterKey, RecordKeys
 from engram_ledger.services.application.as_of import Listed, Moment, note_as_of
+from engram_ledger.services.application.ports import ListingPage
 
 
 def _under(category: str, prefix: str) -> bool:
@@ -178,16 +181,7 @@ class HistoryReader(CheckpointReader):
             members += await self._redis.zrangebylex(order, low, high)
         return await self._views(keys, user_id, [_member_id(m) for m in members])
 
-    async def list_page(
-        self,
-        user_id: str,
-        category: str | None,
-        include_superseded: bool,
-        category_prefix: str | None,
-        offset: int,
-        limit: int,
-        now: datetime,
-    ) -> tuple[list[NoteView], int] | None:
+    async def list_page(self, user_id: str, page: ListingPage) -> tuple[list[NoteView], int] | None:
         """A page of ``list_notes`` and how many notes the listing holds, reading only that page.
         None when the page cannot be told from the listing alone: a note whose time to live has
         run out may be in it (one on the page, or any of the user's past its expiry in the
@@ -195,8 +189,9 @@ class HistoryReader(CheckpointReader):
         was forgotten meanwhile; the caller then reads the whole listing."""
         keys = await self._keys(user_id)
         p = channels.partition_of(user_id, self.partitions)
-        order = keys.order(user_id, include_superseded)
-        ranges = self._ranges(category, category_prefix)
+        order = keys.order(user_id, page.include_superseded)
+        ranges = self._ranges(page.category, page.category_prefix)
+        offset, limit, now = page.offset, page.limit, page.now
         if ranges == []:
             return [], 0
         now_ms = now.astimezone(UTC).timestamp() * 1000
@@ -281,6 +276,37 @@ class HistoryReader(CheckpointReader):
             pipe.zcard(keys.recent(user_id))
             members, total = await pipe.execute()
         return await self._views(keys, user_id, [m.decode() for m in members]), int(total)
+
+    async def recalls(
+        self, user_id: str, since: datetime | None, until: datetime | None, session_id: str | None, limit: int
+    ) -> list[RecallView]:
+        """The user's recalls, newest first, without their queries (only the event store opens
+        those). A session filter reads on until ``limit`` of that session are found."""
+        keys = await self._keys(user_id)
+        high = until.timestamp() * 1000 if until is not None else "+inf"
+        low = f"({since.timestamp() * 1000}" if since is not None else "-inf"
+        found: list[RecallView] = []
+        start = 0
+        while len(found) < limit:
+            ids = [
+                i.decode()
+                for i in await self._redis.zrevrangebyscore(keys.recalls(user_id), high, low, start=start, num=limit)
+            ]
+            if not ids:
+                break
+            start += len(ids)
+            raws = await self._redis.mget([keys.recall(user_id, i) for i in ids] + self._wrapped(user_id, ids))
+            for j, recall_id in enumerate(ids):
+                raw, wrapped = raws[j], raws[len(ids) + j]
+                if raw is None:
+                    continue
+                key = self._data_keys.of(wrapped, user_id, recall_id)
+                view = RECALLS.open(raw, key, recall_label(user_id, recall_id))
+                if view is not None and (session_id is None or view.session_id == session_id):
+                    found.append(view)
+        return found[:limit]
+
+    # -- The past (``PastReader``) --
 
     def partition_of(self, user_id: str) -> int:
         return channels.partition_of(user_id, self.partitions)
@@ -383,35 +409,6 @@ class HistoryReader(CheckpointReader):
         mine = saga_member(user_id, "")
         due = await self._redis.zrangebyscore(SagaKeys(p).expiries, "-inf", ms)
         return [m.decode()[len(mine) :] for m in due if m.decode().startswith(mine)]
-
-    async def recalls(
-        self, user_id: str, since: datetime | None, until: datetime | None, session_id: str | None, limit: int
-    ) -> list[RecallView]:
-        """The user's recalls, newest first, without their queries (only the event store opens
-        those). A session filter reads on until ``limit`` of that session are found."""
-        keys = await self._keys(user_id)
-        high = until.timestamp() * 1000 if until is not None else "+inf"
-        low = f"({since.timestamp() * 1000}" if since is not None else "-inf"
-        found: list[RecallView] = []
-        start = 0
-        while len(found) < limit:
-            ids = [
-                i.decode()
-                for i in await self._redis.zrevrangebyscore(keys.recalls(user_id), high, low, start=start, num=limit)
-            ]
-            if not ids:
-                break
-            start += len(ids)
-            raws = await self._redis.mget([keys.recall(user_id, i) for i in ids] + self._wrapped(user_id, ids))
-            for j, recall_id in enumerate(ids):
-                raw, wrapped = raws[j], raws[len(ids) + j]
-                if raw is None:
-                    continue
-                key = self._data_keys.of(wrapped, user_id, recall_id)
-                view = RECALLS.open(raw, key, recall_label(user_id, recall_id))
-                if view is not None and (session_id is None or view.session_id == session_id):
-                    found.append(view)
-        return found[:limit]
 
     async def _views(self, keys: HistoryKeys, user_id: str, ids: list[str]) -> list[NoteView]:
         return [v for v in await self._notes(keys, user_id, ids) if v is not None]

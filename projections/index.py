@@ -9,16 +9,20 @@ because events at or below its indexed version are skipped.
 
 Generations: ``engram:{p}:idx:live`` names the live generation; a rebuild (``engram rebuild
 index``, e.g. for a new embedding model) fills a fresh shard directory or collection and
-switches the pointer; queries keep using the old one until then.
+switches the pointer; queries keep using the old one until then. The timeline of every version
+(``projections/timeline.py``) is a projection of its own, with its own state and checkpoint, in
+the same generations; ``PointsProjection`` is what the two share.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from abc import abstractmethod
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 from redis.asyncio import Redis
@@ -40,19 +44,12 @@ from engram_ledger.projections.index_model import (
     indexed_text,
     pieces_of,
 )
-from engram_ledger.projections.timeline import TimelineWriter
-from engram_ledger.projections.timeline_model import plan_timeline
 from engram_ledger.projections.tracking import GenerationalProjection, StaleProjection, read_generation
 from engram_ledger.services.adapters.crypto import SubjectMatcher
 from engram_ledger.services.adapters.redis_conn import transaction_client
-from engram_ledger.services.application.as_of import position_value, time_value
 from engram_ledger.services.application.ports import EventStore, LogEntry
 from engram_ledger.services.application.ranking import CONTEXT_TURNS
-from engram_ledger.services.application.vector_index import (
-    CONVERSATION,
-    Embedder,
-    VectorIndex,
-)
+from engram_ledger.services.application.vector_index import CONVERSATION, Embedder, IndexPoint, VectorIndex
 
 
 async def live_index_generation(redis: Redis, partition: int) -> int:
@@ -64,7 +61,7 @@ _tail_decoder = msgspec.json.Decoder(list[str])
 
 
 @dataclass
-class _Writes:
+class StateWrites:
     """What a batch writes of the projection's own state: values to set (None: delete), turns
     to append to each conversation's order, orders to drop (their conversation was erased)."""
 
@@ -73,13 +70,18 @@ class _Writes:
     drops: set[str]
 
 
-class IndexProjection(GenerationalProjection[_Writes]):
-    """The vector index is written while planning, before the transaction: its writes are
+class PointsProjection(GenerationalProjection[StateWrites]):
+    """What the live index and its timeline (``projections/timeline.py``) share: notes and turns
+    kept as points in a vector index, and in Redis, under the projection's keys, each note's
+    ``NoteMeta`` and each conversation's last turns, folded from the log (``index_model``).
+
+    The vector index is written while planning, before the transaction: its writes are
     idempotent, so a transaction that then fails replays them harmlessly. The plan is what is
     left: the projection's own keys to set (None: delete)."""
 
-    name = "index"
     rebuild_batch = 256
+    # Where its state is kept, by partition and generation.
+    keys_of: ClassVar[type[IndexKeys]]
 
     def __init__(
         self,
@@ -91,41 +93,34 @@ class IndexProjection(GenerationalProjection[_Writes]):
         *,
         store: EventStore,
         subjects: SubjectMatcher,
-        timeline: VectorIndex | None = None,
     ) -> None:
-        """``timeline``: where every version is kept for searches of the past (None: not kept)."""
-        self.keys = IndexKeys(partition, generation)
+        self.keys = self.keys_of(partition, generation)
         super().__init__(redis, partition, generation, self.keys)
         self._store = store
         self._subjects = subjects
         self.index = index
         self._embedder = embedder
-        self._timeline = TimelineWriter(timeline, embedder, store) if timeline is not None else None
 
     def _state_keys(self, batch: Sequence[LogEntry]) -> list[str]:
         return list(dict.fromkeys(self.keys.note(e.event.user_id, e.event.note_id) for e in batch))
 
-    async def _plan(self, batch: Sequence[LogEntry], state: dict[str, bytes | None]) -> _Writes:
+    async def _loaded(
+        self, batch: Sequence[LogEntry], state: dict[str, bytes | None]
+    ) -> tuple[dict[str, NoteMeta | None], _Turns]:
+        """The notes' metas before the batch, and the last turns of the conversations it records in."""
         metas = {k: (_meta_decoder.decode(r) if r is not None else None) for k, r in state.items()}
         turns = _Turns(self._redis, self._store, self.keys, batch)
         await turns.load()
-        timeline = plan_timeline(batch, metas, self.keys.note, self._subject_key) if self._timeline else None
-        recorded = {
-            (e.event.user_id, e.event.note_id): (time_value(e.event.at), position_value(e.position))
-            for e in batch
-            if isinstance(e.event, MessageRecorded)
-        }
-        changed = await self._write_index(batch, metas, turns, recorded)
-        changed |= await self._drop_contexts(await turns.followers(2 * CONTEXT_TURNS), turns, metas)
-        if self._timeline is not None and timeline is not None:
-            await self._timeline.write(timeline)
+        return metas, turns
+
+    def _writes(self, metas: dict[str, NoteMeta | None], changed: set[str], turns: _Turns) -> StateWrites:
         values: dict[str, bytes | None] = {key: msgspec.json.encode(metas[key]) for key in changed}
         for key, tail in turns.tails().items():
             values[key] = msgspec.json.encode(tail) if tail else None
         pushes, drops = turns.orders()
-        return _Writes(values, pushes, drops)
+        return StateWrites(values, pushes, drops)
 
-    def _queue(self, pipe: Pipeline, writes: _Writes) -> None:
+    def _queue(self, pipe: Pipeline, writes: StateWrites) -> None:
         for key, value in writes.values.items():
             if value is None:
                 pipe.delete(key)
@@ -135,6 +130,22 @@ class IndexProjection(GenerationalProjection[_Writes]):
             pipe.delete(key)
         for key, ids in writes.pushes.items():
             pipe.rpush(key, *ids)
+
+    async def _points(
+        self, changes: BatchChanges, metas: Mapping[str, NoteMeta | None]
+    ) -> tuple[list[IndexPoint], Counter[str], dict[str, str]]:
+        """The points of the texts ``changes`` holds, embedded; each note's chunk count; the turns
+        that have a context point (``context_firsts``)."""
+        chunked = {t: self._embedder.chunks(t) for _, _, t in changes.texts.values() if t}  # a tokenizer run each
+        chunked |= {
+            t: self._embedder.chunks(t) for before in changes.contexts.values() for t in before if t not in chunked
+        }
+        firsts = context_firsts(changes, chunked)
+        earlier = {chunked[t][0] for key in firsts for t in changes.contexts[key]}
+        unique = list(dict.fromkeys([p[2] for p in pieces_of(changes, chunked)] + sorted(earlier)))
+        vectors = dict(zip(unique, await self._embedder.embed(unique, background=True), strict=True)) if unique else {}
+        points, chunk_counts = build_points(changes, metas, chunked, vectors)
+        return points, chunk_counts, firsts
 
     async def _drop_contexts(
         self, followers: dict[str, list[str]], turns: _Turns, metas: dict[str, NoteMeta | None]
@@ -154,62 +165,9 @@ class IndexProjection(GenerationalProjection[_Writes]):
             if meta is None or meta.context_chunk is None:
                 continue
             await self.index.delete(user_id, note_id, from_chunk=meta.context_chunk)
-            if self._timeline is not None:
-                await self._timeline.index.delete(user_id, note_id, from_chunk=meta.context_chunk)
             meta.chunks, meta.context_chunk = meta.context_chunk, None
             changed.add(key)
         return changed
-
-    async def _write_index(
-        self,
-        batch: Sequence[LogEntry],
-        metas: dict[str, NoteMeta | None],
-        turns: _Turns,
-        recorded: dict[tuple[str, str], tuple[float, float]],
-    ) -> set[str]:
-        """Fold the batch per note, then write each changed note's final state to the index."""
-        changes = fold_batch(batch, metas, self.keys.note, self._subject_key, turns)
-        return await self._write_changes(changes, metas, recorded)
-
-    async def _write_changes(
-        self,
-        changes: BatchChanges,
-        metas: dict[str, NoteMeta | None],
-        recorded: dict[tuple[str, str], tuple[float, float]] | None = None,
-    ) -> set[str]:
-        """Re-embed notes whose text changed, set payload on notes whose fields changed, delete
-        the points of notes forgotten. The timeline gets the turns' points (``recorded``: when
-        each turn the batch records was said) and loses every point of what is forgotten."""
-        await self._from_store(changes.retext, changes.texts, changes.names, changes.forgotten, metas)
-        chunked = {t: self._embedder.chunks(t) for _, _, t in changes.texts.values() if t}  # a tokenizer run each
-        chunked |= {
-            t: self._embedder.chunks(t) for before in changes.contexts.values() for t in before if t not in chunked
-        }
-        firsts = context_firsts(changes, chunked)
-        earlier = {chunked[t][0] for key in firsts for t in changes.contexts[key]}
-        unique = list(dict.fromkeys([p[2] for p in pieces_of(changes, chunked)] + sorted(earlier)))
-        vectors = dict(zip(unique, await self._embedder.embed(unique, background=True), strict=True)) if unique else {}
-        points, chunk_counts = build_points(changes, metas, chunked, vectors)
-        await self.index.upsert(points)
-        if self._timeline is not None:
-            await self._timeline.mirror([p for p in points if p.payload["record"] == CONVERSATION], recorded or {})
-        for key, (user_id, note_id) in changes.touched.items():
-            meta = metas[key]
-            if meta is None or key in changes.forgotten:
-                await self.index.delete(user_id, note_id)
-                if self._timeline is not None:
-                    await self._timeline.index.delete(user_id, note_id)
-                if meta is not None:
-                    meta.chunks = 0
-            elif key in changes.texts:
-                chunks = chunk_counts[key]
-                if changes.old_chunks[key] > chunks:
-                    await self.index.delete(user_id, note_id, from_chunk=chunks)
-                meta.chunks = chunks
-                meta.context_chunk = chunks - 1 if key in firsts else None
-            else:
-                await self.index.set_payload(user_id, note_id, meta.filter_fields())
-        return {key for key in changes.touched if metas[key] is not None}
 
     async def apply(self, batch: Sequence[LogEntry], *, live: bool = True) -> None:
         try:
@@ -227,10 +185,8 @@ class IndexProjection(GenerationalProjection[_Writes]):
 
     async def repair(self) -> int:
         """Write again, from this projection's own state, the notes a writer that lost the
-        projection reported (``apply``): a forgotten note's points deleted, a live note's
-        re-embedded from the store (a turn's without the turns before it: its context point
-        goes until the turn is indexed again). In a transaction on the checkpoint, as ``apply``.
-        Returns how many notes were written again."""
+        projection reported (``apply``; ``_rewrite`` says how). In a transaction on the
+        checkpoint, as ``apply``. Returns how many notes were written again."""
         reported = await self._redis.smembers(self.keys.recheck)
         if not reported:
             return 0
@@ -241,12 +197,9 @@ class IndexProjection(GenerationalProjection[_Writes]):
                 await pipe.watch(self.keys.checkpoint, *self._guards())
                 _, *values = await pipe.mget([self.keys.checkpoint, *self._guards(), *notes])
                 self._check(values[: len(self._guards())])
-                stored = values[len(self._guards()) :]
-                metas = {
-                    k: (_meta_decoder.decode(r) if r is not None else None) for k, r in zip(notes, stored, strict=True)
-                }
-                changes = await self._as_stored(notes, metas)
-                changed = await self._write_changes(changes, metas)
+                stored = zip(notes, values[len(self._guards()) :], strict=True)
+                metas = {k: (_meta_decoder.decode(r) if r is not None else None) for k, r in stored}
+                changed = await self._rewrite(notes, metas)
                 pipe.multi()
                 for key in changed:
                     pipe.set(key, msgspec.json.encode(metas[key]))
@@ -255,6 +208,56 @@ class IndexProjection(GenerationalProjection[_Writes]):
             except WatchError as e:
                 raise StaleProjection() from e
         return len(notes)
+
+    @abstractmethod
+    async def _rewrite(self, notes: dict[str, tuple[str, str]], metas: dict[str, NoteMeta | None]) -> set[str]:
+        """Write the reported ``notes`` (by the key of their state) again outside Redis, from
+        their ``metas``; the keys of the metas that changed."""
+
+    def _subject_key(self, user_id: str, subject: str | None) -> str | None:
+        return self._subjects.match_key(user_id, subject) if subject is not None else None
+
+
+class IndexProjection(PointsProjection):
+    """The live index: each note's current text and filter fields, each turn's words."""
+
+    name = "index"
+    keys_of = IndexKeys
+
+    async def _plan(self, batch: Sequence[LogEntry], state: dict[str, bytes | None]) -> StateWrites:
+        """Fold the batch per note, then write each changed note's final state to the index."""
+        metas, turns = await self._loaded(batch, state)
+        changes = fold_batch(batch, metas, self.keys.note, self._subject_key, turns)
+        changed = await self._write_changes(changes, metas)
+        changed |= await self._drop_contexts(await turns.followers(2 * CONTEXT_TURNS), turns, metas)
+        return self._writes(metas, changed, turns)
+
+    async def _write_changes(self, changes: BatchChanges, metas: dict[str, NoteMeta | None]) -> set[str]:
+        """Re-embed notes whose text changed, set payload on notes whose fields changed, delete
+        the points of notes forgotten."""
+        await self._from_store(changes.retext, changes.texts, changes.names, changes.forgotten, metas)
+        points, chunk_counts, firsts = await self._points(changes, metas)
+        await self.index.upsert(points)
+        for key, (user_id, note_id) in changes.touched.items():
+            meta = metas[key]
+            if meta is None or key in changes.forgotten:
+                await self.index.delete(user_id, note_id)
+                if meta is not None:
+                    meta.chunks = 0
+            elif key in changes.texts:
+                chunks = chunk_counts[key]
+                if changes.old_chunks[key] > chunks:
+                    await self.index.delete(user_id, note_id, from_chunk=chunks)
+                meta.chunks = chunks
+                meta.context_chunk = chunks - 1 if key in firsts else None
+            else:
+                await self.index.set_payload(user_id, note_id, meta.filter_fields())
+        return {key for key in changes.touched if metas[key] is not None}
+
+    async def _rewrite(self, notes: dict[str, tuple[str, str]], metas: dict[str, NoteMeta | None]) -> set[str]:
+        """A forgotten note's points deleted, a live note's re-embedded from the store (a turn's
+        without the turns before it: its context point goes until the turn is indexed again)."""
+        return await self._write_changes(await self._as_stored(notes, metas), metas)
 
     async def _as_stored(self, notes: dict[str, tuple[str, str]], metas: dict[str, NoteMeta | None]) -> BatchChanges:
         """The changes that write each note as this projection's state and the store hold it."""
@@ -274,9 +277,6 @@ class IndexProjection(GenerationalProjection[_Writes]):
                     changes.texts[key] = (user_id, note_id, state.content)
                     changes.names[key] = state.subject
         return changes
-
-    def _subject_key(self, user_id: str, subject: str | None) -> str | None:
-        return self._subjects.match_key(user_id, subject) if subject is not None else None
 
     async def _from_store(
         self,
@@ -363,7 +363,7 @@ class _Turns:
 
     def retract(self, event: MessageRetracted) -> None:
         """A retracted turn is no context for the turns after it; those indexed before it was
-        retracted lose their context points (``IndexProjection._drop_contexts``)."""
+        retracted lose their context points (``PointsProjection._drop_contexts``)."""
         session = (event.user_id, event.session_id)
         recent = self._recent.setdefault(session, [])
         recent[:] = [(i, text) for i, text in recent if i != event.note_id]

@@ -14,17 +14,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from engram_ledger.contracts.events import (
-    MessageRecorded,
-    MessageRetracted,
-    NoteForgotten,
-    NoteReverted,
-    NoteSaved,
-    NoteSuperseded,
-    NoteUpdated,
-    SessionForgotten,
-    is_control_stream,
-)
+from engram_ledger.contracts import events
 from engram_ledger.services.application.ports import LogEntry
 from engram_ledger.services.application.ranking import context_text, context_vector
 from engram_ledger.services.application.terms import sparse_document
@@ -106,9 +96,9 @@ def indexed_text(name: str | None, content: str) -> str:
 class TurnWindow(Protocol):
     """The last turns of each conversation the batch records messages in (loaded beforehand)."""
 
-    def before(self, event: MessageRecorded) -> list[str]: ...
+    def before(self, event: events.MessageRecorded) -> list[str]: ...
 
-    def retract(self, event: MessageRetracted) -> None: ...
+    def retract(self, event: events.MessageRetracted) -> None: ...
 
     def forget(self, user_id: str, session_id: str) -> None: ...
 
@@ -131,21 +121,27 @@ class BatchChanges:
     old_chunks: dict[str, int] = field(default_factory=dict)
 
 
+# Told of each event the fold applies, with its log entry, its note's key and the note's meta
+# right after it (the timeline plans its versions from these).
+Applied = Callable[[LogEntry, str, NoteMeta], None]
+
+
 def fold_batch(
     batch: Sequence[LogEntry],
     metas: dict[str, NoteMeta | None],
     key_of: Callable[[str, str], str],
     subject_key: Callable[[str, str | None], str | None],
     turns: TurnWindow,
+    applied: Applied | None = None,
 ) -> BatchChanges:
     """Fold the batch into ``metas`` (updated in place) and what the index must change. Events at
     or below a note's indexed version are skipped: a note never goes back."""
     changes = BatchChanges()
     for entry in batch:
         event = entry.event
-        if isinstance(event, SessionForgotten):
+        if isinstance(event, events.SessionForgotten):
             turns.forget(event.user_id, event.session_id)
-        if is_control_stream(event.note_id):
+        if events.is_control_stream(event.note_id):
             continue  # an erased user's or session's notes each had their own NoteForgotten
         key = key_of(event.user_id, event.note_id)
         meta = metas.get(key)
@@ -160,6 +156,8 @@ def fold_batch(
             continue  # an event for a note the index never saw saved: nothing to update
         metas[key] = meta
         changes.touched[key] = (event.user_id, event.note_id)
+        if applied is not None:
+            applied(entry, key, meta)
     return changes
 
 
@@ -171,69 +169,130 @@ def apply_event(
     subject_key: Callable[[str, str | None], str | None],
     turns: TurnWindow,
 ) -> NoteMeta | None:
-    """One event on its note's meta (None: a note the index never saw saved)."""
-    if isinstance(event, NoteSaved):
-        changes.names[key] = event.subject
-        changes.texts[key] = (event.user_id, event.note_id, event.content)
-        changes.forgotten.discard(key)
-        return NoteMeta(
-            version=event.version,
-            status="active",
-            category=event.category,
-            kind=event.kind.value,
-            subject_key=subject_key(event.user_id, event.subject),
-            created_at=_ts(event.at),
-            time=_ts(event.occurred_at or event.at),
-        )
-    if isinstance(event, MessageRecorded):
-        changes.texts[key] = (event.user_id, event.note_id, indexed_text(event.speaker, event.content))
-        before = turns.before(event)
-        if before:
-            changes.contexts[key] = before
-        return NoteMeta(
-            version=event.version,
-            status="active",
-            category="conversation",
-            kind="message",
-            created_at=_ts(event.at),
-            record=CONVERSATION,
-            session_id=event.session_id,
-            time=_ts(event.sent_at or event.at),
-        )
-    if meta is None:
-        return None
-    meta.version = event.version
-    if isinstance(event, NoteUpdated):
-        meta.category = event.category or meta.category
-        renamed = False
-        if event.subject is not None:
-            new_key = subject_key(event.user_id, event.subject)
-            renamed, meta.subject_key = new_key != meta.subject_key, new_key
-            changes.names[key] = event.subject
-        if event.content is not None:
-            changes.texts[key] = (event.user_id, event.note_id, event.content)
-        elif renamed:
-            changes.retext[key] = (event.user_id, event.note_id)
-    elif isinstance(event, NoteReverted):
-        meta.category = event.category
-        meta.status = "active"
-        meta.subject_key = subject_key(event.user_id, event.subject)
-        changes.names[key] = event.subject
-        changes.texts[key] = (event.user_id, event.note_id, event.content)
-    elif isinstance(event, NoteSuperseded):
-        meta.status = "superseded"
-    elif isinstance(event, NoteForgotten | MessageRetracted):
-        if isinstance(event, MessageRetracted):
-            turns.retract(event)
-        # A retracted turn leaves searches as a forgotten note does (its text stays in the log,
-        # sealed, until its session or user is forgotten).
-        meta.status = "forgotten"
-        meta.subject_key = None
-        changes.names.pop(key, None)
-        changes.texts.pop(key, None)
-        changes.forgotten.add(key)
-    # Else a pending deletion requested or lapsed, a renewal: nothing the index shows changes.
-    return meta
+    """One event on its note's meta (None: a note the index never saw saved), by its type's rule.
+    An event the table does not name changes nothing the index shows (``_UNSHOWN``)."""
+    rule = _RULES.get(type(event), _UNSHOWN)
+    return rule(event, meta, _Applying(key, changes, subject_key, turns))
+
+
+@dataclass
+class _Applying:
+    """What an event's rule works with besides its note's meta: the note's key (in ``changes``),
+    the batch's changes, how a subject is hashed, and the turns before each new one."""
+
+    key: str
+    changes: BatchChanges
+    subject_key: Callable[[str, str | None], str | None]
+    turns: TurnWindow
+
+
+_Rule = Callable[[Any, NoteMeta | None, _Applying], NoteMeta | None]
+
+
+def _saved(event: events.NoteSaved, meta: NoteMeta | None, at: _Applying) -> NoteMeta:
+    at.changes.names[at.key] = event.subject
+    at.changes.texts[at.key] = (event.user_id, event.note_id, event.content)
+    at.changes.forgotten.discard(at.key)
+    return NoteMeta(
+        version=event.version,
+        status="active",
+        category=event.category,
+        kind=event.kind.value,
+        subject_key=at.subject_key(event.user_id, event.subject),
+        created_at=_ts(event.at),
+        time=_ts(event.occurred_at or event.at),
+    )
+
+
+def _recorded(event: events.MessageRecorded, meta: NoteMeta | None, at: _Applying) -> NoteMeta:
+    at.changes.texts[at.key] = (event.user_id, event.note_id, indexed_text(event.speaker, event.content))
+    before = at.turns.before(event)
+    if before:
+        at.changes.contexts[at.key] = before
+    return NoteMeta(
+        version=event.version,
+        status="active",
+        category="conversation",
+        kind="message",
+        created_at=_ts(event.at),
+        record=CONVERSATION,
+        session_id=event.session_id,
+        time=_ts(event.sent_at or event.at),
+    )
+
+
+def _indexed(change: Callable[[Any, NoteMeta, _Applying], None]) -> _Rule:
+    """The rule of an event that changes a note the index has (its version, then ``change``); for
+    a note it never saw saved, nothing."""
+
+    def rule(event: Any, meta: NoteMeta | None, at: _Applying) -> NoteMeta | None:
+        if meta is None:
+            return None
+        meta.version = event.version
+        change(event, meta, at)
+        return meta
+
+    return rule
+
+
+def _updated(event: events.NoteUpdated, meta: NoteMeta, at: _Applying) -> None:
+    meta.category = event.category or meta.category
+    renamed = False
+    if event.subject is not None:
+        new_key = at.subject_key(event.user_id, event.subject)
+        renamed, meta.subject_key = new_key != meta.subject_key, new_key
+        at.changes.names[at.key] = event.subject
+    if event.content is not None:
+        at.changes.texts[at.key] = (event.user_id, event.note_id, event.content)
+    elif renamed:
+        at.changes.retext[at.key] = (event.user_id, event.note_id)
+
+
+def _reverted(event: events.NoteReverted, meta: NoteMeta, at: _Applying) -> None:
+    meta.category = event.category
+    meta.status = "active"
+    meta.subject_key = at.subject_key(event.user_id, event.subject)
+    at.changes.names[at.key] = event.subject
+    at.changes.texts[at.key] = (event.user_id, event.note_id, event.content)
+
+
+def _superseded(event: events.NoteSuperseded, meta: NoteMeta, at: _Applying) -> None:
+    meta.status = "superseded"
+
+
+def _forgotten(event: events.NoteForgotten | events.MessageRetracted, meta: NoteMeta, at: _Applying) -> None:
+    meta.status = "forgotten"
+    meta.subject_key = None
+    at.changes.names.pop(at.key, None)
+    at.changes.texts.pop(at.key, None)
+    at.changes.forgotten.add(at.key)
+
+
+def _retracted(event: events.MessageRetracted, meta: NoteMeta, at: _Applying) -> None:
+    # A retracted turn leaves searches as a forgotten note does (its text stays in the log,
+    # sealed, until its session or user is forgotten).
+    at.turns.retract(event)
+    _forgotten(event, meta, at)
+
+
+def _nothing_shown(event: Any, meta: NoteMeta, at: _Applying) -> None:
+    return None
+
+
+# A pending deletion requested or lapsed, a renewal, or any event the table does not name: its
+# note's version moves on, and nothing the index shows changes.
+_UNSHOWN = _indexed(_nothing_shown)
+
+# One rule per event type that the index shows: the note's meta after it, and what to embed.
+_RULES: dict[type[events.AnyEvent], _Rule] = {
+    events.NoteSaved: _saved,
+    events.MessageRecorded: _recorded,
+    events.NoteUpdated: _indexed(_updated),
+    events.NoteReverted: _indexed(_reverted),
+    events.NoteSuperseded: _indexed(_superseded),
+    events.NoteForgotten: _indexed(_forgotten),
+    events.MessageRetracted: _indexed(_retracted),
+}
 
 
 def pieces_of(changes: BatchChanges, chunked: Mapping[str, list[str]]) -> list[tuple[str, int, str]]:

@@ -11,14 +11,15 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from engram_ledger.contracts.channels import IndexKeys, model_key
-from engram_ledger.projections.index import IndexProjection, live_index_generation
+from engram_ledger.contracts.channels import IndexKeys, TimelineKeys, model_key
+from engram_ledger.projections.index import PointsProjection, live_index_generation
 from engram_ledger.projections.qdrant_edge import drop_shard
 from engram_ledger.projections.tracking import CheckpointReader, read_position
 from engram_ledger.services.adapters.crypto import SubjectMatcher
@@ -84,14 +85,24 @@ class IndexRuntime:
         self.model_state: ModelState = "loading"
         self.model_load_seconds: float | None = None
         self._reader = IndexReader(self)
+        self._past_reader = IndexReader(self, TimelineKeys)
         self.purge_seconds = purge_seconds
         self.purged_at: float | None = None
+        # Set once a live generation is open (``wait_opened``); made in the loop that waits.
+        self._opened: asyncio.Event | None = None
+        # Wakes the purge (set while it runs): a delete left points in the files.
+        self._wake: Callable[[], None] | None = None
 
     def subject_key(self, user_id: str, subject: str) -> str:
         return self.subjects.match_key(user_id, subject)
 
     async def wait_for(self, token: str, timeout: float) -> bool:
         return await self._reader.wait_for(token, timeout)
+
+    async def wait_for_past(self, token: str, timeout: float) -> bool:
+        """Until the timeline has applied the write ``token`` names (a search of the past ranks
+        its points): its own projection, which may be behind the live index or ahead of it."""
+        return await self._past_reader.wait_for(token, timeout)
 
     @property
     def index(self) -> VectorIndex:
@@ -100,9 +111,24 @@ class IndexRuntime:
         return self._index
 
     @property
+    def opened(self) -> bool:
+        return self._index is not None
+
+    async def wait_opened(self) -> None:
+        if self._opened is None:
+            self._opened = asyncio.Event()
+        if self._index is None:
+            await self._opened.wait()
+
+    @property
     def timeline(self) -> VectorIndex | None:
         """The live generation's timeline index, once open (None where none is kept)."""
         return self._timeline if self._index is not None else None
+
+    def index_of(self, projection: str) -> VectorIndex | None:
+        """The open index the projection ``projection`` writes: the live one (``index``) or its
+        ``timeline``."""
+        return self.timeline if projection == "timeline" else self.index
 
     async def sync(self) -> None:
         """Open the live generation if it is not the one open now."""
@@ -123,6 +149,10 @@ class IndexRuntime:
             previous = self._index
             previous_timeline = self._timeline
             self._index, self._timeline, self.generation, self.error = index, timeline, generation, None
+            for opened in self._open_indexes():
+                opened.on_owed = self._wake
+            if self._opened is not None:
+                self._opened.set()
             log.info("vector index generation %d is live", generation)
             if previous_timeline is not None:
                 await previous_timeline.close()
@@ -175,13 +205,18 @@ class IndexRuntime:
         owed = [i.owed_since() for i in self._open_indexes()]
         return min((t for t in owed if t is not None), default=None)
 
-    def files_state(self) -> dict[str, float | None] | None:
+    def files_state(self) -> dict[str, str | float | None] | None:
         """What ``engram health`` says of deleted points in this process's index files (None
         where the files are a server's own): since when a removal is owed, when the last rewrite
-        was made, and the bound."""
+        was made (times in ISO 8601, UTC), and the bound in seconds."""
         if not self._open_indexes():
             return None
-        return {"owed_since": self.purge_owed_since(), "purged_at": self.purged_at, "bound_seconds": self.purge_seconds}
+        owed = self.purge_owed_since()
+        return {
+            "owed_since": iso_time(owed) if owed is not None else None,
+            "rewritten_at": iso_time(self.purged_at) if self.purged_at is not None else None,
+            "bound_seconds": self.purge_seconds,
+        }
 
     def _open_indexes(self) -> list[VectorIndex]:
         return [i for i in (self._index, self._timeline) if i is not None and i.compacts_files]
@@ -189,31 +224,47 @@ class IndexRuntime:
     async def purge(self, stop: asyncio.Event, on_change: Callable[[], Awaitable[None]] | None = None) -> None:
         """Rewrite the indexes' files without their deleted points: at once after a first
         delete, then at most every ``purge_seconds`` while deletes keep coming, so a forgotten
-        note's vectors leave the disk within that bound (plus the rewrite itself).
-        ``on_change``: told when a removal becomes owed and when one is made (the worker's
-        report for `engram health`)."""
-        check = min(1.0, max(self.purge_seconds / 4, 0.05))
+        note's vectors leave the disk within that bound (plus the rewrite itself). A delete wakes
+        it (``VectorIndex.on_owed``); it also looks every second. ``on_change``: told when a
+        removal becomes owed and when one is made (the worker's report for `engram health`)."""
+        self._owed_signal = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        signal = self._owed_signal
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(signal.set)
+
+        self._wake = wake
+        for index in self._open_indexes():
+            index.on_owed = self._wake
         owed_before: float | None = None
+        while not stop.is_set():
+            try:
+                owed, purged = await self._purge_if_due()
+                changed = purged or (owed is not None) != (owed_before is not None)
+                owed_before = owed
+                if changed and on_change is not None:
+                    await on_change()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("removing deleted points from the index's files failed; retrying")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._owed_signal.wait(), min(1.0, max(self.purge_seconds, 0.05)))
+            self._owed_signal.clear()
 
-        async def maybe() -> None:
-            nonlocal owed_before
-            async with self._lock:  # not while a switch of generation closes them
-                owed = self.purge_owed_since()
-                due = owed is not None and (
-                    self.purged_at is None or time.time() - self.purged_at >= self.purge_seconds
-                )
-                if due:
-                    started = time.monotonic()
-                    for index in self._open_indexes():
-                        await index.compact()
-                    self.purged_at = time.time()
-                    log.info("index files rewritten without deleted points in %.2f s", time.monotonic() - started)
-                    owed = self.purge_owed_since()
-            changed, owed_before = due or (owed is not None) != (owed_before is not None), owed
-            if changed and on_change is not None:
-                await on_change()
-
-        await every(check, stop, maybe, "removing deleted points from the index's files", log)
+    async def _purge_if_due(self) -> tuple[float | None, bool]:
+        """(when the oldest removal still owed was made, whether a rewrite was made now)."""
+        async with self._lock:  # not while a switch of generation closes the indexes
+            owed = self.purge_owed_since()
+            if owed is None or (self.purged_at is not None and time.time() - self.purged_at < self.purge_seconds):
+                return owed, False
+            started = time.monotonic()
+            for index in self._open_indexes():
+                await index.compact()
+            self.purged_at = time.time()
+            log.info("index files rewritten without deleted points in %.2f s", time.monotonic() - started)
+            return self.purge_owed_since(), True
 
     async def close(self) -> None:
         if self._timeline is not None:
@@ -225,13 +276,17 @@ class IndexRuntime:
 
 
 class IndexReader(CheckpointReader):
-    def __init__(self, runtime: IndexRuntime) -> None:
+    """How far the live generation of the index (or, with ``keys=TimelineKeys``, of its timeline)
+    has got."""
+
+    def __init__(self, runtime: IndexRuntime, keys: Callable[[int, int], IndexKeys] = IndexKeys) -> None:
         super().__init__()
         self.runtime = runtime
+        self._keys = keys
 
     async def checkpoint(self, partition: int) -> tuple[int, int]:
         redis = self.runtime.redis
-        keys = IndexKeys(partition, await live_index_generation(redis, partition))
+        keys = self._keys(partition, await live_index_generation(redis, partition))
         return await read_position(redis, keys.checkpoint)
 
     def _client(self) -> Redis | None:
@@ -256,6 +311,10 @@ def timeline_directory(data_dir: Path, generation: int) -> Path:
     return data_dir / "index" / f"g{generation}-timeline"
 
 
+def iso_time(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
+
+
 def drop_edge_generations(data_dir: Path) -> Callable[[int], None]:
     """Removes the shard directories of every generation before a given one (what a compaction
     left beside them too)."""
@@ -270,23 +329,23 @@ def drop_edge_generations(data_dir: Path) -> Callable[[int], None]:
     return drop_before
 
 
-def live_index(
-    redis: Redis, store: EventStore, runtime: IndexRuntime, partition: int
-) -> Callable[[], Awaitable[IndexProjection]]:
-    """Opens the index projection of the partition's live generation (for its runner), after
+P = TypeVar("P", bound=PointsProjection)
+
+
+def live_projection(
+    kind: type[P], redis: Redis, store: EventStore, runtime: IndexRuntime, partition: int
+) -> Callable[[], Awaitable[P]]:
+    """Opens the projection ``kind`` (``IndexProjection``, or ``TimelineProjection`` where the
+    runtime keeps a timeline) of the partition's live generation, for its runner, after
     following a switch of generation."""
 
-    async def open_live() -> IndexProjection:
+    async def open_live() -> P:
         await runtime.sync()
-        return IndexProjection(
-            redis,
-            runtime.index,
-            runtime.embedder,
-            partition,
-            runtime.generation,
-            store=store,
-            subjects=runtime.subjects,
-            timeline=runtime.timeline,
+        index = runtime.index_of(kind.name)
+        if index is None:
+            raise RuntimeError(f"this index keeps no {kind.name}")
+        return kind(
+            redis, index, runtime.embedder, partition, runtime.generation, store=store, subjects=runtime.subjects
         )
 
     return open_live

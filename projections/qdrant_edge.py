@@ -19,6 +19,7 @@ import contextlib
 import os
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,8 @@ class QdrantEdgeIndex:
         self._next = _sibling(directory, ".next")
         self._old = _sibling(directory, ".old")
         self.compacted_at: float | None = None
+        # Called (from the shard's thread) when a delete first leaves points in the files.
+        self.on_owed: Callable[[], None] | None = None
 
     async def _run(self, fn, *args):  # type: ignore[no-untyped-def]
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -223,9 +226,12 @@ class QdrantEdgeIndex:
         if not self.shard.count(CountRequest(filter=where, exact=True)):
             return  # nothing there: no file to rewrite
         # The mark first: a crash after the delete still owes its compaction.
-        if not self._owed_path.exists():
+        first = not self._owed_path.exists()
+        if first:
             _write_durably(self._owed_path, repr(time.time()))
         self.shard.update(UpdateOperation.delete_points_by_filter(where))
+        if first and self.on_owed is not None:
+            self.on_owed()
 
     def owed_since(self) -> float | None:
         """When the oldest delete not yet compacted away was made (seconds since the epoch);

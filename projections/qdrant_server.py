@@ -7,6 +7,7 @@ against qdrant-client's local mode, a stand-in only: it filters in Python."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from qdrant_client import AsyncQdrantClient, models
@@ -53,6 +54,7 @@ class QdrantServerIndex:
     # The server's files are its own: deleted points leave them when its optimizer vacuums their
     # segments (see docs/operations.md), not through Engram.
     compacts_files = False
+    on_owed: Callable[[], None] | None = None
 
     def __init__(self, client: AsyncQdrantClient, collection: str = "engram") -> None:
         self._client = client

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from redis.asyncio import Redis
 
-from engram_ledger.contracts.channels import HistoryKeys, IndexKeys, SagaKeys
+from engram_ledger.contracts.channels import HistoryKeys, IndexKeys, SagaKeys, TimelineKeys
 from engram_ledger.projections.tracking import StaleProjection
 from engram_ledger.services.application.ports import EventStore, LogEntry
 
@@ -108,6 +108,7 @@ class ProjectionRunner:
 LEASES: dict[str, Callable[[int], str]] = {
     "history": lambda p: HistoryKeys(p, 0).lease,
     "index": lambda p: IndexKeys(p, 0).lease,
+    "timeline": lambda p: TimelineKeys(p, 0).lease,
     "forget-saga": lambda p: SagaKeys(p).lease,
 }
 

@@ -14,10 +14,10 @@ a rebuild's switch): nothing is written and ``StaleProjection`` is raised rather
 so the runner reopens from the stored checkpoint and a worker without its lease stops writing.
 
 Readers wait on a caller's token (``CheckpointReader.wait_for``) without polling: the live
-history and index projections announce each checkpoint on ``channels.applied_channel`` in the
-same transaction, and each process has one subscription to it (``AppliedNotices``) that wakes
-the waiters whose position has been reached. A token past the end of its partition's log names
-no write, so it is refused at once instead of holding a handler for the whole wait.
+history, index and timeline projections announce each checkpoint on ``channels.applied_channel``
+in the same transaction, and each process has one subscription to it (``AppliedNotices``) that
+wakes the waiters whose position has been reached. A token past the end of its partition's log
+names no write, so it is refused at once instead of holding a handler for the whole wait.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import logging
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -123,26 +123,11 @@ class TrackedProjection(ABC, Generic[Plan]):
     ) -> int:
         """Apply the log from position zero up to its head when called. Returns how many events
         were read."""
-        await self._start_over()
-        head, _ = await store.log_head(self.partition)
-        if head is None:
-            await self._redis.set(self._checkpoint_key, "0-0")
-            return 0
-        after, read = "0", 0
-        while position_key(after) < position_key(head):
-            batch = await store.read_log(self.partition, after, batch_size or self.rebuild_batch)
-            if not batch:
-                break
-            await self.apply(batch, live=False)
-            after = batch[-1].position
-            read += len(batch)
-            if progress:
-                progress(len(batch))
-        return read
+        return await rebuild_together([self], store, progress, batch_size or self.rebuild_batch)
 
     async def repair(self) -> int:
         """What a writer that lost the projection may have left wrong outside its transaction,
-        written again (see ``IndexProjection.repair``). A projection that writes only in its
+        written again (see ``PointsProjection.repair``). A projection that writes only in its
         transaction has nothing to repair."""
         return 0
 
@@ -167,6 +152,37 @@ class TrackedProjection(ABC, Generic[Plan]):
     @abstractmethod
     def _queue(self, pipe: Pipeline, plan: Plan) -> None:
         """Queue the plan's writes in the transaction."""
+
+
+async def rebuild_together(
+    projections: Sequence[TrackedProjection[Any]],
+    store: EventStore,
+    progress: Callable[[int], None] | None = None,
+    batch_size: int = TrackedProjection.rebuild_batch,
+) -> int:
+    """Rebuild several projections of one partition in one reading of its log, each batch
+    applied to each in turn (what one embeds, the next finds in the embedder's cache). Returns
+    how many events were read."""
+    partition = projections[0].partition
+    for projection in projections:
+        await projection._start_over()
+    head, _ = await store.log_head(partition)
+    if head is None:
+        for projection in projections:
+            await projection._redis.set(projection._checkpoint_key, "0-0")
+        return 0
+    after, read = "0", 0
+    while position_key(after) < position_key(head):
+        batch = await store.read_log(partition, after, batch_size)
+        if not batch:
+            break
+        for projection in projections:
+            await projection.apply(batch, live=False)
+        after = batch[-1].position
+        read += len(batch)
+        if progress:
+            progress(len(batch))
+    return read
 
 
 class GenerationalProjection(TrackedProjection[Plan]):

@@ -10,7 +10,9 @@ Subscriptions of the service, all here:
   same.
 - history projection: ``engram:{p}:log``, no group: a catch-up subscription from its own
   checkpoint, stored with its state.
-- index projection: ``engram:{p}:log``, catch-up subscription like the history one.
+- index projection: ``engram:{p}:log``, catch-up subscription like the history one; the
+  timeline projection (every version, for searches of the past) beside it, with its own
+  checkpoint and lease, in the same role.
 - forget saga: ``engram:{p}:log``, catch-up subscription (pending deletions and deadlines), and
   its timer sending ``ExpireForget`` when a deadline passes.
 - reclaimers: both request streams; re-queue after ``claim_idle_ms``, dead-letter after
@@ -47,8 +49,10 @@ from engram_ledger.projections.access import AccessLog
 from engram_ledger.projections.forget_saga import SagaPendingDeletions, live_saga
 from engram_ledger.projections.history import live_history
 from engram_ledger.projections.history_reader import HistoryReader
-from engram_ledger.projections.index_runtime import IndexRuntime, live_index
+from engram_ledger.projections.index import IndexProjection, PointsProjection
+from engram_ledger.projections.index_runtime import IndexRuntime, live_projection
 from engram_ledger.projections.runner import ProjectionRunner, projection_runner
+from engram_ledger.projections.timeline import TimelineProjection
 from engram_ledger.services.adapters.crypto import MasterKey, MasterKeyError, SubjectMatcher, load_master_key
 from engram_ledger.services.adapters.event_store import RedisEventStore
 from engram_ledger.services.adapters.keyring import KeyringWatcher, attach_keyring
@@ -170,7 +174,7 @@ class Engram:
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Run every worker until ``stopping`` is set."""
         tasks: list[asyncio.Task[None]] = []
-        metrics_server = None
+        metrics: list[Any] = []  # the metrics server, once started
         report = WorkerReport(self.redis, self.settings.consumer_name, self.settings.roles, self.index, self.master)
         try:
             await self._check_partitions()
@@ -192,28 +196,7 @@ class Engram:
             # FastStream's own cluster client reads the request streams: its reads routed as ours.
             stream_reads_routed_locally(await self.broker.connect())
             await self.broker.start()
-            tasks += [asyncio.create_task(r.run(self.stopping), name=f"{r.name}-{r.partition}") for r in self.runners]
-            tasks += [asyncio.create_task(r.run(self.stopping), name=f"reclaim-{r.stream}") for r in self.reclaimers]
-            tasks += [asyncio.create_task(g.run(self.stopping), name=f"gate-{g.lane.inbox}") for g in self.gates]
-            if self.scrubber is not None:
-                tasks.append(asyncio.create_task(self.scrubber.run(self.stopping), name="scrub-after-forget"))
-            if self.forget_timer is not None:
-                tasks.append(asyncio.create_task(self.forget_timer.run(self.stopping), name="forget-expiry"))
-            if self.registry is not None and self.gauges is not None:
-                server, _ = start_http_server(
-                    self.settings.metrics_port, self.settings.metrics_host, registry=self.registry
-                )
-                metrics_server = server
-                tasks.append(asyncio.create_task(self.gauges.run(self.stopping), name="metrics"))
-            tasks.append(asyncio.create_task(report.run(self.stopping), name="readiness-report"))
-            if self.index is not None:
-                # The model loads in the background (6-9 s, more from a cold disk); commands and
-                # reads are served meanwhile, and the first embedding waits for it.
-                tasks.append(asyncio.create_task(self._load_model(self.index, report), name="load-model"))
-                tasks.append(asyncio.create_task(self.index.watch(self.stopping), name="index-generations"))
-                if "index" in self.settings.roles:
-                    purge = self.index.purge(self.stopping, on_change=report.publish)
-                    tasks.append(asyncio.create_task(purge, name="index-purge"))
+            tasks += self._start_workers(report, metrics)
             if self.index is None:
                 self._log_serving()
             else:
@@ -227,27 +210,58 @@ class Engram:
                 ready.set()
             await self.stopping.wait()
         finally:
-            self.stopping.set()
-            await self.broker.stop()
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-            # Best effort, and bounded: the serving connections have no per-call timeout, and a
-            # stalled Redis may be why this worker stops.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(GOODBYE_SECONDS):
-                    await asyncio.gather(*(runner.release() for runner in self.runners), return_exceptions=True)
-            if self.index is not None:
-                await self.index.close()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(GOODBYE_SECONDS):
-                    await report.withdraw()
-            if metrics_server is not None:
-                metrics_server.shutdown()
-                metrics_server.server_close()
-            await close_redis(self.redis)
+            await self._goodbye(tasks, report, metrics)
+
+    def _start_workers(self, report: WorkerReport, metrics: list[Any]) -> list[asyncio.Task[None]]:
+        """Every worker of this process's roles, each a task until ``stopping``."""
+        stop = self.stopping
+        tasks = [asyncio.create_task(r.run(stop), name=f"{r.name}-{r.partition}") for r in self.runners]
+        tasks += [asyncio.create_task(r.run(stop), name=f"reclaim-{r.stream}") for r in self.reclaimers]
+        tasks += [asyncio.create_task(g.run(stop), name=f"gate-{g.lane.inbox}") for g in self.gates]
+        if self.scrubber is not None:
+            tasks.append(asyncio.create_task(self.scrubber.run(stop), name="scrub-after-forget"))
+        if self.forget_timer is not None:
+            tasks.append(asyncio.create_task(self.forget_timer.run(stop), name="forget-expiry"))
+        if self.registry is not None and self.gauges is not None:
+            server, _ = start_http_server(
+                self.settings.metrics_port, self.settings.metrics_host, registry=self.registry
+            )
+            metrics.append(server)
+            tasks.append(asyncio.create_task(self.gauges.run(stop), name="metrics"))
+        tasks.append(asyncio.create_task(report.run(stop), name="readiness-report"))
+        if self.index is not None:
+            # The model loads in the background (6-9 s, more from a cold disk); commands and
+            # reads are served meanwhile, and the first embedding waits for it.
+            tasks.append(asyncio.create_task(self._load_model(self.index, report), name="load-model"))
+            tasks.append(asyncio.create_task(self.index.watch(stop), name="index-generations"))
+            if "index" in self.settings.roles:
+                purge = self.index.purge(stop, on_change=report.publish)
+                tasks.append(asyncio.create_task(purge, name="index-purge"))
+        return tasks
+
+    async def _goodbye(self, tasks: list[asyncio.Task[None]], report: WorkerReport, metrics: list[Any]) -> None:
+        self.stopping.set()
+        await self.broker.stop()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        # Best effort, and bounded: the serving connections have no per-call timeout, and a
+        # stalled Redis may be why this worker stops.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(GOODBYE_SECONDS):
+                await asyncio.gather(*(runner.release() for runner in self.runners), return_exceptions=True)
+        if self.index is not None:
+            await self.index.close()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(GOODBYE_SECONDS):
+                await report.withdraw()
+        for server in metrics:
+            server.shutdown()
+            server.server_close()
+        await close_redis(self.redis)
+        log.info("engram stopped")
 
     async def _load_model(self, index: IndexRuntime, report: WorkerReport) -> None:
         await index.load_model(self.stopping)
@@ -319,37 +333,12 @@ def build(settings: Settings) -> Engram:
     )
     master = load_master_key(settings.data_dir)
     store = RedisEventStore(redis, settings.partitions, settings.idempotency_ttl_seconds, master)
-    partitions = range(settings.partitions)
-    owner, lease_ms = settings.consumer_name, settings.lease_ms
     history = HistoryReader(redis, settings.partitions, master)
     access = AccessLog(redis, settings.partitions)
     audit = RecallAudit(store, audited_users(settings.recall_audit), utc_now)
-    runners: list[ProjectionRunner] = []
-    if "history" in roles:
-        runners += [
-            projection_runner("history", live_history(redis, p, master), redis, store, p, owner, lease_ms)
-            for p in partitions
-        ]
     uses_index = settings.index_enabled and bool(roles & {"commands", "queries", "index"})
     index = build_index_runtime(redis, settings, SubjectMatcher.from_master(master)) if uses_index else None
-    search = None
-    if index is not None:
-        relevance, recency, importance = settings.ranking_weights
-        search = SearchService(
-            index,
-            history,
-            settings.read_wait_seconds,
-            settings.search_policy,
-            access=access,
-            blend=BlendPolicy(relevance, recency, importance, settings.recency_half_life_days),
-            floor=settings.min_relevance,
-            audit=audit,
-        )
-        if "index" in roles:
-            runners += [
-                projection_runner("index", live_index(redis, store, index, p), redis, store, p, owner, lease_ms)
-                for p in partitions
-            ]
+    search = _search_service(settings, index, history, access, audit) if index is not None else None
     advisor = SaveAdvisor(index, history, settings.similar_threshold) if index is not None else None
     scrubber = Scrubber(redis, settings.partitions, history, store)
     pending = SagaPendingDeletions(redis, settings.partitions)
@@ -365,17 +354,92 @@ def build(settings: Settings) -> Engram:
         access=access,
     )
     commands = CommandService(command_handlers(store, advisor=advisor, forget=forget))
-    if "saga" in roles:
-        runners += [
-            projection_runner("forget-saga", live_saga(redis, p), redis, store, p, owner, lease_ms) for p in partitions
-        ]
     timer = ForgetExpiryTimer(pending, settings.partitions, commands.execute, utc_now) if "saga" in roles else None
-    context = ContextService(history, search, count_tokens_many, audit=audit)
+    context = ContextService(history, search, count_tokens_many, audit=audit, past=history)
     handlers = query_handlers(
-        history, settings.read_wait_seconds, search, context, access=access, recall_queries=store.recall_queries
+        history,
+        settings.read_wait_seconds,
+        search,
+        context,
+        access=access,
+        recall_queries=store.recall_queries,
+        past=history,
     )
     queries = QueryService(handlers)
     _subscribe(broker, settings, commands, queries)
+    reclaimers, gates = _request_keepers(settings, redis)
+    return Engram(
+        settings,
+        redis,
+        broker,
+        store,
+        commands,
+        queries,
+        history,
+        _runners(settings, redis, store, master, index),
+        reclaimers,
+        gates,
+        index,
+        timer,
+        scrubber if "commands" in roles else None,
+        registry,
+        EngramGauges(registry, redis, settings.partitions) if registry is not None else None,
+        master=master,
+    )
+
+
+def _search_service(
+    settings: Settings, index: IndexRuntime, history: HistoryReader, access: AccessLog, audit: RecallAudit
+) -> SearchService:
+    relevance, recency, importance = settings.ranking_weights
+    return SearchService(
+        index,
+        history,
+        settings.read_wait_seconds,
+        settings.search_policy,
+        access=access,
+        blend=BlendPolicy(relevance, recency, importance, settings.recency_half_life_days),
+        floor=settings.min_relevance,
+        audit=audit,
+        past=history,
+    )
+
+
+def _runners(
+    settings: Settings, redis: Redis, store: RedisEventStore, master: MasterKey, index: IndexRuntime | None
+) -> list[ProjectionRunner]:
+    """A runner per projection of this process's roles and partition, each under its lease."""
+    roles, partitions = settings.roles, range(settings.partitions)
+    owner, lease_ms = settings.consumer_name, settings.lease_ms
+    opens: list[tuple[str, Callable[[int], Callable[[], Awaitable[Any]]]]] = []
+    if "history" in roles:
+        opens.append(("history", lambda p: live_history(redis, p, master)))
+    if index is not None and "index" in roles:
+        # The timeline (every version, for searches of the past) is a projection of its own.
+        kinds: list[type[PointsProjection]] = [IndexProjection]
+        if index.open_timeline is not None:
+            kinds.append(TimelineProjection)
+        for kind in kinds:
+            opens.append((kind.name, _points_opener(kind, redis, store, index)))
+    if "saga" in roles:
+        opens.append(("forget-saga", lambda p: live_saga(redis, p)))
+    return [
+        projection_runner(name, open_live(p), redis, store, p, owner, lease_ms)
+        for name, open_live in opens
+        for p in partitions
+    ]
+
+
+def _points_opener(
+    kind: type[PointsProjection], redis: Redis, store: RedisEventStore, index: IndexRuntime
+) -> Callable[[int], Callable[[], Awaitable[Any]]]:
+    return lambda p: live_projection(kind, redis, store, index, p)
+
+
+def _request_keepers(settings: Settings, redis: Redis) -> tuple[list[PendingReclaimer], list[RequestGate]]:
+    """What keeps the request streams of this process's roles: a reclaimer per stream (stuck
+    requests, dead letters) and a gate per inbox (admission)."""
+    roles, partitions = settings.roles, range(settings.partitions)
     reclaimers = [
         PendingReclaimer(
             redis,
@@ -383,7 +447,7 @@ def build(settings: Settings) -> Engram:
             group,
             settings.claim_idle_ms,
             settings.max_deliveries,
-            owner,
+            settings.consumer_name,
             max_entries=settings.request_stream_maxlen,
         )
         for role, stream, group in REQUEST_STREAMS
@@ -395,25 +459,7 @@ def build(settings: Settings) -> Engram:
         for p in partitions
         for lane in _lanes(p, roles)
     ]
-    gauges = EngramGauges(registry, redis, settings.partitions) if registry is not None else None
-    return Engram(
-        settings,
-        redis,
-        broker,
-        store,
-        commands,
-        queries,
-        history,
-        runners,
-        reclaimers,
-        gates,
-        index,
-        timer,
-        scrubber if "commands" in roles else None,
-        registry,
-        gauges,
-        master=master,
-    )
+    return reclaimers, gates
 
 
 def build_index_runtime(redis: Redis, settings: Settings, subjects: SubjectMatcher) -> IndexRuntime:

@@ -18,6 +18,7 @@ from engram_ledger.contracts.events import (
     MessageRecorded,
     MessageRetracted,
     NoteForgotten,
+    NoteReverted,
     NoteSaved,
     NoteSuperseded,
     UserForgotten,
@@ -26,10 +27,14 @@ from engram_ledger.contracts.events import (
 from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView, VersionView
 from engram_ledger.projections.history_model import (
     add_supersedes,
+    changed_score,
+    drop_supersedes,
     evolve_view,
     message_view,
     order_member,
+    place_member,
     recent_score,
+    relists,
     version_entry,
 )
 from engram_ledger.projections.index import IndexProjection
@@ -37,10 +42,13 @@ from engram_ledger.projections.index_runtime import IndexReader
 from engram_ledger.projections.tracking import CheckpointReader
 from engram_ledger.services.adapters.crypto import MasterKey, SubjectMatcher
 from engram_ledger.services.adapters.event_store import decode_event, decode_outcome
+from engram_ledger.services.application.as_of import Listed, Moment, listed, note_as_of
 from engram_ledger.services.application.ports import (
     Appended,
     Conflict,
     ContentTaken,
+    EventStore,
+    ListingPage,
     LoadedNote,
     LogEntry,
     Outcome,
@@ -149,12 +157,14 @@ class InMemoryEventStore:
 
 
 class InMemoryHistory(CheckpointReader):
-    """The history read model (``projections/history.py``) in memory, following an
-    ``InMemoryEventStore``'s logs with the pure rules of ``projections/history_model.py``.
-    ``following``: every read first applies what is new (a projection that is never behind);
-    otherwise only ``catch_up()`` does, so a test can hold the read model behind the log."""
+    """The history read model (``projections/history.py``) in memory, following an event
+    store's logs with the pure rules of ``projections/history_model.py``: the application's
+    ``NoteHistory`` and ``PastReader`` (``tests/integration/test_past_reader_contract.py`` holds
+    it and ``HistoryReader`` to one contract). ``following``: every read first applies what is
+    new (a projection that is never behind); otherwise only ``catch_up()`` does, so a test can
+    hold the read model behind the log."""
 
-    def __init__(self, store: InMemoryEventStore, following: bool = True) -> None:
+    def __init__(self, store: EventStore, following: bool = True) -> None:
         super().__init__(known_partitions=store.partitions)
         self._store = store
         self.following = following
@@ -162,6 +172,10 @@ class InMemoryHistory(CheckpointReader):
         self._views: dict[tuple[str, str], NoteView] = {}
         self._versions: dict[tuple[str, str], dict[int, VersionView]] = {}
         self._messages: dict[tuple[str, str], MessageView] = {}
+        # When each note last changed, and last changed in a way that can move it in or out of
+        # a listing (``HistoryKeys.changed``, ``relisted``): milliseconds.
+        self._changed: dict[tuple[str, str], float] = {}
+        self._relisted: dict[tuple[str, str], float] = {}
 
     async def catch_up(self) -> int:
         """Apply every event not applied yet; returns how many."""
@@ -169,17 +183,17 @@ class InMemoryHistory(CheckpointReader):
         for p in range(self._store.partitions):
             batch = await self._store.read_log(p, self._applied.get(p, "0"), 1 << 30)
             for entry in batch:
-                self._apply(entry.event)
+                self._apply(entry.event, entry.position)
             if batch:
                 self._applied[p] = batch[-1].position
             applied += len(batch)
         return applied
 
-    def _apply(self, event: AnyEvent) -> None:
+    def _apply(self, event: AnyEvent, position: str) -> None:
         # As HistoryProjection._fold: erasures, control streams, messages, then the note's view.
         if isinstance(event, UserForgotten):
             for note_id in event.erased:
-                for model in (self._views, self._versions, self._messages):
+                for model in (self._views, self._versions, self._messages, self._changed, self._relisted):
                     model.pop((event.user_id, note_id), None)
             return
         if is_control_stream(event.note_id):
@@ -199,14 +213,23 @@ class InMemoryHistory(CheckpointReader):
         ):
             return
         view = self._views[key] = evolve_view(current, event)
+        self._changed[key] = changed_score(event, position)
+        if relists(event):
+            self._relisted[key] = changed_score(event, position)
+        self._versions.setdefault(key, {})[event.version] = version_entry(view, event, position)
         if isinstance(event, NoteForgotten):
-            self._versions.pop(key, None)
+            # Its versions stay without their words, with the forget's own entry: as the log keeps them.
+            blank = {"content": "", "subject": None, "value": None, "origin": None}
+            self._versions[key] = {n: msgspec.structs.replace(v, **blank) for n, v in self._versions[key].items()}
             return
-        self._versions.setdefault(key, {})[event.version] = version_entry(view, event)
         if isinstance(event, NoteSuperseded):
             other = self._views.get((event.user_id, event.superseded_by))
             if other is not None:
                 self._views[(event.user_id, event.superseded_by)] = add_supersedes(other, event.note_id)
+        if isinstance(event, NoteReverted) and event.replaced_by is not None:
+            other = self._views.get((event.user_id, event.replaced_by))
+            if other is not None:
+                self._views[(event.user_id, event.replaced_by)] = drop_supersedes(other, event.note_id)
 
     async def _follow(self) -> None:
         if self.following:
@@ -237,8 +260,13 @@ class InMemoryHistory(CheckpointReader):
         view = self._views.get((user_id, note_id))
         if view is None:
             return None
+        if view.status is NoteStatus.FORGOTTEN:
+            return view, []  # its versions went with its words (their plain parts serve the past)
+        return view, self._versions_of(user_id, note_id)
+
+    def _versions_of(self, user_id: str, note_id: str) -> list[VersionView]:
         versions = self._versions.get((user_id, note_id), {})
-        return view, [versions[v] for v in sorted(versions)]
+        return [versions[v] for v in sorted(versions)]
 
     async def get_by_key(self, user_id: str, category: str, key: str) -> NoteView | None:
         await self._follow()
@@ -263,20 +291,11 @@ class InMemoryHistory(CheckpointReader):
         ]
         return sorted(listed, key=order_member)
 
-    async def list_page(
-        self,
-        user_id: str,
-        category: str | None,
-        include_superseded: bool,
-        category_prefix: str | None,
-        offset: int,
-        limit: int,
-        now: datetime,
-    ) -> tuple[list[NoteView], int] | None:
-        listed = await self.list_notes(user_id, category, include_superseded, category_prefix)
-        if any(v.expires_at is not None and v.expires_at <= now for v in listed):
+    async def list_page(self, user_id: str, page: ListingPage) -> tuple[list[NoteView], int] | None:
+        listed = await self.list_notes(user_id, page.category, page.include_superseded, page.category_prefix)
+        if any(v.expires_at is not None and v.expires_at <= page.now for v in listed):
             return None  # as the real one when a note has lapsed: the caller reads the listing
-        return listed[offset : offset + limit], len(listed)
+        return listed[page.offset : page.offset + page.limit], len(listed)
 
     async def categories(self, user_id: str, prefix: str | None, keyed_only: bool = False) -> list[str]:
         listed = await self.list_notes(user_id, None, False, prefix)
@@ -294,6 +313,60 @@ class InMemoryHistory(CheckpointReader):
         # As ZREVRANGE: the highest score first, ties by member (the id), also descending.
         active.sort(key=lambda v: (recent_score(v), v.id), reverse=True)
         return active[:limit], len(active)
+
+    # -- The past (``PastReader``) --
+
+    def partition_of(self, user_id: str) -> int:
+        return self._store.partition_of(user_id)
+
+    async def histories(self, user_id: str, note_ids: Sequence[str]) -> dict[str, tuple[NoteView, list[VersionView]]]:
+        await self._follow()
+        found = {n: self._views.get((user_id, n)) for n in note_ids}
+        return {n: (view, self._versions_of(user_id, n)) for n, view in found.items() if view is not None}
+
+    async def notes_at(self, user_id: str, note_ids: Sequence[str], moment: Moment) -> dict[str, NoteView | None]:
+        found = await self.histories(user_id, note_ids)
+        return {n: note_as_of(*found[n], moment) if n in found else None for n in note_ids}
+
+    async def changed_since(self, user_id: str, ms: int) -> list[str]:
+        await self._follow()
+        return self._since(self._changed, user_id, ms)
+
+    async def relisted_since(self, user_id: str, ms: int) -> list[str]:
+        await self._follow()
+        return self._since(self._relisted, user_id, ms)
+
+    @staticmethod
+    def _since(scores: dict[tuple[str, str], float], user_id: str, ms: int) -> list[str]:
+        # As ZRANGEBYSCORE: by score, ties by member.
+        return [n for (u, n), at in sorted(scores.items(), key=lambda x: (x[1], x[0][1])) if u == user_id and at >= ms]
+
+    async def listing(self, user_id: str, include_superseded: bool) -> list[Listed]:
+        return [listed(v) for v in await self.list_notes(user_id, None, include_superseded)]
+
+    async def listing_window(
+        self, user_id: str, include_superseded: bool, start: int, stop: int
+    ) -> tuple[list[Listed], int]:
+        places = await self.listing(user_id, include_superseded)
+        return places[start:stop], len(places)
+
+    async def listing_ranks(self, user_id: str, include_superseded: bool, places: Sequence[Listed]) -> list[int]:
+        listing = [place_member(p) for p in await self.listing(user_id, include_superseded)]
+        return [sum(m < place_member(p) for m in listing) for p in places]
+
+    async def expired_by(self, user_id: str, ms: int) -> list[str]:
+        await self._follow()
+        # As the forget saga's expiries: notes put with a time to live, until they are forgotten.
+        return sorted(
+            (
+                v.id
+                for (u, _), v in self._views.items()
+                if u == user_id
+                and v.status is not NoteStatus.FORGOTTEN
+                and v.expires_at is not None
+                and v.expires_at.timestamp() * 1000 <= ms
+            ),
+        )
 
 
 class InMemoryAccess:
@@ -458,8 +531,17 @@ class InMemoryIndexRuntime:
     def subject_key(self, user_id: str, subject: str) -> str:
         return self.subjects.match_key(user_id, subject)
 
+    opened = True
+
+    async def wait_opened(self) -> None:
+        return
+
     async def wait_for(self, token: str, timeout: float) -> bool:
         return await IndexReader(self).wait_for(token, timeout)  # type: ignore[arg-type]
+
+    async def wait_for_past(self, token: str, timeout: float) -> bool:
+        """It keeps no timeline: a search of the past is refused once the live index is there."""
+        return await self.wait_for(token, timeout)
 
     async def catch_up(self) -> int:
         """Index every event not indexed yet; returns how many."""

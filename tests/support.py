@@ -26,9 +26,11 @@ import redis.asyncio as aioredis
 
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.channels import HistoryKeys
+from engram_ledger.projections.index import PointsProjection
 from engram_ledger.services.adapters.crypto import MasterKey
 from engram_ledger.services.adapters.event_store import decode_event
 from engram_ledger.services.adapters.redis_server import answers, find_redis_server, free_port
+from engram_ledger.services.application.ports import EventStore
 from engram_ledger.services.config import default_model_cache
 
 # The engram CLI as a subprocess command line.
@@ -222,13 +224,16 @@ def files_holding(root: Path, needles: list[bytes]) -> list[str]:
     one before searching: a needle never holds such a run, so none is missed, and the search is
     over what the files really hold."""
     found = []
-    for path in sorted(root.rglob("*")):
-        try:
-            data = re.sub(rb"\x00{64,}", b"\x00", path.read_bytes()) if path.is_file() else b""
-        except FileNotFoundError:  # removed while we looked (a running service rewrites its files)
-            continue
-        if any(needle in data for needle in needles):
-            found.append(str(path.relative_to(root)))
+    # os.walk passes over a folder removed while it looks (a running service rewrites its files).
+    for folder, _, names in os.walk(root):
+        for name in sorted(names):
+            path = Path(folder) / name
+            try:
+                data = re.sub(rb"\x00{64,}", b"\x00", path.read_bytes())
+            except (FileNotFoundError, IsADirectoryError):
+                continue
+            if any(needle in data for needle in needles):
+                found.append(str(path.relative_to(root)))
     return found
 
 
@@ -319,3 +324,15 @@ def redis_with_password(directory: Path, password: str) -> Iterator[int]:
     finally:
         process.terminate()
         process.wait(10)
+
+
+async def replay_the_log(redis: aioredis.Redis, store: EventStore, projection: PointsProjection) -> None:
+    """The whole log applied again to a projection that has applied it (promise 3: nothing
+    changes): at or before its checkpoint, with its checkpoint lost (skipped by the notes'
+    applied versions), then out of order (a note never goes back)."""
+    everything = await store.read_log(projection.partition, "0", 10_000)
+    await projection.apply(everything)
+    await redis.delete(projection.keys.checkpoint)
+    await projection.apply(everything)
+    await redis.delete(projection.keys.checkpoint)
+    await projection.apply(list(reversed(everything)))

@@ -9,7 +9,7 @@ import logging
 
 from engram_ledger.contracts.model import NoteStatus
 from engram_ledger.contracts.queries import NoteWritten, SimilarNote
-from engram_ledger.services.application.deadline import model_loaded, time_left
+from engram_ledger.services.application.deadline import index_ready, time_left
 from engram_ledger.services.application.ports import NoteHistory
 from engram_ledger.services.application.vector_index import DENSE, MEMORY, NearestQuery, SearchableIndex
 
@@ -41,7 +41,7 @@ class SaveAdvisor:
         try:
             # While the service starts, the advice waits for the model within the caller's wait:
             # the save itself is done, and answered without advice rather than late.
-            await model_loaded(self._runtime.embedder, "advice on a save", self._timeout)
+            await index_ready(self._runtime, "advice on a save", self._timeout)
             left = min(self._timeout, time_left(self._timeout))
             return await asyncio.wait_for(self._advise(reply, user_id, content, subject), left)
         except Exception as e:

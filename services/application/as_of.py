@@ -21,14 +21,22 @@ from engram_ledger.contracts import channels
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.limits import TOKEN_PATTERN, parse_time
 from engram_ledger.contracts.model import NoteChange, NoteStatus, NoteView, VersionView
+from engram_ledger.services.application.vector_index import (
+    FROM_AT,
+    FROM_POSITION,
+    UNTIL_AT,
+    UNTIL_POSITION,
+    position_value,
+    time_value,
+)
+from engram_ledger.services.domain.note import version_fields
 
 _TOKEN = re.compile(TOKEN_PATTERN)
-# The timeline index's payload fields: when a version began and ended, as a time and as a log
-# position (``projections/timeline_model.py``).
-FROM_AT, UNTIL_AT, FROM_POSITION, UNTIL_POSITION = "from_at", "until_at", "from_position", "until_position"
 # The changes a diff shows; the others (a deletion requested or lapsed, a renewal) change no
 # content.
 SHOWN = {"saved", "updated", "superseded", "reverted"}
+# What a version's history entry has kept only since a later release (``VersionView``).
+_KEPT_LATER = ("confidence", "importance", "expires_at", "valid_from", "valid_until")
 FORGOTTEN = "forgotten"
 
 
@@ -52,18 +60,6 @@ class Moment(msgspec.Struct, frozen=True):
         if self.position is not None and position is not None:
             return channels.parse_entry_id(position) <= self.position
         return at <= self.at
-
-
-def position_value(position: str) -> float:
-    """A log position as one number (milliseconds, then the sequence within one): exact for
-    sequences below 1000 within one millisecond of one partition's log."""
-    ms, seq = position.split("-")
-    return int(ms) * 1000 + min(int(seq), 999)
-
-
-def time_value(at: datetime) -> float:
-    """A time as the timeline index keeps it: microseconds since the epoch."""
-    return float(round(at.timestamp() * 1_000_000))
 
 
 def current_at(moment: Moment) -> dict[str, tuple[float | None, float | None]]:
@@ -107,21 +103,16 @@ def note_as_of(view: NoteView, versions: Sequence[VersionView], moment: Moment) 
         return None
     last = then[-1]
     changed = next((v for v in reversed(then) if v.change in SHOWN), last)
+    held = version_fields(last, value=view.key is not None) | {"expires_at": last.expires_at}
+    if last.confidence is None:
+        # A version recorded before its entry kept these: the current ones stand in.
+        held |= {name: getattr(view, name) for name in _KEPT_LATER}
     return msgspec.structs.replace(
         view,
         version=last.version,
         status=last.status,
-        content=last.content,
-        category=last.category,
-        subject=last.subject,
         superseded_by=last.superseded_by,
-        value=last.value if view.key is not None else view.value,
-        confidence=last.confidence if last.confidence is not None else view.confidence,
-        importance=last.importance if last.importance is not None else view.importance,
-        # Versions recorded before their entries kept these (no confidence) leave the current ones.
-        expires_at=last.expires_at if last.confidence is not None else view.expires_at,
-        valid_from=last.valid_from if last.confidence is not None else view.valid_from,
-        valid_until=last.valid_until if last.confidence is not None else view.valid_until,
+        **held,
         updated_at=changed.created_at,
         # Reads are not in the log: what was read when is not part of the past.
         last_accessed_at=None,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from xml.sax.saxutils import escape, quoteattr
 
@@ -30,8 +31,8 @@ from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.limits import LIST_NOTES_MAX, MAX_CONTEXT_TOKENS
 from engram_ledger.contracts.model import NoteKind, NoteStatus, NoteView
 from engram_ledger.contracts.queries import BuildContext, ContextReply, SearchNotes
-from engram_ledger.services.application.past import listing_then, moment_of
-from engram_ledger.services.application.ports import NoteHistory
+from engram_ledger.services.application.past import listing_then, moment_of, reads_past
+from engram_ledger.services.application.ports import NoteHistory, PastReader
 from engram_ledger.services.application.recalls import RecallAudit
 from engram_ledger.services.application.search import SearchService, lapsed
 
@@ -188,14 +189,76 @@ def select(
     return chosen
 
 
+Render = Callable[[Sequence[NoteView], Sequence[NoteView], Sequence[NoteView]], str]
+Rendered = Callable[[Sequence[NoteView], Sequence[NoteView], Sequence[NoteView]], list[str]]
+
+
+@dataclass(frozen=True)
+class _Block:
+    """How one format makes a block: from the notes ``fixed`` first (XML's profile, dropped last),
+    the ``chosen`` among ``candidates`` and the episodes, its text (``render``) and the ids it
+    shows in order (``rendered``); ``line``: what one note puts in it, and the tokens counted on
+    top of it (the join)."""
+
+    candidates: list[NoteView]
+    fixed: list[NoteView]
+    render: Render
+    rendered: Rendered
+    line: Callable[[NoteView], tuple[str, int]]
+
+
+def _markdown_block(notes: list[NoteView], update_tool: str | None) -> _Block:
+    candidates = [n for n in notes if n.kind is not NoteKind.EPISODE]
+
+    def render(kept: Sequence[NoteView], chosen: Sequence[NoteView], eps: Sequence[NoteView]) -> str:
+        # With notes to show, the header is the frame: a budget that fits no note still answers
+        # it (an empty text would read as "no memory at all").
+        if chosen or not candidates:
+            return render_markdown(chosen, update_tool)
+        return markdown_header(update_tool)
+
+    def rendered(kept: Sequence[NoteView], chosen: Sequence[NoteView], eps: Sequence[NoteView]) -> list[str]:
+        return [n.id for n in canonical(chosen)]
+
+    return _Block(candidates, [], render, rendered, lambda note: (markdown_line(note), 1))
+
+
+def _xml_block(notes: list[NoteView]) -> _Block:
+    def render(kept: Sequence[NoteView], chosen: Sequence[NoteView], eps: Sequence[NoteView]) -> str:
+        facts = [n for n in chosen if n.kind is NoteKind.FACT]
+        rules = [n for n in chosen if n.kind is NoteKind.PROCEDURE]
+        return render_xml(profile_of(kept), facts, rules, eps)
+
+    def rendered(kept: Sequence[NoteView], chosen: Sequence[NoteView], eps: Sequence[NoteView]) -> list[str]:
+        # In the order the block shows them: profile, facts, procedures, episodes.
+        facts = [n.id for n in canonical(chosen) if n.kind is NoteKind.FACT]
+        rules = [n.id for n in canonical(chosen) if n.kind is NoteKind.PROCEDURE]
+        return [n.id for n in kept] + facts + rules + [n.id for n in eps]
+
+    def line(note: NoteView) -> tuple[str, int]:
+        if note.kind is NoteKind.PROCEDURE:
+            return sentence(note.content), 8
+        return fact_sentence(note), 1
+
+    candidates = [n for n in notes if n.kind is not NoteKind.EPISODE and not is_profile(n)]
+    return _Block(candidates, profile_notes(notes), render, rendered, line)
+
+
 class ContextService:
     """Answers ``BuildContext`` from the history read model (and the search, for relevance)."""
 
     def __init__(
-        self, history: NoteHistory, search: SearchService | None, count: Counter, audit: RecallAudit | None = None
+        self,
+        history: NoteHistory,
+        search: SearchService | None,
+        count: Counter,
+        audit: RecallAudit | None = None,
+        past: PastReader | None = None,
     ) -> None:
-        # count: word pieces of each text, by the embedding model's tokenizer (an adapter's).
+        # count: word pieces of each text, by the embedding model's tokenizer (an adapter's);
+        # past: what a block as of a moment reads (None: such blocks are refused).
         self._history = history
+        self._past = past
         self._search = search
         self._count_many = count
         self._audit = audit
@@ -207,9 +270,10 @@ class ContextService:
 
     async def build(self, query: BuildContext) -> ContextReply:
         if query.as_of is not None:
-            moment = moment_of(self._history, query.user_id, query.as_of)
-            then = await listing_then(self._history, query.user_id, moment, include_superseded=False)
-            listed = await then.views(self._history, query.user_id, then.order)
+            past = reads_past(self._past)
+            moment = moment_of(past, query.user_id, query.as_of)
+            then = await listing_then(past, query.user_id, moment, include_superseded=False)
+            listed = await then.views(past, query.user_id, then.order)
             # A note forgotten since is a tombstone there: nothing of it goes into a prompt.
             notes = [n for n in listed if n.status is NoteStatus.ACTIVE]
         else:
@@ -248,88 +312,62 @@ class ContextService:
         self, query: BuildContext, notes: list[NoteView], relevance: dict[str, float], episodes: list[NoteView]
     ) -> ContextReply:
         """The block from the notes read: CPU only (rendering, tokenizing), run on a worker thread."""
-        # ``fixed``: the parts kept before any other note (XML's profile), dropped last.
-        fixed: list[NoteView] = []
-        if query.format == "markdown":
-            candidates = [n for n in notes if n.kind is not NoteKind.EPISODE]
-
-            def render(kept: Sequence[NoteView], chosen: Sequence[NoteView], eps: Sequence[NoteView]) -> str:
-                # With notes to show, the header is the frame: a budget that fits no note still
-                # answers it (an empty text would read as "no memory at all").
-                if chosen or not candidates:
-                    return render_markdown(chosen, query.update_tool)
-                return markdown_header(query.update_tool)
-
-            def rendered(kept: Sequence[NoteView], chosen: Sequence[NoteView], eps: Sequence[NoteView]) -> list[str]:
-                return [n.id for n in canonical(chosen)]
-
-            def line(note: NoteView) -> tuple[str, int]:
-                # What a note puts in the block, and the tokens counted on top of it (the join).
-                return markdown_line(note), 1
-
-        else:
-            fixed = profile_notes(notes)
-            candidates = [n for n in notes if n.kind is not NoteKind.EPISODE and not is_profile(n)]
-
-            def render(kept: Sequence[NoteView], chosen: Sequence[NoteView], eps: Sequence[NoteView]) -> str:
-                facts = [n for n in chosen if n.kind is NoteKind.FACT]
-                rules = [n for n in chosen if n.kind is NoteKind.PROCEDURE]
-                return render_xml(profile_of(kept), facts, rules, eps)
-
-            def rendered(kept: Sequence[NoteView], chosen: Sequence[NoteView], eps: Sequence[NoteView]) -> list[str]:
-                # In the order the block shows them: profile, facts, procedures, episodes.
-                facts = [n.id for n in canonical(chosen) if n.kind is NoteKind.FACT]
-                rules = [n.id for n in canonical(chosen) if n.kind is NoteKind.PROCEDURE]
-                return [n.id for n in kept] + facts + rules + [n.id for n in eps]
-
-            def line(note: NoteView) -> tuple[str, int]:
-                if note.kind is NoteKind.PROCEDURE:
-                    return sentence(note.content), 8
-                return fact_sentence(note), 1
-
+        block = _markdown_block(notes, query.update_tool) if query.format == "markdown" else _xml_block(notes)
         considered: list[NoteView] = []
         chars = 0
-        for note in ranked(candidates, relevance):
-            chars += len(line(note)[0])
+        for note in ranked(block.candidates, relevance):
+            chars += len(block.line(note)[0])
             if len(considered) == MAX_CONTEXT_NOTES or chars > MAX_CONTEXT_CHARS:
                 break
             considered.append(note)
-        truncated = len(considered) < len(candidates)
-        candidates = considered
-        chosen = list(candidates)
-        text = render(fixed, chosen, episodes)
-        budget = query.max_tokens
-        if budget is not None and self._count(text) > budget:
+        truncated = len(considered) < len(block.candidates)
+        fixed, chosen = block.fixed, considered
+        text = block.render(fixed, chosen, episodes)
+        if query.max_tokens is not None and self._count(text) > query.max_tokens:
             truncated = True
-            frame = self._count(render([], [], []))
-            if frame > budget:
-                raise EngramError(
-                    ErrorCode.INVALID_PARAMETER,
-                    f"max_tokens {budget} cannot hold this {query.format} block: its frame alone is {frame} "
-                    f"tokens, so give max_tokens of at least {frame} (the whole block is {self._count(text)})",
-                )
-            fixed = list(fixed)
-            # Episodes go before the profile: they are the larger, and the profile names the user.
-            while self._count(render(fixed, [], episodes)) > budget:
-                if episodes:
-                    episodes = episodes[:-1]
-                else:
-                    fixed = fixed[:-1]
-            spent = self._count(render(fixed, [], episodes))
-            lines = [line(n) for n in candidates]
-            counted = self._count_many([said for said, _ in lines])
-            costs = {n.id: tokens + extra for n, (_, extra), tokens in zip(candidates, lines, counted, strict=True)}
-            chosen = select(candidates, lambda n: costs[n.id], budget - spent, relevance)
-            text = render(fixed, chosen, episodes)
-            # The per-note estimate can be off by a token or two at the joins: trim the least
-            # ranked until it fits. The frame fits, so this ends.
-            while self._count(text) > budget:
-                if chosen:
-                    chosen = chosen[:-1]
-                elif episodes:
-                    episodes = episodes[:-1]
-                else:
-                    fixed = fixed[:-1]
-                text = render(fixed, chosen, episodes)
-        ids = rendered(fixed, chosen, episodes)
+            fixed, chosen, episodes = self._fitted(query, block, considered, relevance, episodes)
+            text = block.render(fixed, chosen, episodes)
+        ids = block.rendered(fixed, chosen, episodes)
         return ContextReply(text=text, tokens=self._count(text), note_ids=ids, truncated=truncated)
+
+    def _fitted(
+        self,
+        query: BuildContext,
+        block: _Block,
+        candidates: list[NoteView],
+        relevance: dict[str, float],
+        episodes: list[NoteView],
+    ) -> tuple[list[NoteView], list[NoteView], list[NoteView]]:
+        """What of the block fits ``max_tokens``: (fixed, chosen, episodes)."""
+        budget = query.max_tokens
+        assert budget is not None
+        frame = self._count(block.render([], [], []))
+        if frame > budget:
+            whole = self._count(block.render(block.fixed, candidates, episodes))
+            raise EngramError(
+                ErrorCode.INVALID_PARAMETER,
+                f"max_tokens {budget} cannot hold this {query.format} block: its frame alone is {frame} "
+                f"tokens, so give max_tokens of at least {frame} (the whole block is {whole})",
+            )
+        fixed = list(block.fixed)
+        # Episodes go before the profile: they are the larger, and the profile names the user.
+        while self._count(block.render(fixed, [], episodes)) > budget:
+            if episodes:
+                episodes = episodes[:-1]
+            else:
+                fixed = fixed[:-1]
+        spent = self._count(block.render(fixed, [], episodes))
+        lines = [block.line(n) for n in candidates]
+        counted = self._count_many([said for said, _ in lines])
+        costs = {n.id: tokens + extra for n, (_, extra), tokens in zip(candidates, lines, counted, strict=True)}
+        chosen = select(candidates, lambda n: costs[n.id], budget - spent, relevance)
+        # The per-note estimate can be off by a token or two at the joins: trim the least ranked
+        # until it fits. The frame fits, so this ends.
+        while self._count(block.render(fixed, chosen, episodes)) > budget:
+            if chosen:
+                chosen = chosen[:-1]
+            elif episodes:
+                episodes = episodes[:-1]
+            else:
+                fixed = fixed[:-1]
+        return fixed, chosen, episodes

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 
 from engram_ledger.contracts.errors import EngramError, ErrorCode
-from engram_ledger.services.application.vector_index import Embedder
+from engram_ledger.services.application.vector_index import SearchableIndex
 
 _ends: ContextVar[float | None] = ContextVar("engram_caller_wait_ends", default=None)
 # Kept back from the caller's wait for the reply's way back.
@@ -41,17 +41,25 @@ def time_left(default: float) -> float:
     return max(0.0, ends - time.time() - MARGIN_SECONDS)
 
 
-async def model_loaded(embedder: Embedder, what: str, default_wait: float) -> None:
-    """Wait, within the caller's wait, for the embedding model ``what`` needs; past it,
-    ``STARTING`` saying how long it has been loading (a caller's time-out would say nothing)."""
-    if embedder.ready:
+async def index_ready(index: SearchableIndex, what: str, default_wait: float) -> None:
+    """Wait, within the caller's wait, for the embedding model ``what`` needs and for the live
+    index to be open; past it, ``STARTING`` saying how long the model has been loading (a
+    caller's time-out would say nothing)."""
+    if index.embedder.ready and index.opened:
         return
     try:
-        await asyncio.wait_for(embedder.start(), time_left(default_wait))
+        async with asyncio.timeout(time_left(default_wait)):
+            await index.embedder.start()
+            await index.wait_opened()
     except TimeoutError:
+        loading = index.embedder.loading_seconds
+        waiting = (
+            f"the embedding model {what} needs has been loading for {loading:.0f} s"
+            if loading
+            else f"the vector index {what} needs is opening"
+        )
         raise EngramError(
             ErrorCode.STARTING,
-            f"Engram is starting: the embedding model {what} needs has been loading for "
-            f"{embedder.loading_seconds:.0f} s; nothing was done: ask again in a few seconds",
+            f"Engram is starting: {waiting}; nothing was done: ask again in a few seconds",
             retry_after_ms=STARTING_RETRY_MS,
         ) from None

@@ -63,6 +63,9 @@ def _decode(body: bytes, decoder: msgspec.json.Decoder[T], what: str) -> T:
         try:
             # A typed decode can stop at the first wrong value before reaching broken JSON after it.
             document = msgspec.json.decode(body)
+        except UnicodeDecodeError:
+            # A string of bytes that are not UTF-8 ("\x80"): the untyped decode reads into it.
+            raise EngramError(ErrorCode.INVALID_PARAMETER, f"malformed JSON: the {what} is not valid UTF-8") from None
         except msgspec.DecodeError as broken:
             if " - at `$" in str(e):
                 # Valid JSON the untyped decode refuses too (a number out of range): msgspec's own

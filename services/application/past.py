@@ -1,8 +1,10 @@
-"""Reading the read model as it was at a moment (``as_of.py`` decides, this reads): the
-listing of a user's notes then, which the listing query and the memory block share."""
+"""Reading the read model as it was at a moment (``as_of.py`` decides, this reads, through the
+``PastReader`` port): the listing of a user's notes then, which the listing query and the memory
+block share."""
 
 from __future__ import annotations
 
+from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.model import NoteStatus, NoteView
 from engram_ledger.services.application.as_of import (
     Listed,
@@ -12,12 +14,19 @@ from engram_ledger.services.application.as_of import (
     listing_as_of,
     parse_moment,
 )
-from engram_ledger.services.application.ports import NoteHistory
+from engram_ledger.services.application.ports import PastReader
 
 
-def moment_of(history: NoteHistory, user_id: str, text: str, name: str = "as_of") -> Moment:
+def reads_past(past: PastReader | None) -> PastReader:
+    """The reader of the past, or ``UNAVAILABLE`` where the service was given none."""
+    if past is None:
+        raise EngramError(ErrorCode.UNAVAILABLE, "this service reads no past: as_of and diffs are not served here")
+    return past
+
+
+def moment_of(past: PastReader, user_id: str, text: str, name: str = "as_of") -> Moment:
     """An ``as_of`` (or another moment, ``name``) as the user's partition reads it."""
-    return parse_moment(text, name).on(history.partition_of(user_id))
+    return parse_moment(text, name).on(past.partition_of(user_id))
 
 
 class ListingThen:
@@ -28,23 +37,23 @@ class ListingThen:
         self.order = order
         self.changed = changed
 
-    async def views(self, history: NoteHistory, user_id: str, page: list[Listed]) -> list[NoteView]:
+    async def views(self, past: PastReader, user_id: str, page: list[Listed]) -> list[NoteView]:
         """The notes of ``page`` as they were then, in order."""
         unchanged = [e.note_id for e in page if self.changed.get(e.note_id) is None]
-        views, _ = await history.get_many(user_id, unchanged)
+        views, _ = await past.get_many(user_id, unchanged)
         return [v for e in page if (v := self.changed.get(e.note_id) or views.get(e.note_id)) is not None]
 
 
-async def listing_then(history: NoteHistory, user_id: str, moment: Moment, include_superseded: bool) -> ListingThen:
+async def listing_then(past: PastReader, user_id: str, moment: Moment, include_superseded: bool) -> ListingThen:
     """Only the notes changed since the moment are read with their histories; the listing now
     gives the rest."""
-    changed_ids = await history.changed_since(user_id, moment.ms)
-    found = await history.histories(user_id, changed_ids)
+    changed_ids = await past.changed_since(user_id, moment.ms)
+    found = await past.histories(user_id, changed_ids)
     changed: dict[str, NoteView | None] = {note_id: None for note_id in changed_ids}
     for note_id, (view, versions) in found.items():
         changed[note_id] = listed_as_of(view, versions, moment, include_superseded)
-    now = await history.listing(user_id, include_superseded)
-    order = listing_as_of(now, changed, await history.expired_by(user_id, moment.ms))
+    now = await past.listing(user_id, include_superseded)
+    order = listing_as_of(now, changed, await past.expired_by(user_id, moment.ms))
     return ListingThen(order, changed)
 
 
@@ -57,16 +66,16 @@ class PageThen:
 
 
 async def page_then(
-    history: NoteHistory, user_id: str, moment: Moment, include_superseded: bool, offset: int, limit: int
+    past: PastReader, user_id: str, moment: Moment, include_superseded: bool, offset: int, limit: int
 ) -> PageThen:
     """A page of the whole listing at a moment, read in time that grows with the page and the
     notes moved in or out of the listing since, not with the listing: the listing now (``Z``)
     without the places of those notes (``R``), with their places then (``A``). A place of ``Z``
     at rank ``i`` is at rank ``i - (R before it) + (A before it)`` then, so the page's places
     from ``Z`` lie within ``Z[offset - |A| : offset + limit + |R|]``."""
-    moved = await history.relisted_since(user_id, moment.ms)
-    expired = await history.expired_by(user_id, moment.ms)
-    found = await history.histories(user_id, moved)
+    moved = await past.relisted_since(user_id, moment.ms)
+    expired = await past.expired_by(user_id, moment.ms)
+    found = await past.histories(user_id, moved)
     then: dict[str, NoteView] = {}
     gone: set[Listed] = set()
     for note_id, (now, versions) in found.items():
@@ -75,21 +84,21 @@ async def page_then(
         view = listed_as_of(now, versions, moment, include_superseded)
         if view is not None:
             then[note_id] = view
-    lapsed, _ = await history.get_many(user_id, [n for n in expired if n not in found])
+    lapsed, _ = await past.get_many(user_id, [n for n in expired if n not in found])
     gone |= {listed(v) for v in lapsed.values() if listed_now(v, include_superseded)}
     added = sorted(listed(v) for v in then.values())
     start = max(0, offset - len(added))
-    window, size = await history.listing_window(user_id, include_superseded, start, offset + limit + len(gone))
+    window, size = await past.listing_window(user_id, include_superseded, start, offset + limit + len(gone))
     ranked: list[tuple[int, Listed]] = []
     for i, place in enumerate(window, start=start):
         if place not in gone:
             ranked.append((i - sum(g < place for g in gone) + sum(a < place for a in added), place))
-    before = await history.listing_ranks(user_id, include_superseded, added)
+    before = await past.listing_ranks(user_id, include_superseded, added)
     for place, now_before in zip(added, before, strict=True):
         ranked.append((now_before - sum(g < place for g in gone) + sum(a < place for a in added), place))
     page = [place for rank, place in sorted(ranked) if offset <= rank < offset + limit]
     views: dict[str, NoteView | None] = {v.id: v for v in then.values()}
-    views |= await history.notes_at(user_id, [p.note_id for p in page if p.note_id not in views], moment)
+    views |= await past.notes_at(user_id, [p.note_id for p in page if p.note_id not in views], moment)
     shown = [v for p in page if (v := views.get(p.note_id)) is not None]
     return PageThen(shown, size - len(gone) + len(added))
 

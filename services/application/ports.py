@@ -2,7 +2,8 @@
 
 The application imports nothing from ``services/adapters`` or Redis: ``RedisEventStore`` and the
 Redis read models are the production adapters, ``tests/fakes.py`` has in-memory ones, and
-``tests/integration/test_event_store_contract.py`` holds both event stores to one contract.
+``tests/integration/test_event_store_contract.py`` holds both event stores to one contract, and
+``tests/integration/test_past_reader_contract.py`` both readers of the past.
 """
 
 from __future__ import annotations
@@ -109,6 +110,19 @@ class LogEntry(msgspec.Struct, frozen=True):
     event: AnyEvent
 
 
+class ListingPage(msgspec.Struct, frozen=True, kw_only=True):
+    """A page of a listing: the notes of ``category`` (or of ``category_prefix`` and those under
+    it), superseded ones too with ``include_superseded``, from ``offset``, at most ``limit``; a
+    note whose time to live ran out by ``now`` is not in it."""
+
+    category: str | None = None
+    include_superseded: bool = False
+    category_prefix: str | None = None
+    offset: int = 0
+    limit: int
+    now: datetime
+
+
 # -- The ports -------------------------------------------------------------------------------------
 
 
@@ -186,19 +200,10 @@ class NoteHistory(Protocol):
         self, user_id: str, category: str | None, include_superseded: bool, category_prefix: str | None = None
     ) -> list[NoteView]: ...
 
-    async def list_page(
-        self,
-        user_id: str,
-        category: str | None,
-        include_superseded: bool,
-        category_prefix: str | None,
-        offset: int,
-        limit: int,
-        now: datetime,
-    ) -> tuple[list[NoteView], int] | None:
-        """A page of ``list_notes`` (notes whose time to live ran out by ``now`` left out) and how
-        many notes that listing holds, read without the rest; None when the page cannot be
-        told without reading the whole listing."""
+    async def list_page(self, user_id: str, page: ListingPage) -> tuple[list[NoteView], int] | None:
+        """A page of ``list_notes`` (notes whose time to live ran out by ``page.now`` left out)
+        and how many notes that listing holds, read without the rest; None when the page cannot
+        be told without reading the whole listing."""
 
     async def categories(self, user_id: str, prefix: str | None, keyed_only: bool = False) -> list[str]:
         """The categories of the user's active notes, sorted (``prefix``: it and those under it;
@@ -210,11 +215,27 @@ class NoteHistory(Protocol):
     async def list_recent(self, user_id: str, limit: int) -> tuple[list[NoteView], int]:
         """The most recently used notes and how many notes the user has."""
 
+    async def recalls(
+        self, user_id: str, since: datetime | None, until: datetime | None, session_id: str | None, limit: int
+    ) -> list[RecallView]:
+        """The user's recalls, newest first, without their queries."""
+
+
+class PastReader(Protocol):
+    """The version-history read model as a reading of the past reads it (``as_of``, the changes
+    between two moments): the notes changed since a moment, with their histories, and the
+    listing as it is now, from which the listing then is told (``past.py``)."""
+
     def partition_of(self, user_id: str) -> int:
         """The partition whose log holds the user's changes (a token's positions compare there)."""
 
+    async def get_many(
+        self, user_id: str, note_ids: Sequence[str], message_ids: Sequence[str] = ()
+    ) -> tuple[dict[str, NoteView], dict[str, MessageView]]:
+        """Notes and turns as they are now: the past of those unchanged since a moment."""
+
     async def histories(self, user_id: str, note_ids: Sequence[str]) -> dict[str, tuple[NoteView, list[VersionView]]]:
-        """``history`` of several notes in one round trip (unknown ones left out)."""
+        """Each note and every version of it, in one round trip (unknown ones left out)."""
 
     async def notes_at(self, user_id: str, note_ids: Sequence[str], moment: Moment) -> dict[str, NoteView | None]:
         """Each note as it was at ``moment`` (``as_of.note_as_of``; None: not saved yet)."""
@@ -236,12 +257,7 @@ class NoteHistory(Protocol):
         ones included: those a reading of the past cannot take as they are now."""
 
     async def listing(self, user_id: str, include_superseded: bool) -> list[Listed]:
-        """The user's listing as it is now (``list_notes``' order), by place only."""
-
-    async def recalls(
-        self, user_id: str, since: datetime | None, until: datetime | None, session_id: str | None, limit: int
-    ) -> list[RecallView]:
-        """The user's recalls, newest first, without their queries."""
+        """The user's listing as it is now (``NoteHistory.list_notes``' order), by place only."""
 
     async def expired_by(self, user_id: str, ms: int) -> list[str]:
         """The user's notes whose time to live had run out by ``ms`` and that are not forgotten yet."""

@@ -39,8 +39,8 @@ from engram_ledger.services.application.as_of import Moment, changes_between, ho
 from engram_ledger.services.application.context import ContextService
 from engram_ledger.services.application.decoding import decode_request
 from engram_ledger.services.application.fair_share import FairShare, turn_in
-from engram_ledger.services.application.past import listing_then, moment_of, page_then
-from engram_ledger.services.application.ports import AccessStats, NoteHistory
+from engram_ledger.services.application.past import listing_then, moment_of, page_then, reads_past
+from engram_ledger.services.application.ports import AccessStats, ListingPage, NoteHistory, PastReader
 from engram_ledger.services.application.reads import counted, read_at
 from engram_ledger.services.application.search import SearchService, lapsed
 from engram_ledger.services.domain.values import check_where, matches
@@ -91,10 +91,12 @@ def query_handlers(
     context: ContextService | None = None,
     access: AccessStats | None = None,
     recall_queries: Callable[[str, list[str]], Awaitable[dict[str, str | None]]] | None = None,
+    past: PastReader | None = None,
 ) -> dict[type, Handler]:
     """Which handler answers each query. The read model's queries (and the memory block) first
-    wait for the caller's token; a search waits for the index and the read model itself."""
-    reads = ReadModelQueries(history, read_wait_seconds, access, recall_queries)
+    wait for the caller's token; a search waits for the index and the read model itself.
+    ``past``: what readings of the past (``as_of``, diffs) read (None: they are refused)."""
+    reads = ReadModelQueries(history, read_wait_seconds, access, recall_queries, past)
     handlers: dict[type, Handler] = {
         GetNote: reads.caught_up(reads.get_note),
         GetNoteByKey: reads.caught_up(reads.get_by_key),
@@ -159,9 +161,12 @@ class ReadModelQueries:
         read_wait_seconds: float,
         access: AccessStats | None = None,
         recall_queries: Callable[[str, list[str]], Awaitable[dict[str, str | None]]] | None = None,
+        past: PastReader | None = None,
     ) -> None:
-        """``recall_queries``: opens recalls' queries (the event store's; None: none shown)."""
+        """``recall_queries``: opens recalls' queries (the event store's; None: none shown);
+        ``past``: what readings of the past read (None: they are refused)."""
         self._history = history
+        self._past = past
         self._wait = read_wait_seconds
         self._access = access
         self._recall_queries = recall_queries
@@ -188,11 +193,11 @@ class ReadModelQueries:
         return await self._seen(query, view)
 
     def _moment(self, user_id: str, text: str, name: str = "as_of") -> Moment:
-        return moment_of(self._history, user_id, text, name)
+        return moment_of(reads_past(self._past), user_id, text, name)
 
     async def _note_as_of(self, user_id: str, note_id: str, as_of: str) -> NoteView:
         moment = self._moment(user_id, as_of)
-        view = (await self._history.notes_at(user_id, [note_id], moment)).get(note_id)
+        view = (await reads_past(self._past).notes_at(user_id, [note_id], moment)).get(note_id)
         if view is None:
             raise EngramError(ErrorCode.MEMORY_NOT_FOUND, f"Memory with ID {note_id} did not exist at {as_of}")
         return view
@@ -201,18 +206,18 @@ class ReadModelQueries:
         """The listing as it was at ``query.as_of``; only the page's notes are read, unless a
         filter on values needs them all."""
         assert query.as_of is not None
-        moment = self._moment(query.user_id, query.as_of)
+        moment, past = self._moment(query.user_id, query.as_of), reads_past(self._past)
         filtered = query.category or query.category_prefix or query.where or query.keyed_only or query.valid_at
         if not filtered:
             # The whole listing: a page, read without the rest.
-            shown = await page_then(self._history, query.user_id, moment, query.include_superseded, query.offset, limit)
+            shown = await page_then(past, query.user_id, moment, query.include_superseded, query.offset, limit)
             return NotesReply(notes=shown.notes, total=shown.total)
-        then = await listing_then(self._history, query.user_id, moment, query.include_superseded)
+        then = await listing_then(past, query.user_id, moment, query.include_superseded)
         order = [e for e in then.order if in_categories(e.category, query.category, query.category_prefix)]
         if not (query.where or query.keyed_only or query.valid_at):
             page = order[query.offset : query.offset + limit]
-            return NotesReply(notes=await then.views(self._history, query.user_id, page), total=len(order))
-        return _filtered_page(query, await then.views(self._history, query.user_id, order), limit)
+            return NotesReply(notes=await then.views(past, query.user_id, page), total=len(order))
+        return _filtered_page(query, await then.views(past, query.user_id, order), limit)
 
     async def recalls(self, query: ListRecalls) -> RecallsReply:
         if query.since is not None and query.until is not None and query.until < query.since:
@@ -227,12 +232,12 @@ class ReadModelQueries:
         return RecallsReply(recalls=found)
 
     async def diff(self, query: DiffNotes) -> DiffReply:
-        history, user_id = self._history, query.user_id
+        past, user_id = reads_past(self._past), query.user_id
         since = self._moment(user_id, query.since, "since")
         until = self._moment(user_id, query.until, "until") if query.until is not None else None
         if until is not None and until.at < since.at:
             raise EngramError(ErrorCode.INVALID_PARAMETER, f"until ({query.until}) is before since ({query.since})")
-        found = await history.histories(user_id, await history.changed_since(user_id, since.ms))
+        found = await past.histories(user_id, await past.changed_since(user_id, since.ms))
         changes = [c for view, versions in found.values() for c in changes_between(view, versions, since, until)]
         changes.sort(key=lambda c: (c.at, _place(c), c.note_id, c.version))
         return DiffReply(changes=changes[: query.limit], truncated=len(changes) > query.limit)
@@ -286,15 +291,15 @@ class ReadModelQueries:
             return await self._listing_as_of(query, limit)
         if not query.where and not query.keyed_only and query.valid_at is None:
             # Only the page is read when the listing alone says which notes are on it.
-            page = await history.list_page(
-                query.user_id,
-                query.category,
-                query.include_superseded,
-                query.category_prefix,
-                query.offset,
-                limit,
-                now,
+            asked = ListingPage(
+                category=query.category,
+                include_superseded=query.include_superseded,
+                category_prefix=query.category_prefix,
+                offset=query.offset,
+                limit=limit,
+                now=now,
             )
+            page = await history.list_page(query.user_id, asked)
             if page is not None:
                 return NotesReply(notes=page[0], total=page[1])
         notes = await history.list_notes(query.user_id, query.category, query.include_superseded, query.category_prefix)

@@ -16,9 +16,9 @@ from engram_ledger.contracts.limits import SEARCH_DEPTH_MAX
 from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView
 from engram_ledger.contracts.queries import SearchHit, SearchNotes, SearchReply
 from engram_ledger.services.application.as_of import Moment, current_at, holds_at
-from engram_ledger.services.application.deadline import model_loaded
-from engram_ledger.services.application.past import moment_of
-from engram_ledger.services.application.ports import AccessStats, NoteHistory
+from engram_ledger.services.application.deadline import index_ready
+from engram_ledger.services.application.past import moment_of, reads_past
+from engram_ledger.services.application.ports import AccessStats, NoteHistory, PastReader
 from engram_ledger.services.application.ranking import (
     DEFAULT_POLICY,
     RankingPolicy,
@@ -119,12 +119,15 @@ class SearchService:
         relevance: RelevanceModel = MODEL,
         floor: float = DEFAULT_FLOOR,
         audit: RecallAudit | None = None,
+        past: PastReader | None = None,
     ) -> None:
         """``floor``: the ``min_relevance`` of a search that gives none; ``audit``: records
-        what searches show, for the users the deployment audits."""
+        what searches show, for the users the deployment audits; ``past``: what a search of the
+        past reads its notes with (None: such searches are refused)."""
         self._audit = audit
         self._runtime = runtime
         self._history = history
+        self._past = past
         self._wait = read_wait_seconds
         self._policy = policy
         self._access = access
@@ -158,17 +161,17 @@ class SearchService:
                 f"offset + top_k is {depth}; a search pages at most {SEARCH_DEPTH_MAX} results deep",
             )
         # Before the token: while the model loads, the index cannot reach it either.
-        await model_loaded(self._runtime.embedder, "search", self._wait)
+        await index_ready(self._runtime, "search", self._wait)
         if query.after is not None:
-            caught_up = await self._runtime.wait_for(query.after, self._wait) and await self._history.wait_for(
-                query.after, self._wait
-            )
+            # A search of the past ranks the timeline's points: a projection of its own.
+            indexed = self._runtime.wait_for_past if query.as_of else self._runtime.wait_for
+            caught_up = await indexed(query.after, self._wait) and await self._history.wait_for(query.after, self._wait)
             if not caught_up:
                 raise EngramError(
                     ErrorCode.TIMEOUT,
                     f"the index has not reached token {query.after} within {self._wait:g} s; retry later",
                 )
-        moment = moment_of(self._history, query.user_id, query.as_of) if query.as_of else None
+        moment = moment_of(reads_past(self._past), query.user_id, query.as_of) if query.as_of else None
         index, dense = await self._index_and_embedding(query.query, past=moment is not None)
         sparse = sparse_query(query.query)
         window = TimeWindow(_ts(query.since), _ts(query.until))
@@ -359,7 +362,7 @@ class SearchService:
         if moment is None:
             return await self._history.get_many(user_id, note_ids, message_ids)
         _, messages = await self._history.get_many(user_id, [], message_ids)
-        found = await self._history.notes_at(user_id, note_ids, moment)
+        found = await reads_past(self._past).notes_at(user_id, note_ids, moment)
         return {n: view for n, view in found.items() if view is not None}, messages
 
     def _reordered(self, text: str, hits: list[SearchHit], period: Period | None) -> list[SearchHit]:

@@ -11,7 +11,8 @@ Adapters: ``QdrantEdgeIndex`` (embedded, in-process) and ``QdrantServerIndex`` (
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any, Protocol
 
 import msgspec
@@ -34,13 +35,38 @@ KEYWORD_FIELDS = (
     "session_id",
 )
 INTEGER_FIELDS = ("chunk", "version")
-# When a point's note or turn happened (seconds since the epoch): sent_at, occurred_at or saved.
-# In the timeline index, also when the version a point belongs to began and ended (a time in
-# microseconds, and a log position: ``projections/timeline_model.py``).
-FLOAT_FIELDS = ("time", "from_at", "until_at", "from_position", "until_position")
+# The timeline index's own fields (``projections/timeline_model.py``): when the version a point
+# belongs to began and ended, as a time (``time_value``) and as a log position (``position_value``),
+# so a search as of a time or of a token filters on the one it has.
+FROM_AT, UNTIL_AT, FROM_POSITION, UNTIL_POSITION = "from_at", "until_at", "from_position", "until_position"
+# When a point's note or turn happened (seconds since the epoch): sent_at, occurred_at or saved;
+# in the timeline index, also its version's bounds.
+FLOAT_FIELDS = ("time", FROM_AT, UNTIL_AT, FROM_POSITION, UNTIL_POSITION)
 
 MEMORY = "memory"
 CONVERSATION = "conversation"
+
+
+def position_value(position: str) -> float:
+    """A log position as one number (milliseconds, then the sequence within one): exact for
+    sequences below 1000 within one millisecond of one partition's log."""
+    ms, seq = position.split("-")
+    return int(ms) * 1000 + min(int(seq), 999)
+
+
+def time_value(at: datetime) -> float:
+    """A time as the timeline index keeps it: microseconds since the epoch."""
+    return float(round(at.timestamp() * 1_000_000))
+
+
+# The end of a version that is still current: later than any time or position.
+OPEN = 1e18
+
+
+def bounds(began: tuple[float, float], ended: tuple[float, float] = (OPEN, OPEN)) -> dict[str, float]:
+    """A timeline point's fields saying when its version held: the (time, position) it began
+    and ended."""
+    return {FROM_AT: began[0], FROM_POSITION: began[1], UNTIL_AT: ended[0], UNTIL_POSITION: ended[1]}
 
 
 class Sparse(msgspec.Struct, frozen=True):
@@ -120,6 +146,9 @@ class VectorIndex(Protocol):
     # Whether ``compact`` removes deleted points from the index's files (False where the files
     # are a server's own).
     compacts_files: bool
+    # Set by whoever compacts it: called, from any thread, when a delete first leaves points in
+    # the files (so that a compaction, and what is reported of it, need not wait for a poll).
+    on_owed: Callable[[], None] | None
 
     def owed_since(self) -> float | None:
         """When the oldest delete whose point is still in the index's files was made (seconds
@@ -173,5 +202,16 @@ class SearchableIndex(Protocol):
 
     def subject_key(self, user_id: str, subject: str) -> str: ...
 
+    @property
+    def opened(self) -> bool:
+        """Whether the live index is open (searches can be asked of it)."""
+
+    async def wait_opened(self) -> None:
+        """Until the live index is open."""
+
     async def wait_for(self, token: str, timeout: float) -> bool:
         """True once the live index has applied the write ``token`` names; False after ``timeout``."""
+
+    async def wait_for_past(self, token: str, timeout: float) -> bool:
+        """As ``wait_for``, for the ``timeline``: a projection of its own, which a search of the
+        past must wait for."""

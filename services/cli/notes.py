@@ -214,15 +214,19 @@ async def cmd_context(client: EngramClient, args: argparse.Namespace) -> None:
         after=args.after,
         min_relevance=args.min_relevance,
         as_of=args.as_of,
+        # The block is for a model: it names a tool only when told which one the model has.
+        update_tool=args.update_tool,
     )
     if args.json:
         print_result(args, reply)
-    else:
+    elif reply.text.strip():
         sys.stdout.write(reply.text)
+    else:
+        print(f"No memory of {args.user} to put in a block yet.")
 
 
 async def cmd_memory(client: EngramClient, args: argparse.Namespace) -> None:
-    """Requirements §3's /memory for humans: the list, and deletion at once (a person typed it)."""
+    """The user's memories as a list, and deletion at once (a person typed it)."""
     if args.action == "list":
         listed = await client.list_notes(args.user)
         if args.json:

@@ -154,6 +154,13 @@ def _serve(cli: Commands) -> None:
 
 def _memory(cli: Commands) -> None:
     """The commands over one user's memory."""
+    _writing(cli)
+    _looking_back(cli)
+    _forgetting(cli)
+    _reading(cli)
+
+
+def _writing(cli: Commands) -> None:
     p = cli.writes(cli.add("save", _of_user("cmd_save"), "save a new note", user=True))
     p.add_argument("text")
     # Unset options take the contract's defaults (NoteDraft), which the help shows.
@@ -193,11 +200,14 @@ def _memory(cli: Commands) -> None:
     p.add_argument("--to-version", type=int, required=True, help="the version whose content and fields come back")
     p.add_argument("--expected-version", type=int, help="refuse unless the note is at this version now")
 
+
+def _looking_back(cli: Commands) -> None:
+    """What changed between two moments, and what the user's agents were shown."""
     p = cli.add("diff", _of_user("cmd_diff"), "what changed in a user's notes between two moments", user=True)
     p.add_argument("--since", required=True, help="from this moment (ISO 8601, UTC if no zone; or a token)")
     p.add_argument("--until", help="up to this moment (default: now)")
     p.add_argument("--limit", type=int, default=200, help=f"changes at most (1-{LIST_NOTES_MAX})")
-    p.add_argument("--after", help="consistency token to wait for")
+    p.add_argument("--after", help="a token a write printed: this read waits until that write is applied")
 
     p = cli.add(
         "recalls", _of_user("cmd_recalls"), "what searches and memory blocks showed the user's agents", user=True
@@ -206,8 +216,10 @@ def _memory(cli: Commands) -> None:
     p.add_argument("--until", type=_time_argument, help="up to this time")
     p.add_argument("--session", help="only this conversation's")
     p.add_argument("--limit", type=int, default=50, help=f"recalls at most (1-{LIST_NOTES_MAX})")
-    p.add_argument("--after", help="consistency token to wait for")
+    p.add_argument("--after", help="a token a write printed: this read waits until that write is applied")
 
+
+def _forgetting(cli: Commands) -> None:
     p = cli.writes(
         cli.add(
             "forget",
@@ -222,28 +234,30 @@ def _memory(cli: Commands) -> None:
     p.add_argument("--session", help="erase every message of this conversation")
     p.add_argument("--yes", action="store_true", help="operator: delete at once, without the second call")
 
+
+def _reading(cli: Commands) -> None:
     for name, fn, help in (
         ("get", "cmd_get", "show one note"),
         ("history", "cmd_history", "show every version of a note"),
     ):
         p = cli.add(name, _of_user(fn), help, user=True)
         p.add_argument("note_id")
-        p.add_argument("--after", help="consistency token to wait for")
+        p.add_argument("--after", help="a token a write printed: this read waits until that write is applied")
         if name == "get":
             p.add_argument("--as-of", help="the note as it was then (ISO 8601, UTC if no zone; or a token)")
 
     p = cli.add("list", _of_user("cmd_list"), "list notes by category, then creation time", user=True)
-    p.add_argument("--category")
-    p.add_argument("--include-superseded", action="store_true")
+    p.add_argument("--category", help="only this category")
+    p.add_argument("--include-superseded", action="store_true", help="also the notes a newer one superseded")
     p.add_argument("--limit", type=int, default=LIST_NOTES_PAGE, help=f"notes a page (1-{LIST_NOTES_MAX})")
     p.add_argument("--offset", type=int, default=0, help="where the page starts (the listing's order)")
-    p.add_argument("--after")
+    p.add_argument("--after", help="a token a write printed: this read waits until that write is applied")
     p.add_argument("--as-of", help="the notes as they were then (ISO 8601, UTC if no zone; or a token)")
     p.add_argument("--valid-at", type=_time_argument, help="only notes whose content held in the world then")
 
     p = cli.add("recent", _of_user("cmd_recent"), "most recently created notes", user=True)
-    p.add_argument("--limit", type=int, default=10)
-    p.add_argument("--after")
+    p.add_argument("--limit", type=int, default=10, help="how many")
+    p.add_argument("--after", help="a token a write printed: this read waits until that write is applied")
 
     p = cli.add("search", _of_user("cmd_search"), "hybrid search of a user's notes", user=True)
     p.add_argument("query")
@@ -251,18 +265,23 @@ def _memory(cli: Commands) -> None:
     p.add_argument("--conversations", action="store_true", help="also search every past conversation")
     p.add_argument("--since", type=_time_argument, help="only what happened from this time (ISO 8601; UTC if no zone)")
     p.add_argument("--until", type=_time_argument, help="only what happened up to this time (ISO 8601; UTC if no zone)")
-    p.add_argument("--top-k", type=int, default=5)
-    p.add_argument("--category")
-    p.add_argument("--kind", choices=[k.value for k in NoteKind])
-    p.add_argument("--ranking", choices=["relevance", "blended"], default="relevance")
+    p.add_argument("--top-k", type=int, default=5, help="how many hits (1-20)")
+    p.add_argument("--category", help="only this category")
+    p.add_argument("--kind", choices=[k.value for k in NoteKind], help="only notes of this kind")
+    p.add_argument(
+        "--ranking",
+        choices=["relevance", "blended"],
+        default="relevance",
+        help="blended: relevance with how recent and how important a note is",
+    )
     p.add_argument(
         "--min-relevance",
         type=float,
         help="leave out hits below this relevance, 0-1 (default: the service's floor; 0: every hit)",
     )
-    p.add_argument("--subject")
-    p.add_argument("--include-superseded", action="store_true")
-    p.add_argument("--after")
+    p.add_argument("--subject", help="only notes about this subject (case and spacing aside)")
+    p.add_argument("--include-superseded", action="store_true", help="also the notes a newer one superseded")
+    p.add_argument("--after", help="a token a write printed: this read waits until that write is applied")
     p.add_argument("--as-of", help="search the memory as it was then (ISO 8601, UTC if no zone; or a token)")
     p.add_argument("--valid-at", type=_time_argument, help="only notes whose content held in the world then")
 
@@ -274,7 +293,11 @@ def _memory(cli: Commands) -> None:
     )
     p.add_argument("--max-tokens", type=int, help="token budget (MiniLM word pieces)")
     p.add_argument("--min-relevance", type=float, help="with --query: what counts as relevant, 0-1")
-    p.add_argument("--after", help="consistency token to wait for")
+    p.add_argument(
+        "--update-tool",
+        help="the tool the model reading the block changes a memory with, named in the block (default: none)",
+    )
+    p.add_argument("--after", help="a token a write printed: this read waits until that write is applied")
     p.add_argument("--as-of", help="the block as the memory was then (ISO 8601, UTC if no zone; or a token)")
 
     memory = cli.add_actions(

@@ -8,27 +8,14 @@ from __future__ import annotations
 
 import shlex
 import unicodedata
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.text import Text
 
-from engram_ledger.contracts.events import (
-    AnyEvent,
-    ForgetExpired,
-    ForgetRequested,
-    MemoryRecalled,
-    MessageRecorded,
-    MessageRetracted,
-    NoteForgotten,
-    NoteRenewed,
-    NoteReverted,
-    NoteSaved,
-    NoteSuperseded,
-    NoteUpdated,
-)
+from engram_ledger.contracts import events
 from engram_ledger.contracts.model import NoteChange, NoteStatus, NoteView, VersionView
 from engram_ledger.contracts.queries import (
     DiffReply,
@@ -555,31 +542,39 @@ def event_line(delivery: Delivery) -> Text:
     return line
 
 
-def _event_details(event: AnyEvent) -> list[str]:
-    if isinstance(event, NoteSaved):
-        subject = f", about {cut(event.subject, 80, one_line=True)}" if event.subject else ""
-        return [f"{event.kind} in {event.category}{subject}"]
-    if isinstance(event, NoteUpdated):
-        changed = [f for f in ("content", "category", "subject", "confidence", "importance", "value", "expires_at")
-                   if getattr(event, f) is not None]  # fmt: skip
-        return [f"changed {', '.join(changed + (['expiry cleared'] if event.expiry_cleared else [])) or 'nothing'}"]
-    if isinstance(event, NoteSuperseded):
-        return [f"superseded by {event.superseded_by}"]
-    if isinstance(event, MemoryRecalled):
-        return [f"{event.kind} showed {len(event.notes)} memor{'y' if len(event.notes) == 1 else 'ies'}"]
-    if isinstance(event, NoteReverted):
-        return [f"reverted to version {event.to_version}" + (", active again" if event.reactivated else "")]
-    if isinstance(event, NoteRenewed):
-        return [f"renewed: expires {when(event.expires_at)}"]
-    if isinstance(event, MessageRecorded):
-        speaker = f" ({cut(event.speaker, 80, one_line=True)})" if event.speaker else ""
-        return [f"{event.role}{speaker} in conversation {cut(event.session_id, 80, one_line=True)}"]
-    if isinstance(event, MessageRetracted):
-        return [f"retracted from conversation {cut(event.session_id, 80, one_line=True)}"]
-    if isinstance(event, ForgetRequested):
-        return [f"deletion requested ({event.request_count}), to confirm by {when(event.expires_at)}"]
-    if isinstance(event, ForgetExpired):
-        return [f"deletion lapsed: {event.reason}"]
-    if isinstance(event, NoteForgotten):
-        return [f"forgotten ({event.reason or 'requested'})"]
-    return []
+def _event_details(event: events.AnyEvent) -> list[str]:
+    """What the event did, in words; one the table does not name (an erasure's receipt) says no more."""
+    detail = _DETAILS.get(type(event))
+    return [detail(event)] if detail is not None else []
+
+
+def _saved_details(event: events.NoteSaved) -> str:
+    subject = f", about {cut(event.subject, 80, one_line=True)}" if event.subject else ""
+    return f"{event.kind} in {event.category}{subject}"
+
+
+def _updated_details(event: events.NoteUpdated) -> str:
+    changed = [f for f in ("content", "category", "subject", "confidence", "importance", "value", "expires_at")
+               if getattr(event, f) is not None]  # fmt: skip
+    return f"changed {', '.join(changed + (['expiry cleared'] if event.expiry_cleared else [])) or 'nothing'}"
+
+
+def _recorded_details(event: events.MessageRecorded) -> str:
+    speaker = f" ({cut(event.speaker, 80, one_line=True)})" if event.speaker else ""
+    return f"{event.role}{speaker} in conversation {cut(event.session_id, 80, one_line=True)}"
+
+
+# One line per event type: what ``engram tail`` says the event did.
+_DETAILS: dict[type[events.AnyEvent], Callable[[Any], str]] = {
+    events.NoteSaved: _saved_details,
+    events.NoteUpdated: _updated_details,
+    events.NoteSuperseded: lambda e: f"superseded by {e.superseded_by}",
+    events.MemoryRecalled: lambda e: f"{e.kind} showed {len(e.notes)} memor{'y' if len(e.notes) == 1 else 'ies'}",
+    events.NoteReverted: lambda e: f"reverted to version {e.to_version}" + (", active again" if e.reactivated else ""),
+    events.NoteRenewed: lambda e: f"renewed: expires {when(e.expires_at)}",
+    events.MessageRecorded: _recorded_details,
+    events.MessageRetracted: lambda e: f"retracted from conversation {cut(e.session_id, 80, one_line=True)}",
+    events.ForgetRequested: lambda e: f"deletion requested ({e.request_count}), to confirm by {when(e.expires_at)}",
+    events.ForgetExpired: lambda e: f"deletion lapsed: {e.reason}",
+    events.NoteForgotten: lambda e: f"forgotten ({e.reason or 'requested'})",
+}

@@ -22,8 +22,9 @@ def routes(console: Console, pages: Pages) -> list[Route]:
         if fmt not in ("markdown", "xml"):
             raise EngramError(ErrorCode.INVALID_PARAMETER, f"format: {fmt!r} is not markdown or xml")
         budget = int_of(form, "max_tokens", 0, 0, MAX_CONTEXT_TOKENS) or None
+        # As `engram context` shows it: a block for a model, naming no tool (none is known here).
         return await console.bus.context(
-            user, format=fmt, query=text_of(form, "query"), max_tokens=budget, origin=LOOKING
+            user, format=fmt, query=text_of(form, "query"), max_tokens=budget, origin=LOOKING, update_tool=None
         )
 
     async def context(request: Request) -> Response:

@@ -25,17 +25,23 @@ from engram_ledger.services.console.web import (
 )
 
 
-def routes(console: Console, pages: Pages) -> list[Route]:
-    async def home(request: Request) -> Response:
+class _UserPages:
+    """The pages of the users and of one user's memories (each a route)."""
+
+    def __init__(self, console: Console, pages: Pages) -> None:
+        self.console = console
+        self.pages = pages
+
+    async def home(self, request: Request) -> Response:
         q = request.query_params
         find = text_of(q, "q") or ""
         offset = int_of(q, "offset", 0, 0, 10**9) or 0
-        users, total = console.log.users(find, offset, PAGE)
+        users, total = self.console.log.users(find, offset, PAGE)
         exact = None
         if find and not total:
             with contextlib.suppress(EngramError):
                 exact = user_of(find)
-        return pages.page(
+        return self.pages.page(
             request,
             "users.html",
             users=users,
@@ -44,10 +50,10 @@ def routes(console: Console, pages: Pages) -> list[Route]:
             offset=offset,
             page_size=PAGE,
             exact=exact,
-            watch=console.log,
+            watch=self.console.log,
         )
 
-    async def user_page(request: Request) -> Response:
+    async def user_page(self, request: Request) -> Response:
         q = request.query_params
         user = user_of(text_of(q, "u"))
         category = text_of(q, "category")
@@ -55,12 +61,12 @@ def routes(console: Console, pages: Pages) -> list[Route]:
         offset = int_of(q, "offset", 0, 0, 10**9) or 0
         after = token_of(q)
         as_of = moment_of(q, "as_of")
-        listed = await console.bus.list_notes(
+        listed = await self.console.bus.list_notes(
             user, category=category, include_superseded=superseded, offset=offset, limit=PAGE, after=after, as_of=as_of
         )
-        categories = (await console.bus.list_categories(user)).categories
-        await console.log.reached(after)
-        return pages.page(
+        categories = (await self.console.bus.list_categories(user)).categories
+        await self.console.log.reached(after)
+        return self.pages.page(
             request,
             "user.html",
             user_id=user,
@@ -74,20 +80,20 @@ def routes(console: Console, pages: Pages) -> list[Route]:
             categories=categories,
             superseded=superseded,
             as_of=as_of,
-            activity=console.log.user(user),
-            chart=console.log.chart(user),
-            pending=console.log.pending(user),
+            activity=self.console.log.user(user),
+            chart=self.console.log.chart(user),
+            pending=self.console.log.pending(user),
             account=ACCOUNT,
         )
 
-    async def changes(request: Request) -> Response:
+    async def changes(self, request: Request) -> Response:
         """What changed in the user's notes between two moments (by default, the last day)."""
         q = request.query_params
         user = user_of(text_of(q, "u"))
         since = moment_of(q, "since") or (datetime.now(UTC) - timedelta(days=1)).replace(microsecond=0).isoformat()
         until = moment_of(q, "until")
-        diff = await console.bus.diff(user, since, until, after=token_of(q))
-        return pages.page(
+        diff = await self.console.bus.diff(user, since, until, after=token_of(q))
+        return self.pages.page(
             request,
             "changes.html",
             user_id=user,
@@ -98,29 +104,32 @@ def routes(console: Console, pages: Pages) -> list[Route]:
             truncated=diff.truncated,
         )
 
-    async def recalls(request: Request) -> Response:
+    async def recalls(self, request: Request) -> Response:
         """What searches and memory blocks showed the user's agents (where recalls are audited),
         newest first; ``session``: one conversation's."""
         q = request.query_params
         user = user_of(text_of(q, "u"))
         session = text_of(q, "session")
-        reply = await console.bus.recalls(user, session_id=session, limit=PAGE, after=token_of(q))
-        return pages.page(
+        reply = await self.console.bus.recalls(user, session_id=session, limit=PAGE, after=token_of(q))
+        return self.pages.page(
             request, "recalls.html", user_id=user, section="memories", session=session, recalls=reply.recalls
         )
 
-    async def activity(request: Request) -> Response:
+    async def activity(self, request: Request) -> Response:
         q = request.query_params
         user = user_of(text_of(q, "u"))
-        await console.log.reached(token_of(q))
-        return pages.page(request, "_chart.html", user_id=user, chart=console.log.chart(user))
+        await self.console.log.reached(token_of(q))
+        return self.pages.page(request, "_chart.html", user_id=user, chart=self.console.log.chart(user))
 
+
+def routes(console: Console, pages: Pages) -> list[Route]:
+    user = _UserPages(console, pages)
     return [
-        Route("/", home),
-        Route("/user", user_page),
-        Route("/user/changes", changes),
-        Route("/user/recalls", recalls),
-        Route("/user/activity", activity),
+        Route("/", user.home),
+        Route("/user", user.user_page),
+        Route("/user/changes", user.changes),
+        Route("/user/recalls", user.recalls),
+        Route("/user/activity", user.activity),
     ]
 
 

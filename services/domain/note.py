@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
 import msgspec
 
-from engram_ledger.contracts.events import (
-    AnyEvent,
-    ForgetExpired,
-    ForgetRequested,
-    MemoryRecalled,
-    MessageRecorded,
-    MessageRetracted,
-    NoteForgotten,
-    NoteRenewed,
-    NoteReverted,
-    NoteSaved,
-    NoteSuperseded,
-    NoteUpdated,
-    SessionForgotten,
-    UserForgotten,
-)
+from engram_ledger.contracts import events
 from engram_ledger.contracts.model import NoteStatus
 
 
@@ -88,16 +73,9 @@ class NoteState(msgspec.Struct, frozen=True, kw_only=True):
         return Snapshot(
             version=self.version,
             status=self.status,
-            content=self.content,
-            category=self.category,
-            subject=self.subject,
-            confidence=self.confidence,
-            importance=self.importance,
             superseded_by=self.superseded_by,
             key=self.key,
-            value=self.value,
-            valid_from=self.valid_from,
-            valid_until=self.valid_until,
+            **version_fields(self),
         )
 
     @property
@@ -111,115 +89,160 @@ class NoteState(msgspec.Struct, frozen=True, kw_only=True):
 
 ABSENT = NoteState()
 
+# What one version of a note holds, under the same names wherever a version is kept: the events
+# that set it (``NoteSaved``, ``NoteReverted``, and ``NoteUpdated`` for the fields it gives), a
+# note's state and its snapshots, the read model's views and history entries (where ``value`` is
+# the JSON text parsed).
+VERSION_FIELDS = ("content", "category", "subject", "confidence", "importance", "value", "valid_from", "valid_until")
 
-def evolve(state: NoteState, event: AnyEvent) -> NoteState:
-    after = _evolve(state, event)
+
+def version_fields(source: Any, *, value: bool = True) -> dict[str, Any]:
+    """``VERSION_FIELDS`` as ``source`` (an event, a state or a view) holds them, by name, to build
+    or replace another with; ``value=False`` leaves the value out (only a keyed note has one that
+    a revert gives back)."""
+    return {name: getattr(source, name) for name in VERSION_FIELDS if value or name != "value"}
+
+
+# What each change of a note sets, by the names a note's state and the read model's view of it
+# share: both folds (``evolve`` here, ``projections/history_model.py``) build on these.
+
+
+def saved_fields(event: events.NoteSaved) -> dict[str, Any]:
+    return {
+        "version": event.version,
+        "status": NoteStatus.ACTIVE,
+        "superseded_by": None,
+        "key": event.key,
+        "expires_at": event.expires_at,
+        **version_fields(event),
+    }
+
+
+def updated_fields(event: events.NoteUpdated) -> dict[str, Any]:
+    """The fields an update gives (those it leaves ``None`` keep their value), and its new expiry
+    if it sets one or clears it."""
+    fields = {name: given for name in VERSION_FIELDS if (given := getattr(event, name)) is not None}
+    if event.expires_at is not None or event.expiry_cleared:
+        fields["expires_at"] = event.expires_at
+    return {"version": event.version, **fields}
+
+
+def reverted_fields(event: events.NoteReverted, *, keyed: bool) -> dict[str, Any]:
+    """What the version reverted to held (its value only for a keyed note); active again if the
+    revert undid a supersede."""
+    fields = {"version": event.version, **version_fields(event, value=keyed)}
+    if event.reactivated:
+        fields |= {"status": NoteStatus.ACTIVE, "superseded_by": None}
+    return fields
+
+
+def superseded_fields(event: events.NoteSuperseded, valid_until: datetime | None) -> dict[str, Any]:
+    """``valid_until``: the note's before; a supersede that closes its validity ends it."""
+    return {
+        "version": event.version,
+        "status": NoteStatus.SUPERSEDED,
+        "superseded_by": event.superseded_by,
+        "valid_until": valid_until if event.valid_until is None else event.valid_until,
+    }
+
+
+def evolve(state: NoteState, event: events.AnyEvent) -> NoteState:
+    rule = _RULES.get(type(event))
+    if rule is None:
+        # Every event the log holds changes a note's state: one without a rule is a bug.
+        raise TypeError(f"unknown event {type(event).__name__}")
+    after = rule(state, event)
     if after.is_message or after.is_recall or after.status is None or after.forgotten:
         return after
     # Gapless versions: a note's snapshots are its versions in order.
     return msgspec.structs.replace(after, past=(*after.past, after.snapshot()))
 
 
-def _evolve(state: NoteState, event: AnyEvent) -> NoteState:
-    if isinstance(event, NoteSaved):
-        return NoteState(
-            version=event.version,
-            status=NoteStatus.ACTIVE,
-            content=event.content,
-            category=event.category,
-            subject=event.subject,
-            confidence=event.confidence,
-            importance=event.importance,
-            key=event.key,
-            value=event.value,
-            expires_at=event.expires_at,
-            ttl_seconds=event.ttl_seconds,
-            valid_from=event.valid_from,
-            valid_until=event.valid_until,
-            saved_at=event.at,
-        )
-    if isinstance(event, NoteUpdated):
-        expiry: dict[str, Any] = {"expires_at": None, "ttl_seconds": None} if event.expiry_cleared else {}
-        if event.expires_at is not None:
-            expiry = {"expires_at": event.expires_at, "ttl_seconds": event.ttl_seconds}
-        return msgspec.structs.replace(
-            state,
-            version=event.version,
-            content=_keep(event.content, state.content),
-            category=_keep(event.category, state.category),
-            subject=_keep(event.subject, state.subject),
-            confidence=_keep(event.confidence, state.confidence),
-            importance=_keep(event.importance, state.importance),
-            value=_keep(event.value, state.value),
-            valid_from=_keep(event.valid_from, state.valid_from),
-            valid_until=_keep(event.valid_until, state.valid_until),
-            **expiry,
-        )
-    if isinstance(event, NoteReverted):
-        return msgspec.structs.replace(
-            state,
-            version=event.version,
-            status=NoteStatus.ACTIVE if event.reactivated else state.status,
-            superseded_by=None if event.reactivated else state.superseded_by,
-            content=event.content,
-            category=event.category,
-            subject=event.subject,
-            confidence=event.confidence,
-            importance=event.importance,
-            value=event.value if state.key is not None else state.value,
-            valid_from=event.valid_from,
-            valid_until=event.valid_until,
-        )
-    if isinstance(event, NoteRenewed):
-        return msgspec.structs.replace(state, version=event.version, expires_at=event.expires_at)
-    if isinstance(event, NoteSuperseded):
-        return msgspec.structs.replace(
-            state,
-            version=event.version,
-            status=NoteStatus.SUPERSEDED,
-            superseded_by=event.superseded_by,
-            valid_until=_keep(event.valid_until, state.valid_until),
-        )
-    if isinstance(event, MessageRecorded):
-        return NoteState(
-            version=event.version,
-            content=event.content,
-            is_message=True,
-            session_id=event.session_id,
-            speaker=event.speaker,
-        )
-    if isinstance(event, MemoryRecalled):
-        # Its session: erasing a conversation erases what was recalled in it.
-        session_id = event.origin.session_id if event.origin is not None else None
-        return NoteState(version=event.version, status=NoteStatus.ACTIVE, is_recall=True, session_id=session_id)
-    if isinstance(event, MessageRetracted):
-        return msgspec.structs.replace(state, version=event.version, retracted=True)
-    if isinstance(event, ForgetRequested):
-        return msgspec.structs.replace(
-            state, version=event.version, forget_expires_at=event.expires_at, forget_requests=event.request_count
-        )
-    if isinstance(event, ForgetExpired):
-        return msgspec.structs.replace(state, version=event.version, forget_expires_at=None, forget_requests=0)
-    if isinstance(event, UserForgotten | SessionForgotten):
-        # The account stream: the erasure is done, and a new one would start over.
-        return msgspec.structs.replace(state, version=event.version, forget_expires_at=None, forget_requests=0)
-    if isinstance(event, NoteForgotten):
-        # The content was shredded with the key; nothing of it is kept.
-        return NoteState(
-            version=event.version,
-            status=NoteStatus.FORGOTTEN,
-            is_message=state.is_message,
-            is_recall=state.is_recall,
-            session_id=state.session_id,
-        )
-    raise TypeError(f"unknown event {type(event).__name__}")
+def _saved(state: NoteState, event: events.NoteSaved) -> NoteState:
+    return NoteState(ttl_seconds=event.ttl_seconds, saved_at=event.at, **saved_fields(event))
 
 
-def fold(events: Iterable[AnyEvent], state: NoteState = ABSENT) -> NoteState:
-    for event in events:
+def _updated(state: NoteState, event: events.NoteUpdated) -> NoteState:
+    fields = updated_fields(event)
+    if "expires_at" in fields:  # and the time to live a renewal restarts
+        fields["ttl_seconds"] = None if event.expires_at is None else event.ttl_seconds
+    return msgspec.structs.replace(state, **fields)
+
+
+def _reverted(state: NoteState, event: events.NoteReverted) -> NoteState:
+    return msgspec.structs.replace(state, **reverted_fields(event, keyed=state.key is not None))
+
+
+def _renewed(state: NoteState, event: events.NoteRenewed) -> NoteState:
+    return msgspec.structs.replace(state, version=event.version, expires_at=event.expires_at)
+
+
+def _superseded(state: NoteState, event: events.NoteSuperseded) -> NoteState:
+    return msgspec.structs.replace(state, **superseded_fields(event, state.valid_until))
+
+
+def _recorded(state: NoteState, event: events.MessageRecorded) -> NoteState:
+    return NoteState(
+        version=event.version,
+        content=event.content,
+        is_message=True,
+        session_id=event.session_id,
+        speaker=event.speaker,
+    )
+
+
+def _recalled(state: NoteState, event: events.MemoryRecalled) -> NoteState:
+    # Its session: erasing a conversation erases what was recalled in it.
+    session_id = event.origin.session_id if event.origin is not None else None
+    return NoteState(version=event.version, status=NoteStatus.ACTIVE, is_recall=True, session_id=session_id)
+
+
+def _retracted(state: NoteState, event: events.MessageRetracted) -> NoteState:
+    return msgspec.structs.replace(state, version=event.version, retracted=True)
+
+
+def _forget_requested(state: NoteState, event: events.ForgetRequested) -> NoteState:
+    return msgspec.structs.replace(
+        state, version=event.version, forget_expires_at=event.expires_at, forget_requests=event.request_count
+    )
+
+
+def _no_forget_pending(state: NoteState, event: events.AnyEvent) -> NoteState:
+    # A request lapsed, or (on an account or session stream) the erasure is done: a new one
+    # would start over.
+    return msgspec.structs.replace(state, version=event.version, forget_expires_at=None, forget_requests=0)
+
+
+def _forgotten(state: NoteState, event: events.NoteForgotten) -> NoteState:
+    # The content was shredded with the key; nothing of it is kept.
+    return NoteState(
+        version=event.version,
+        status=NoteStatus.FORGOTTEN,
+        is_message=state.is_message,
+        is_recall=state.is_recall,
+        session_id=state.session_id,
+    )
+
+
+# One rule per event type: the state after it, given the state before.
+_RULES: dict[type[events.AnyEvent], Callable[[NoteState, Any], NoteState]] = {
+    events.NoteSaved: _saved,
+    events.NoteUpdated: _updated,
+    events.NoteReverted: _reverted,
+    events.NoteRenewed: _renewed,
+    events.NoteSuperseded: _superseded,
+    events.MessageRecorded: _recorded,
+    events.MemoryRecalled: _recalled,
+    events.MessageRetracted: _retracted,
+    events.ForgetRequested: _forget_requested,
+    events.ForgetExpired: _no_forget_pending,
+    events.UserForgotten: _no_forget_pending,
+    events.SessionForgotten: _no_forget_pending,
+    events.NoteForgotten: _forgotten,
+}
+
+
+def fold(changes: Iterable[events.AnyEvent], state: NoteState = ABSENT) -> NoteState:
+    for event in changes:
         state = evolve(state, event)
     return state
-
-
-def _keep(new, old):  # type: ignore[no-untyped-def]
-    return old if new is None else new

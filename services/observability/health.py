@@ -20,13 +20,14 @@ import json
 import logging
 import time
 from collections.abc import Iterable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from engram_ledger.contracts import channels
-from engram_ledger.contracts.channels import HistoryKeys, IndexKeys, SagaKeys, model_key
+from engram_ledger.contracts.channels import HistoryKeys, IndexKeys, SagaKeys, TimelineKeys, model_key
 from engram_ledger.projections.history import live_generation
 from engram_ledger.projections.index import live_index_generation
 from engram_ledger.projections.tracking import position_key
@@ -147,23 +148,47 @@ async def _lag(redis: Redis, partition: int, checkpoint: bytes | None, head: tup
     }
 
 
+async def _index_lags(redis: Redis, partition: int, head: tuple[int, int], index_state: str) -> dict[str, Any]:
+    """The live index's generation, model and lag, and its timeline's (every version, for
+    searches of the past: a projection of its own) beside it in the same shape; none where no
+    index is kept."""
+    generation = await live_index_generation(redis, partition)
+    checkpoint = await redis.get(IndexKeys(partition, generation).checkpoint)
+    model = await redis.get(model_key(generation))
+    if checkpoint is None and model is None and index_state == "off":
+        return {}
+    shown = {"generation": generation, "model": json.loads(model) if model else None}
+    timeline = await redis.get(TimelineKeys(partition, generation).checkpoint)
+    return {
+        "index": {**shown, **await _lag(redis, partition, checkpoint, head)},
+        "timeline": {**shown, **await _lag(redis, partition, timeline, head)},
+    }
+
+
 def _when(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
-def _index_files(workers: list[dict[str, Any]], now: float) -> dict[str, Any] | None:
+def _seconds(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def _index_files(workers: list[dict[str, Any]], now: float, unapplied: int) -> dict[str, Any] | None:
     """Whether deleted points (forgotten notes' vectors, ids and payloads) are still in the
-    index's files: ``removal`` is ``complete``, ``pending`` (with when it is due) or
-    ``overdue`` (past its bound by ``OVERDUE_SECONDS``: degraded)."""
+    index's files: ``removal`` is ``complete``, ``pending`` (with when it is due; also while the
+    index has ``unapplied`` log entries to apply, which may hold forgets) or ``overdue`` (past its
+    bound by ``OVERDUE_SECONDS``: degraded)."""
     reports = [w["index_files"] for w in workers if w.get("index_files")]
     if not reports:
         return None
-    owed = [r["owed_since"] for r in reports if r.get("owed_since") is not None]
-    purged = [r["purged_at"] for r in reports if r.get("purged_at") is not None]
+    owed = [_seconds(r["owed_since"]) for r in reports if r.get("owed_since")]
+    rewritten = [_seconds(r["rewritten_at"]) for r in reports if r.get("rewritten_at")]
     found: dict[str, Any] = {"bound_seconds": max(r["bound_seconds"] for r in reports)}
-    if purged:
-        found["last_rewritten_at"] = _when(max(purged))
+    if rewritten:
+        found["last_rewritten_at"] = _when(max(rewritten))
     if not owed:
+        if unapplied:
+            return {"removal": "pending", "waiting_for": f"the index to apply {unapplied} log entries", **found}
         return {"removal": "complete", **found}
     since = min(owed)
     due = since + found["bound_seconds"]
@@ -202,16 +227,9 @@ async def health(redis: Redis, partitions: int | None = None) -> dict[str, Any]:
         part: dict[str, Any] = {"partition": p, "log_length": int(await redis.xlen(channels.event_log(p)))}
         hist = HistoryKeys(p, await live_generation(redis, p))
         part["history"] = await _lag(redis, p, await redis.get(hist.checkpoint), head)
-        index_generation = await live_index_generation(redis, p)
-        index_checkpoint = await redis.get(IndexKeys(p, index_generation).checkpoint)
-        model = await redis.get(model_key(index_generation))
-        if index_checkpoint is not None or model is not None or index_state != "off":
-            part["index"] = {
-                "generation": index_generation,
-                "model": json.loads(model) if model else None,
-                **await _lag(redis, p, index_checkpoint, head),
-            }
-            index_behind |= part["index"]["lag_entries"] > CATCHING_UP_ENTRIES
+        part |= await _index_lags(redis, p, head, index_state)
+        # Searches of the present wait for the index, searches of the past for the timeline.
+        index_behind |= any(part[n]["lag_entries"] > CATCHING_UP_ENTRIES for n in ("index", "timeline") if n in part)
         saga = SagaKeys(p)
         part["forget_saga"] = {
             **await _lag(redis, p, await redis.get(saga.checkpoint), head),
@@ -236,7 +254,10 @@ async def health(redis: Redis, partitions: int | None = None) -> dict[str, Any]:
         lags = [part["history"], part["forget_saga"]]
         degraded |= any(x["lag_entries"] > LAG_ENTRIES_LIMIT for x in lags) or part["forget_saga"]["overdue"] > 0
         report["partitions"].append(part)
-    files = _index_files(workers, now_ms / 1000)
+    # A log entry the index or the timeline has yet to apply may be a forget: its points are not
+    # deleted yet, so no rewrite can have removed them.
+    unapplied = sum(p[name]["lag_entries"] for p in report["partitions"] for name in ("index", "timeline") if name in p)
+    files = _index_files(workers, now_ms / 1000, unapplied)
     if files is not None:
         report["index_files"] = files
         degraded |= files["removal"] == "overdue"

@@ -46,11 +46,14 @@ async def rebuild_history(redis: Redis, settings: Settings, partitions: int, pro
 
 
 async def rebuild_index(redis: Redis, settings: Settings, partitions: int, progress: Progress) -> dict[str, Any]:
-    """Embed the whole log into a fresh generation (a new shard directory or collection), then
-    switch every partition to it; a running `engram serve` follows within a second."""
-    from engram_ledger.contracts.channels import GENERATIONS_KEY, IndexKeys
+    """Embed the whole log into a fresh generation (a new shard directory or collection, and its
+    timeline's), then switch every partition to it; a running `engram serve` follows within a
+    second."""
+    from engram_ledger.contracts.channels import GENERATIONS_KEY, IndexKeys, TimelineKeys
     from engram_ledger.projections.index import IndexProjection, live_index_generation
     from engram_ledger.projections.index_runtime import record_model, switch_generation
+    from engram_ledger.projections.timeline import TimelineProjection
+    from engram_ledger.projections.tracking import TrackedProjection, rebuild_together
     from engram_ledger.services.bootstrap import build_index_runtime
 
     settings = Settings(**{**settings.__dict__, "partitions": partitions})
@@ -67,21 +70,19 @@ async def rebuild_index(redis: Redis, settings: Settings, partitions: int, progr
     if timeline is not None:
         await timeline.ensure(runtime.embedder.dimension)
     total = sum([(await store.log_head(p))[1] for p in range(partitions)])
-    read = 0
+    read, embedder, subjects = 0, runtime.embedder, runtime.subjects
     try:
         with progress("index", total) as bar:
             for p in range(partitions):
-                projection = IndexProjection(
-                    redis,
-                    index,
-                    runtime.embedder,
-                    p,
-                    generation,
-                    store=store,
-                    subjects=runtime.subjects,
-                    timeline=timeline,
-                )
-                read += await projection.rebuild(store, progress=bar.update)
+                # The timeline reads each batch after the index: its texts are in the embedder's cache.
+                projections: list[TrackedProjection[Any]] = [
+                    IndexProjection(redis, index, embedder, p, generation, store=store, subjects=subjects)
+                ]
+                if timeline is not None:
+                    projections.append(
+                        TimelineProjection(redis, timeline, embedder, p, generation, store=store, subjects=subjects)
+                    )
+                read += await rebuild_together(projections, store, bar.update, IndexProjection.rebuild_batch)
     finally:
         await index.close()
         if timeline is not None:
@@ -89,4 +90,5 @@ async def rebuild_index(redis: Redis, settings: Settings, partitions: int, progr
     await switch_generation(redis, partitions, generation)
     for p in range(partitions):
         await unlink_prefix(redis, IndexKeys(p, previous).prefix)
+        await unlink_prefix(redis, TimelineKeys(p, previous).prefix)
     return {"projection": "index", "events": read, "generation": generation, "previous": previous}

@@ -1,5 +1,6 @@
 """Promise 3 for the vector index: a rebuild from the log equals the live index (same notes,
-chunks, versions and filter fields), and replayed events leave one point per note chunk."""
+chunks, versions and filter fields), and replayed events leave one point per note chunk. The
+timeline of every version has its own: tests/integration/test_timeline_projection.py."""
 
 from __future__ import annotations
 
@@ -15,14 +16,7 @@ from engram_ledger.services.application.vector_index import DENSE, NearestQuery
 from engram_ledger.services.bus.client import EngramClient
 from tests.builders import mixed_workload
 from tests.conftest import RunningService
-from tests.support import POINT_FIELDS, master_key_for_tests, shape
-
-TIMELINE_FIELDS = (*POINT_FIELDS, "from_position", "until_position", "from_at", "until_at", "record", "context")
-
-
-def timeline_shape(payloads: list[dict[str, object]]) -> list[tuple[object, ...]]:
-    """Every point of the timeline by what says which version it is and when it held."""
-    return sorted(tuple(str(p.get(f)) for f in TIMELINE_FIELDS) for p in payloads)
+from tests.support import POINT_FIELDS, master_key_for_tests, replay_the_log, shape
 
 
 async def caught_up(client: EngramClient, token: str) -> None:
@@ -41,33 +35,17 @@ async def test_index_rebuild_equals_live(
     assert any(p["chunk"] > 0 for p in live), "the long note is chunked"
     assert any(p["status"] == "superseded" for p in live)
 
-    assert runtime.timeline is not None
-    past = timeline_shape(await runtime.timeline.payloads())
-    assert len(past) > len(live), "the timeline keeps the versions before the current ones"
-
     redis = aioredis.Redis.from_url(redis_url)
     rebuilt_index = QdrantEdgeIndex(tmp_path / "rebuilt")
-    rebuilt_timeline = QdrantEdgeIndex(tmp_path / "rebuilt-timeline")
     await rebuilt_index.ensure(runtime.embedder.dimension)
-    await rebuilt_timeline.ensure(runtime.embedder.dimension)
     store = RedisEventStore(redis, 1, 3600, master_key_for_tests())
     projection = IndexProjection(
-        redis,
-        rebuilt_index,
-        runtime.embedder,
-        0,
-        generation=9,
-        store=store,
-        subjects=runtime.subjects,
-        timeline=rebuilt_timeline,
+        redis, rebuilt_index, runtime.embedder, 0, generation=9, store=store, subjects=runtime.subjects
     )
     read = await projection.rebuild(store)
     assert read > 60
     assert shape(await rebuilt_index.payloads()) == shape(live)
-    # The past too: every version with the same bounds, from the log alone.
-    assert timeline_shape(await rebuilt_timeline.payloads()) == past
     await rebuilt_index.close()
-    await rebuilt_timeline.close()
     await redis.aclose()
     assert token
 
@@ -80,30 +58,15 @@ async def test_replayed_events_leave_one_point_per_chunk(
     runtime = service.engram.index
     assert runtime is not None
     before = shape(await runtime.index.payloads())
-    assert runtime.timeline is not None
-    past = timeline_shape(await runtime.timeline.payloads())
     redis = aioredis.Redis.from_url(redis_url)
     store = RedisEventStore(redis, 1, 3600, master_key_for_tests())
     generation = await live_index_generation(redis, 0)
     projection = IndexProjection(
-        redis,
-        runtime.index,
-        runtime.embedder,
-        0,
-        generation,
-        store=store,
-        subjects=runtime.subjects,
-        timeline=runtime.timeline,
+        redis, runtime.index, runtime.embedder, 0, generation, store=store, subjects=runtime.subjects
     )
-    everything = await store.read_log(0, "0", 10_000)
-    await projection.apply(everything)  # at or before the checkpoint: skipped
-    await redis.delete(projection.keys.checkpoint)
-    await projection.apply(everything)  # checkpoint lost: skipped by the indexed versions
-    await redis.delete(projection.keys.checkpoint)
-    await projection.apply(list(reversed(everything)))  # out of order: never goes back
+    await replay_the_log(redis, store, projection)
     assert shape(await runtime.index.payloads()) == before
     assert len(before) == len({(p[0], p[1], p[2]) for p in before})
-    assert timeline_shape(await runtime.timeline.payloads()) == past
     await redis.aclose()
 
 

@@ -13,8 +13,9 @@ import redis.asyncio as aioredis
 
 from engram_ledger.contracts.channels import IndexKeys
 from engram_ledger.contracts.events import ACCOUNT, session_stream
-from engram_ledger.projections.index import IndexProjection
+from engram_ledger.projections.index import IndexProjection, PointsProjection
 from engram_ledger.projections.qdrant_edge import QdrantEdgeIndex
+from engram_ledger.projections.timeline import TimelineProjection
 from engram_ledger.projections.tracking import StaleProjection
 from engram_ledger.services.adapters.crypto import SubjectMatcher
 from engram_ledger.services.adapters.event_store import RedisEventStore
@@ -91,9 +92,11 @@ class SlowWrites:
         return getattr(self._index, name)
 
 
+@pytest.mark.parametrize("kind", [IndexProjection, TimelineProjection], ids=["index", "timeline"])
 async def test_a_writer_that_lost_the_index_cannot_bring_back_points_a_forget_deleted(
-    redis_url: str, tmp_path: Path
+    redis_url: str, tmp_path: Path, kind: type[PointsProjection]
 ) -> None:
+    """The live index, and its timeline (a projection of its own, every version of every note)."""
     running = await RunningService(service_settings(redis_url, index_enabled=False)).start()
     index = QdrantEdgeIndex(tmp_path / "shard")
     try:
@@ -108,8 +111,8 @@ async def test_a_writer_that_lost_the_index_cannot_bring_back_points_a_forget_de
             subjects = SubjectMatcher.from_master(master_key_for_tests())
             await redis.set(IndexKeys(0, 0).live, 1)
             slow = SlowWrites(index)
-            loser = IndexProjection(redis, slow, embedder, 0, 1, store=store, subjects=subjects)  # type: ignore[arg-type]
-            winner = IndexProjection(redis, index, embedder, 0, 1, store=store, subjects=subjects)
+            loser = kind(redis, slow, embedder, 0, 1, store=store, subjects=subjects)  # type: ignore[arg-type]
+            winner = kind(redis, index, embedder, 0, 1, store=store, subjects=subjects)
             # given one writer that read the save and is paused before writing its points
             paused = asyncio.create_task(loser.apply(read_before))
             await slow.writing.wait()
@@ -125,7 +128,7 @@ async def test_a_writer_that_lost_the_index_cannot_bring_back_points_a_forget_de
             # then the one holding the projection writes the note again, from its own state
             assert await winner.repair() == 1
             assert not [p for p in await index.payloads() if p["note_id"] == saved.note_id]
-            assert await redis.scard(IndexKeys(0, 1).recheck) == 0
+            assert await redis.scard(winner.keys.recheck) == 0
     finally:
         await index.close()
         await running.stop()

@@ -179,7 +179,13 @@ async def test_a_note_put_with_a_time_to_live_is_forgotten_when_it_runs_out(
         nonlocal renewals
         renewed = await client.renew("alice", kept.note_id)
         renewals += renewed.version > 1
-        return (await client.history("alice", put.note_id, after=renewed.token)).status == "forgotten"
+        try:
+            return (await client.history("alice", put.note_id, after=renewed.token)).status == "forgotten"
+        except EngramError as e:
+            # Its key is gone a moment before the history has its tombstone: not yet.
+            if e.code is ErrorCode.MEMORY_NOT_FOUND:
+                return False
+            raise
 
     await eventually(otp_forgotten, 60, interval=0.5, what="the note whose time ran out forgotten")
     assert renewals >= 1

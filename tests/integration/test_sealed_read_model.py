@@ -21,6 +21,7 @@ from engram_ledger.contracts.model import Origin
 from engram_ledger.projections.history import HistoryProjection, live_generation
 from engram_ledger.projections.history_reader import HistoryReader
 from engram_ledger.services.adapters.event_store import RedisEventStore
+from engram_ledger.services.application.ports import ListingPage
 from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.config import ROLES
 from tests.conftest import RunningService, service_settings
@@ -211,7 +212,8 @@ async def test_a_page_is_read_alone_and_equals_the_slice_of_the_whole_listing(se
     reader = HistoryReader(redis, 1, master_key_for_tests())
     try:
         now = datetime.now(UTC)
-        assert await reader.list_page("alice", None, False, "a", 5, 4, now) == (under.notes[5:9], 15)
+        asked = ListingPage(category_prefix="a", offset=5, limit=4, now=now)
+        assert await reader.list_page("alice", asked) == (under.notes[5:9], 15)
     finally:
         await redis.aclose()
 
@@ -237,7 +239,7 @@ async def _lapsed_note_page(url: str) -> None:
         reader = HistoryReader(redis, 1, master_key_for_tests())
         try:
             # Lapsed, and still in the listing: the page cannot be cut from the listing alone.
-            page = await reader.list_page("alice", None, False, None, 0, 2, datetime.now(UTC))
+            page = await reader.list_page("alice", ListingPage(limit=2, now=datetime.now(UTC)))
             listed = await client.list_notes("alice", offset=0, limit=2)
         finally:
             await redis.aclose()

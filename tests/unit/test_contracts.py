@@ -145,4 +145,4 @@ def test_the_asyncapi_document_names_every_channel_and_message() -> None:
     for channel in doc["channels"].values():
         for ref in channel["messages"].values():
             assert ref["$ref"].split("/")[-1] in messages
-    assert {c["address"] for c in doc["channels"].values()} >= {"engram:{p}:commands", "engram:{p}:log"}
+    assert {c["address"] for c in doc["channels"].values()} >= {"engram:{p}:commands:inbox", "engram:{p}:log"}
