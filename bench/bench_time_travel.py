@@ -7,8 +7,9 @@ notes of ``--versions`` versions each (saved in batches, then updated round by r
 the bus). Then the p50 through ``EngramClient`` of: ``get_note``, a page of ``list_notes`` (50)
 and ``search`` (top 5), each now and as of two moments: ``recent`` (after the last round: few
 notes changed since) and ``middle`` (after the middle round: every note changed since, the
-as-of listing's worst case). Also the raw floor of the same run: MiniLM's encode of one query
-(what a search always pays). Then what keeping the past costs: points and bytes on disk of the
+as-of listing's worst case), each named by its time and by the token of the round's last
+write. Also the raw floor of the same run: MiniLM's encode of one query (what a search always
+pays). Then what keeping the past costs: points and bytes on disk of the
 live index and of the timeline, and this process's RSS. Prints a table and one JSON line.
 """
 
@@ -47,7 +48,8 @@ def disk_bytes(directory: Path) -> int:
 
 
 async def fill(client: EngramClient, notes: int, versions: int) -> tuple[list[str], dict[str, str], str]:
-    """The notes, the moments (``recent``, ``middle``: times), and the last token."""
+    """The notes, the moments (``recent`` and ``middle`` by time, ``recent by token`` and
+    ``middle by token``), and the last token."""
     ids: list[str] = []
     token = ""
     started = time.perf_counter()
@@ -67,8 +69,10 @@ async def fill(client: EngramClient, notes: int, versions: int) -> tuple[list[st
         if version == (versions + 2) // 2:
             await asyncio.sleep(0.01)
             moments["middle"] = datetime.now(UTC).isoformat()
+            moments["middle by token"] = token
     await asyncio.sleep(0.01)
     moments["recent"] = datetime.now(UTC).isoformat()
+    moments["recent by token"] = token
     return ids, moments, token
 
 
@@ -110,7 +114,7 @@ async def run(notes: int, versions: int, repeat: int) -> dict[str, Any]:
 
             embedder = app.index.embedder
             figures["encode_floor_ms"] = await p50_ms(cycling(lambda i: embedder.embed([query(i)])), repeat)
-            for label, as_of in [("now", None), ("recent", moments["recent"]), ("middle", moments["middle"])]:
+            for label, as_of in [("now", None), *moments.items()]:
                 figures[f"get_{label}_ms"] = await p50_ms(
                     cycling(lambda i, a=as_of: client.get_note(USER, sample[i], as_of=a)), repeat
                 )
@@ -144,13 +148,14 @@ def main() -> None:
         f"\n{args.notes} notes x {args.versions} versions, one user (written in {figures['fill_s']} s, "
         f"indexed {figures['index_lag_s']} s later)"
     )
-    print(f"{'read':<10}{'now p50':>10}{'recent':>10}{'ratio':>8}{'middle':>10}{'ratio':>8}")
+    labels = ("recent", "middle", "recent by token", "middle by token")
+    print(f"{'read':<10}{'now p50':>10}" + "".join(f"{label:>18}{'ratio':>8}" for label in labels))
     for read in ("get", "list", "search"):
         now = figures[f"{read}_now_ms"]
         row = f"{read:<10}{now:>10.2f}"
-        for label in ("recent", "middle"):
+        for label in labels:
             value = figures[f"{read}_{label}_ms"]
-            row += f"{value:>10.2f}{value / now:>7.2f}x"
+            row += f"{value:>18.2f}{value / now:>7.2f}x"
         print(row)
     print(f"raw floor: MiniLM encode of one query, p50 {figures['encode_floor_ms']} ms")
     print(

@@ -15,6 +15,7 @@ versions, scores and categories (the listings are ordered by category), as in th
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,10 @@ from engram_ledger.projections.tracking import GenerationalProjection, read_gene
 from engram_ledger.services.adapters.crypto import KeyedFields, MasterKey, RecordKey, RecordKeys
 from engram_ledger.services.adapters.redis_conn import transaction_client, unlink_prefix
 from engram_ledger.services.application.ports import LogEntry
+
+# How long a reader may take a generation it has read to be live (``HistoryReader._keys``); a
+# switch keeps the generation it replaced twice that long before dropping it.
+GENERATION_SECONDS = 1.0
 
 
 async def live_generation(redis: Redis, partition: int) -> int:
@@ -248,6 +253,9 @@ class HistoryProjection(GenerationalProjection[_Writes]):
                 await pipe.execute()
             except WatchError:
                 return False
+        # Readers take the generation they read to be live for a moment: they read the old one
+        # whole meanwhile.
+        await asyncio.sleep(2 * GENERATION_SECONDS)
         await drop_generation(self._redis, self.partition, previous)
         return True
 

@@ -6,16 +6,19 @@ listing's places now)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
+import msgspec
 from redis.asyncio import Redis
 
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.channels import HistoryKeys, SagaKeys
 from engram_ledger.contracts.model import MessageView, NoteStatus, NoteView, RecallView, VersionView
 from engram_ledger.projections.forget_saga import member as saga_member
-from engram_ledger.projections.history import live_generation
+from engram_ledger.projections.history import GENERATION_SECONDS, live_generation
 from engram_ledger.projections.history_model import keyed_field, place_member
 from engram_ledger.projections.history_records import (
     MESSAGES,
@@ -29,8 +32,9 @@ from engram_ledger.projections.history_records import (
 )
 from engram_ledger.projections.tracking import CheckpointReader, read_position
 from engram_ledger.services.adapters.crypto import KeyedFields, MasterKey, RecordKeys
-from engram_ledger.services.application.as_of import Listed, Moment, note_as_of
+from engram_ledger.services.application.as_of import SHOWN, Listed, Moment, note_as_of
 from engram_ledger.services.application.ports import ListingPage
+from engram_ledger.services.common.stages import stage
 
 
 def _under(category: str, prefix: str) -> bool:
@@ -42,6 +46,38 @@ def _category_range(category: str) -> tuple[bytes, bytes]:
     return f"[{category}\x00".encode(), f"({category}\x01".encode()
 
 
+class _Made(msgspec.Struct, frozen=True):
+    """When a version was made, and how: what a reading of the past looks at first."""
+
+    change: str
+    created_at: datetime
+    position: str | None = None
+
+
+_made = msgspec.json.Decoder(_Made)
+
+# A reading of notes at a moment, in one round trip however many notes: KEYS are the user's
+# ``changed`` set, then each note's view, wrapped data key and versions hash; ARGV the moment
+# (ms), then the note ids. Each note's versions come only when it changed at or after the moment
+# (else false: it is as it is now). All its keys are the partition's, so one slot in a cluster.
+_NOTES_AT = """
+local since = tonumber(ARGV[1])
+local found = {}
+for i = 2, #ARGV do
+  local at = 2 + (i - 2) * 3
+  local changed = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  found[#found + 1] = redis.call('GET', KEYS[at])
+  found[#found + 1] = redis.call('GET', KEYS[at + 1])
+  if changed == false or tonumber(changed) >= since then
+    found[#found + 1] = redis.call('HGETALL', KEYS[at + 2])
+  else
+    found[#found + 1] = false
+  end
+end
+return found
+"""
+
+
 class HistoryReader(CheckpointReader):
     """Reads the live generation for the query responders. A sealed value is read with its
     note's wrapped data key in the same round trip (``MGET``), so whether the key still exists
@@ -51,13 +87,45 @@ class HistoryReader(CheckpointReader):
     def __init__(self, redis: Redis, partitions: int, master: MasterKey) -> None:
         super().__init__(partitions)
         self._redis = redis
+        # The live generation last seen, by partition, and when it was read (``_keys``).
+        self._generations: dict[int, int] = {}
+        self._checked: dict[int, float] = {}
         self.partitions = partitions
         self._data_keys = RecordKeys(master)
         self._fields = KeyedFields.from_master(master)
+        self._notes_at = redis.register_script(_NOTES_AT)
 
     async def _keys(self, user_id: str) -> HistoryKeys:
+        """The live generation's keys of the user's partition. The generation is read at most
+        once every ``GENERATION_SECONDS`` (a read the less on almost every query): a rebuild's
+        switch keeps the generation it replaced that long and more before dropping it
+        (``HistoryProjection.make_live``), so a reader a little behind reads it whole."""
         p = channels.partition_of(user_id, self.partitions)
-        return HistoryKeys(p, await live_generation(self._redis, p))
+        return HistoryKeys(p, await self._live(p))
+
+    async def _live(self, p: int) -> int:
+        now = time.monotonic()
+        if now - self._checked.get(p, -GENERATION_SECONDS) >= GENERATION_SECONDS:
+            self._generations[p] = await live_generation(self._redis, p)
+            self._checked[p] = now
+        return self._generations[p]
+
+    async def _read_many(self, user_id: str, note_ids: Sequence[str], message_ids: Sequence[str]) -> list[Any]:
+        """The views' and the data keys' raw values in one MGET, with the live generation's
+        pointer read in the same MGET: the generation last seen is taken to be live (one round
+        trip, not two), and read again when the pointer says otherwise (after a rebuild)."""
+        p = channels.partition_of(user_id, self.partitions)
+        ids = [*note_ids, *message_ids]
+        while True:
+            generation = self._generations.get(p, 0)
+            keys = HistoryKeys(p, generation)
+            names = [keys.note(user_id, i) for i in note_ids] + [keys.message(user_id, i) for i in message_ids]
+            *raws, live = await self._redis.mget([*names, *self._wrapped(user_id, ids), HistoryKeys(p, 0).live])
+            live = int(live) if live is not None else 0
+            self._generations[p] = live
+            self._checked[p] = time.monotonic()
+            if live == generation:
+                return raws
 
     def _wrapped(self, user_id: str, ids: Sequence[str]) -> list[str]:
         """The names of the notes' wrapped data keys."""
@@ -65,7 +133,7 @@ class HistoryReader(CheckpointReader):
         return [channels.data_key(p, user_id, i) for i in ids]
 
     async def checkpoint(self, partition: int) -> tuple[int, int]:
-        keys = HistoryKeys(partition, await live_generation(self._redis, partition))
+        keys = HistoryKeys(partition, await self._live(partition))
         return await read_position(self._redis, keys.checkpoint)
 
     def _note(self, user_id: str, note_id: str, raw: bytes | None, wrapped: bytes | None) -> NoteView | None:
@@ -99,19 +167,19 @@ class HistoryReader(CheckpointReader):
         """Notes and messages by id in one read (the search hydrates its hits with it)."""
         if not note_ids and not message_ids:
             return {}, {}
-        keys = await self._keys(user_id)
+        with stage("reading hits from the read model"):
+            raws = await self._read_many(user_id, note_ids, message_ids)
         ids = [*note_ids, *message_ids]
-        names = [keys.note(user_id, i) for i in note_ids] + [keys.message(user_id, i) for i in message_ids]
-        raws = await self._redis.mget(names + self._wrapped(user_id, ids))
-        values, wrapped = raws[: len(ids)], raws[len(ids) :]
-        notes = {}
-        for j, note_id in enumerate(note_ids):
-            if (view := self._note(user_id, note_id, values[j], wrapped[j])) is not None:
-                notes[note_id] = view
-        messages = {}
-        for j, message_id in enumerate(message_ids, start=len(note_ids)):
-            if (message := self._message(user_id, message_id, values[j], wrapped[j])) is not None:
-                messages[message_id] = message
+        with stage("unsealing them"):
+            values, wrapped = raws[: len(ids)], raws[len(ids) :]
+            notes = {}
+            for j, note_id in enumerate(note_ids):
+                if (view := self._note(user_id, note_id, values[j], wrapped[j])) is not None:
+                    notes[note_id] = view
+            messages = {}
+            for j, message_id in enumerate(message_ids, start=len(note_ids)):
+                if (message := self._message(user_id, message_id, values[j], wrapped[j])) is not None:
+                    messages[message_id] = message
         return notes, messages
 
     async def get_message(self, user_id: str, message_id: str) -> MessageView | None:
@@ -337,36 +405,50 @@ class HistoryReader(CheckpointReader):
         return found
 
     async def notes_at(self, user_id: str, note_ids: Sequence[str], moment: Moment) -> dict[str, NoteView | None]:
-        """Each note as it was at ``moment`` (None: not saved yet), in one round trip, opening
-        only the one version each needs (the others are read in plain text: times, statuses)."""
+        """Each note as it was at ``moment`` (None: not saved yet), in one round trip: a note
+        unchanged since reads as it is now; a note changed since from its versions, opening only
+        the one it was at then (the others are read in plain text: times, statuses)."""
         if not note_ids:
             return {}
         keys = await self._keys(user_id)
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for note_id, wrapped_name in zip(note_ids, self._wrapped(user_id, note_ids), strict=True):
-                pipe.get(keys.note(user_id, note_id))
-                pipe.get(wrapped_name)
-                pipe.hgetall(keys.versions(user_id, note_id))
-            raws = await pipe.execute()
+        names = [keys.changed(user_id)]
+        for note_id, wrapped_name in zip(note_ids, self._wrapped(user_id, note_ids), strict=True):
+            names += [keys.note(user_id, note_id), wrapped_name, keys.versions(user_id, note_id)]
+        raws = await self._notes_at(keys=names, args=[moment.ms, *note_ids])
         found: dict[str, NoteView | None] = {}
         for j, note_id in enumerate(note_ids):
-            raw_view, wrapped, raw_versions = raws[3 * j : 3 * j + 3]
+            raw_view, wrapped, flat = raws[3 * j : 3 * j + 3]
             view = self._note(user_id, note_id, raw_view, wrapped)
-            if view is None:
-                found[note_id] = None
+            if view is None or flat is None:
+                found[note_id] = view
                 continue
-            shells = sorted(((VERSIONS.shell(v), n, v) for n, v in raw_versions.items()), key=lambda x: x[0].version)
-            then = [(shell, n, v) for shell, n, v in shells if moment.covers(shell.created_at, shell.position)]
-            if then:
-                # The version it was at then holds its words; the earlier ones only their times.
-                shell, number, raw = then[-1]
+            versions = self._versions_then(user_id, note_id, wrapped, flat, moment)
+            found[note_id] = None if versions is None else note_as_of(view, versions, moment)
+        return found
+
+    def _versions_then(
+        self, user_id: str, note_id: str, wrapped: bytes | None, flat: list[bytes], moment: Moment
+    ) -> list[VersionView] | None:
+        """What ``note_as_of`` needs of the versions made by ``moment``, from a versions hash as
+        a flat list (field, value, ...): the last one, opened (it holds the words then), after
+        the last that changed the words, in plain parts (when they differ). None: none was made
+        by then. Read newest first, each decoded only as far as when it was made."""
+        raw_versions = dict(zip(flat[::2], flat[1::2], strict=True))
+        then: list[VersionView] = []
+        for number in sorted(raw_versions, key=int, reverse=True):
+            raw = raw_versions[number]
+            made = VERSIONS.plain(raw, _made)
+            if not moment.covers(made.created_at, made.position):
+                continue
+            if not then:
                 key = self._data_keys.of(wrapped, user_id, note_id)
                 opened = VERSIONS.open(raw, key, version_label(user_id, note_id, number.decode()))
-                versions = [s for s, _, _ in then[:-1]] + [opened if opened is not None else shell]
-            else:
-                versions = []
-            found[note_id] = note_as_of(view, versions, moment)
-        return found
+                then.append(opened if opened is not None else VERSIONS.shell(raw))
+            elif made.change in SHOWN:
+                then.insert(0, VERSIONS.shell(raw))
+            if made.change in SHOWN:
+                break
+        return then if then or not raw_versions else None
 
     async def relisted_since(self, user_id: str, ms: int) -> list[str]:
         keys = await self._keys(user_id)

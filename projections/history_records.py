@@ -77,7 +77,16 @@ class _RecallSecrets(msgspec.Struct, frozen=True):
     session_id: str | None = None
 
 
+class _PlainPart(msgspec.Struct, array_like=True, frozen=True):
+    # A sealed value read for its shell alone: the box is left as it is, unread.
+    shell: msgspec.Raw
+    box: msgspec.Raw
+    keyed: msgspec.Raw | None = None
+
+
 _sealed_decoder = msgspec.json.Decoder(_Sealed)
+_plain_decoder = msgspec.json.Decoder(_PlainPart)
+P = TypeVar("P", bound=msgspec.Struct)
 _encode = msgspec.json.Encoder().encode
 
 
@@ -125,6 +134,13 @@ class RecordForm(Generic[V]):
         if not raw.startswith(b"["):
             return self._view.decode(raw)
         return self._opened(_sealed_decoder.decode(raw), None, b"")
+
+    def plain(self, raw: bytes, into: msgspec.json.Decoder[P]) -> P:
+        """Some of the fields kept in plain text, decoded by ``into`` (a struct of a few of the
+        view's fields): cheaper than ``shell`` where a reader needs only those."""
+        if not raw.startswith(b"["):
+            return into.decode(raw)
+        return into.decode(_plain_decoder.decode(raw).shell)
 
     def read(self, raw: bytes, key: RecordKey | None, label: bytes) -> Stored[V]:
         """What the projection needs of a stored value, with or without its key."""

@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from engram_ledger.contracts.channels import IndexKeys, TimelineKeys, model_key
+from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.projections.index import PointsProjection, live_index_generation
 from engram_ledger.projections.qdrant_edge import drop_shard
 from engram_ledger.projections.tracking import CheckpointReader, read_position
@@ -115,10 +116,15 @@ class IndexRuntime:
         return self._index is not None
 
     async def wait_opened(self) -> None:
+        """Until the live index is open; ``EMBEDDING_ERROR`` at once while it is refused (built
+        with another model: waiting would not open it)."""
         if self._opened is None:
             self._opened = asyncio.Event()
-        if self._index is None:
+        while self._index is None:
+            if isinstance(self.error, ModelMismatch):
+                raise EngramError(ErrorCode.EMBEDDING_ERROR, f"cannot search right now: {self.error}")
             await self._opened.wait()
+            self._opened.clear()
 
     @property
     def timeline(self) -> VectorIndex | None:
@@ -140,6 +146,8 @@ class IndexRuntime:
                 await record_model(self.redis, generation, self.embedder)
             except ModelMismatch as e:
                 self.error = e
+                if self._opened is not None:
+                    self._opened.set()  # the waiters learn it is refused
                 raise
             index = self.open_index(generation)
             await index.ensure(self.embedder.dimension)

@@ -62,6 +62,7 @@ from engram_ledger.services.application.vector_index import (
     NearestQuery,
     Ranges,
 )
+from engram_ledger.services.common.stages import profiling, record
 
 
 def _filter(where: list[Condition]) -> Filter:
@@ -300,7 +301,16 @@ class QdrantEdgeIndex:
         asked = [
             (i, _request(q)) for i, q in enumerate(queries) if q.using != SPARSE or (q.sparse and q.sparse.indices)
         ]
-        found = await self._run(self._query_batch, [r for _, r in asked]) if asked else []
+        requests = [r for _, r in asked]
+        if not requests:
+            found: list[Any] = []
+        elif profiling():
+            # A profile times the dense and the BM25 queries apart (the shard's thread measures them).
+            found, took = await self._run(self._query_each, requests)
+            for (i, _), seconds in zip(asked, took, strict=True):
+                record("dense query" if queries[i].using == DENSE else "sparse query", seconds)
+        else:
+            found = await self._run(self._query_batch, requests)
         results: list[list[IndexHit]] = [[] for _ in queries]
         for (i, _), points in zip(asked, found, strict=True):
             results[i] = [IndexHit(point_id=str(p.id), score=p.score, payload=dict(p.payload or {})) for p in points]
@@ -308,6 +318,14 @@ class QdrantEdgeIndex:
 
     def _query_batch(self, requests: list[QueryRequest]) -> Any:
         return self.shard.query_batch(QueryBatchRequest(requests))
+
+    def _query_each(self, requests: list[QueryRequest]) -> tuple[list[Any], list[float]]:
+        found, took = [], []
+        for request in requests:
+            started = time.perf_counter()
+            found.append(self.shard.query(request))
+            took.append(time.perf_counter() - started)
+        return found, took
 
     async def count(self, user_id: str | None = None) -> int:
         request = CountRequest(filter=_filter(conditions(user_id, {})) if user_id else None, exact=True)

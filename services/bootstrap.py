@@ -75,6 +75,7 @@ from engram_ledger.services.application.forget_timer import ForgetExpiryTimer
 from engram_ledger.services.application.queries import QueryService, query_handlers
 from engram_ledger.services.application.recalls import RecallAudit, audited_users
 from engram_ledger.services.application.search import BlendPolicy, SearchService
+from engram_ledger.services.application.when import warm_time_phrases
 from engram_ledger.services.bus.deadline import CallerDeadline
 from engram_ledger.services.bus.envelope import EnvelopeFormat, ReplyInKind
 from engram_ledger.services.bus.gate import Lane, RequestGate
@@ -268,6 +269,9 @@ class Engram:
         await report.publish()
         if index.model_state == "loaded":
             self._log_serving(f", the embedding model loaded in {index.model_load_seconds:g} s")
+            # The reader of time phrases loads its language data on first use (half a second):
+            # loaded now, off the loop, rather than by the first search that names a time.
+            await asyncio.to_thread(warm_time_phrases)
 
     def _log_serving(self, model: str = "") -> None:
         log.info(

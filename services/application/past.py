@@ -4,6 +4,8 @@ block share."""
 
 from __future__ import annotations
 
+import asyncio
+
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.contracts.model import NoteStatus, NoteView
 from engram_ledger.services.application.as_of import (
@@ -73,9 +75,16 @@ async def page_then(
     without the places of those notes (``R``), with their places then (``A``). A place of ``Z``
     at rank ``i`` is at rank ``i - (R before it) + (A before it)`` then, so the page's places
     from ``Z`` lie within ``Z[offset - |A| : offset + limit + |R|]``."""
-    moved = await past.relisted_since(user_id, moment.ms)
-    expired = await past.expired_by(user_id, moment.ms)
-    found = await past.histories(user_id, moved)
+    moved, expired = await asyncio.gather(past.relisted_since(user_id, moment.ms), past.expired_by(user_id, moment.ms))
+    # Read at once: the histories of the notes moved since, the views of those past their time
+    # to live, and the window of the listing now that holds the page's places whatever those
+    # histories say (at most every moved note added before the page, or gone from it).
+    start = max(0, offset - len(moved))
+    found, (lapsed, _), (window, size) = await asyncio.gather(
+        past.histories(user_id, moved),
+        past.get_many(user_id, expired),
+        past.listing_window(user_id, include_superseded, start, offset + limit + len(moved) + len(expired)),
+    )
     then: dict[str, NoteView] = {}
     gone: set[Listed] = set()
     for note_id, (now, versions) in found.items():
@@ -84,11 +93,8 @@ async def page_then(
         view = listed_as_of(now, versions, moment, include_superseded)
         if view is not None:
             then[note_id] = view
-    lapsed, _ = await past.get_many(user_id, [n for n in expired if n not in found])
-    gone |= {listed(v) for v in lapsed.values() if listed_now(v, include_superseded)}
+    gone |= {listed(v) for n, v in lapsed.items() if n not in found and listed_now(v, include_superseded)}
     added = sorted(listed(v) for v in then.values())
-    start = max(0, offset - len(added))
-    window, size = await past.listing_window(user_id, include_superseded, start, offset + limit + len(gone))
     ranked: list[tuple[int, Listed]] = []
     for i, place in enumerate(window, start=start):
         if place not in gone:

@@ -238,7 +238,8 @@ class PastReader(Protocol):
         """Each note and every version of it, in one round trip (unknown ones left out)."""
 
     async def notes_at(self, user_id: str, note_ids: Sequence[str], moment: Moment) -> dict[str, NoteView | None]:
-        """Each note as it was at ``moment`` (``as_of.note_as_of``; None: not saved yet)."""
+        """Each note as it was at ``moment`` (``as_of.note_as_of``; None: not saved yet), in one
+        round trip: those unchanged since read as they are now."""
 
     async def relisted_since(self, user_id: str, ms: int) -> list[str]:
         """As ``changed_since``, for changes that can move a note in or out of a listing (saved,

@@ -43,6 +43,7 @@ from engram_ledger.services.application.past import listing_then, moment_of, pag
 from engram_ledger.services.application.ports import AccessStats, ListingPage, NoteHistory, PastReader
 from engram_ledger.services.application.reads import counted, read_at
 from engram_ledger.services.application.search import SearchService, lapsed
+from engram_ledger.services.common.stages import profiled, stage
 from engram_ledger.services.domain.values import check_where, matches
 
 _query_decoder = msgspec.json.Decoder(AnyQuery)
@@ -69,13 +70,16 @@ class QueryService:
 
     async def handle(self, body: bytes, share: FairShare | None = None) -> bytes:
         """``share``: the handlers this query waits its user's turn for."""
-        try:
-            query = decode_query(body)
-            async with turn_in(share, query.user_id):
-                reply: QueryReply = await self.ask(query)
-        except EngramError as e:
-            reply = e.reply()
-        return _encoder.encode(reply)
+        with profiled():
+            try:
+                with stage("request decode"):
+                    query = decode_query(body)
+                async with turn_in(share, query.user_id):
+                    reply: QueryReply = await self.ask(query)
+            except EngramError as e:
+                reply = e.reply()
+            with stage("reply encode"):
+                return _encoder.encode(reply)
 
     async def ask(self, query: AnyQuery) -> QueryReply:
         handler = self._handlers.get(type(query))

@@ -21,8 +21,10 @@ features the same way.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -72,6 +74,30 @@ class RelevanceModel:
     def estimate(self, rows: Sequence[Sequence[float]]) -> list[float]:
         return [_sigmoid(self.bias + sum(w * x for w, x in zip(self.weights, row, strict=True))) for row in rows]
 
+    def most(self, similarity: float, best: float, rank: int, conversation: bool) -> float:
+        """The highest relevance a hit can have, knowing only what the ranking says of it (its
+        cosine, the best candidate's, its source) and that it ranks ``rank`` or lower: every
+        feature its words decide (terms held, names, a time) at its most favourable."""
+        known = {
+            "cosine": similarity,
+            "cosine_below_best": best - similarity,
+            "conversation": 1.0 if conversation else 0.0,
+            "cosine_unknown": 1.0 if similarity == 0 else 0.0,
+            "cosine_below_0.3": max(0.0, 0.3 - similarity) if similarity else 0.0,
+            "cosine_below_0.45": max(0.0, 0.45 - similarity) if similarity else 0.0,
+        }
+        total = self.bias
+        for name, weight in zip(FEATURES, self.weights, strict=True):
+            if name in known:
+                total += weight * known[name]
+            elif name == "log_rank":
+                if weight > 0:
+                    return 1.0  # a deeper rank would raise it: no bound
+                total += weight * math.log1p(rank)
+            else:
+                total += max(0.0, weight)  # each of the others lies in [0, 1]
+        return _sigmoid(total)
+
 
 def features(query: str, hits: Sequence[Signals], best: float | None = None, first_rank: int = 1) -> list[list[float]]:
     """One row per hit, in the order of ``FEATURES``; ``hits`` best first, the first at
@@ -86,7 +112,7 @@ def features(query: str, hits: Sequence[Signals], best: float | None = None, fir
     best = max([h.similarity for h in hits] + ([best] if best is not None else []))
     rows = []
     for rank, hit in enumerate(hits, start=first_rank):
-        held = set(sparse_document(hit.text).indices) if asked else set()
+        held, hit_words = _terms_of(hit.text) if asked or names else (frozenset(), frozenset())
         rows.append(
             [
                 hit.similarity,
@@ -95,7 +121,7 @@ def features(query: str, hits: Sequence[Signals], best: float | None = None, fir
                 math.log1p(rank),
                 1.0 if hit.conversation else 0.0,
                 1.0 if names_in(said, hit.name) else 0.0,
-                len(names - words(hit.text)) / len(names) if names else 0.0,
+                sum(hash(name) not in hit_words for name in names) / len(names) if names else 0.0,
                 1.0 if hit.similarity == 0 else 0.0,
                 max(0.0, 0.3 - hit.similarity) if hit.similarity else 0.0,
                 max(0.0, 0.45 - hit.similarity) if hit.similarity else 0.0,
@@ -103,6 +129,27 @@ def features(query: str, hits: Sequence[Signals], best: float | None = None, fir
             ]
         )
     return rows
+
+
+# A hit's text's BM25 terms and words, by a digest of the text: the same notes and turns come
+# back search after search, and their terms are what costs. Neither the text nor its words are
+# kept (a forgotten note's would stay in memory until pushed out): the words as their hashes
+# (Python's, salted per process), which is all a comparison with the query's names needs.
+_TERMS: OrderedDict[bytes, tuple[frozenset[int], frozenset[int]]] = OrderedDict()
+TERMS_KEPT = 8192
+
+
+def _terms_of(text: str) -> tuple[frozenset[int], frozenset[int]]:
+    key = hashlib.blake2b(text.encode(), digest_size=16).digest()
+    found = _TERMS.get(key)
+    if found is None:
+        found = frozenset(sparse_document(text).indices), frozenset(hash(w) for w in words(text))
+        _TERMS[key] = found
+        if len(_TERMS) > TERMS_KEPT:
+            _TERMS.popitem(last=False)
+    else:
+        _TERMS.move_to_end(key)
+    return found
 
 
 _CAPITALIZED = re.compile(r"\b[A-Z]\w*")

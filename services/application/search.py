@@ -5,9 +5,10 @@ no text). Another user's notes are never candidates: every index query is filter
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import msgspec
 
@@ -38,11 +39,14 @@ from engram_ledger.services.application.vector_index import (
     MEMORY,
     SPARSE,
     NearestQuery,
+    Ranges,
     SearchableIndex,
+    Sparse,
     TimeWindow,
     VectorIndex,
 )
 from engram_ledger.services.application.when import Period, asked_period, time_only
+from engram_ledger.services.common.stages import stage
 from engram_ledger.services.domain.values import matches
 
 
@@ -162,67 +166,59 @@ class SearchService:
             )
         # Before the token: while the model loads, the index cannot reach it either.
         await index_ready(self._runtime, "search", self._wait)
-        if query.after is not None:
-            # A search of the past ranks the timeline's points: a projection of its own.
-            indexed = self._runtime.wait_for_past if query.as_of else self._runtime.wait_for
-            caught_up = await indexed(query.after, self._wait) and await self._history.wait_for(query.after, self._wait)
-            if not caught_up:
-                raise EngramError(
-                    ErrorCode.TIMEOUT,
-                    f"the index has not reached token {query.after} within {self._wait:g} s; retry later",
-                )
+        with stage("wait for the token"):
+            await self._caught_up(query)
         moment = moment_of(reads_past(self._past), query.user_id, query.as_of) if query.as_of else None
-        index, dense = await self._index_and_embedding(query.query, past=moment is not None)
-        sparse = sparse_query(query.query)
-        window = TimeWindow(_ts(query.since), _ts(query.until))
-        then = current_at(moment) if moment is not None else {}
+        read = self._reader(query.user_id, moment)
+        with stage("query parsing and time phrases"):
+            plan = self._plan(query, moment)
+        index = self._index(past=moment is not None)
+        # BM25 needs no vector: its queries run in the index's thread while the model encodes.
+        keywords = asyncio.create_task(index.nearest_many(plan.queries(query.user_id, SPARSE)))
+        try:
+            dense = await self._embedding(query.query)
+            meaning = await index.nearest_many(plan.queries(query.user_id, DENSE, dense))
+        finally:
+            keyword = await keywords
+        with stage("fusion and levers"):
+            # Notes and messages compete in one fusion: each signal is scaled over all candidates.
+            dense_hits = [h for hits in meaning for h in hits]
+            sparse_hits = [h for hits in keyword for h in hits]
+            sources = {h.payload["note_id"]: h.payload.get("record", MEMORY) for h in dense_hits + sparse_hits}
+            fused = fuse(dense_hits, sparse_hits, self._policy)
+            candidates = [(sources[n], (n, score, cos)) for n, score, cos in fused]
+        wanted = depth if query.ranking == "relevance" else depth * 4
+        estimate = Estimate(query.query, max((cos for _, (_, _, cos) in candidates), default=0.0), plan.period)
+        results = await self._hydrate(query, candidates, wanted, best_per_note(sparse_hits), estimate, plan, read)
+        return SearchReply(results=await self._page(query, results, moment, plan.now))
+
+    async def _caught_up(self, query: SearchNotes) -> None:
+        """Wait for the caller's token in the index (the timeline, for a search of the past) and
+        in the read model."""
+        if query.after is None:
+            return
+        # A search of the past ranks the timeline's points: a projection of its own.
+        indexed = self._runtime.wait_for_past if query.as_of else self._runtime.wait_for
+        caught_up = await indexed(query.after, self._wait) and await self._history.wait_for(query.after, self._wait)
+        if not caught_up:
+            raise EngramError(
+                ErrorCode.TIMEOUT, f"the index has not reached token {query.after} within {self._wait:g} s; retry later"
+            )
+
+    def _plan(self, query: SearchNotes, moment: Moment | None) -> _Plan:
+        """What a search asks of the index and keeps of its hits, from the query alone."""
         # Several points of one note or turn may rank together; fetch enough to fill the page (a
         # filter on values leaves some out after the index has ranked them). Sized by the page,
-        # not by the offset: every page of one search (same query, same top_k)
-        # is a slice of one ranking, which the fusion's scaling over the candidates would not be
-        # if a deeper page fetched more of them. A page past them comes back short.
+        # not by the offset: every page of one search (same query, same top_k) is a slice of one
+        # ranking, which the fusion's scaling over the candidates would not be if a deeper page
+        # fetched more of them. A page past them comes back short.
         filtered = query.where or query.keyed_only or query.valid_at is not None
-        limit = max(CANDIDATES, query.top_k * (20 if filtered else 10))
         # A search of the past reads "last week" from its moment, and notes as they were then.
         now = moment.at if moment is not None else self._clock()
         period = asked_period(query.query, now) if self._policy.time_boost else None
         # What held in the world at a time may have been superseded since: a superseded note
         # that says it held then is a candidate when a search asks about that time.
         held = _held(query.valid_at, period)
-        scopes = _scopes(query, self._runtime.subject_key, superseded_too=held is not None)
-        asked = [
-            NearestQuery(
-                user_id=query.user_id,
-                using=DENSE,
-                dense=dense,
-                match=m,
-                limit=limit,
-                window=window,
-                ranges=then,
-                fields=FIELDS,
-            )
-            for m in scopes
-        ] + [
-            NearestQuery(
-                user_id=query.user_id,
-                using=SPARSE,
-                sparse=sparse,
-                match=m,
-                limit=limit,
-                window=window,
-                ranges=then,
-                fields=FIELDS,
-            )
-            for m in scopes
-        ]
-        found = await index.nearest_many(asked)
-        meaning, keyword = found[: len(scopes)], found[len(scopes) :]
-        # Notes and messages compete in one fusion: each signal is scaled over all candidates.
-        dense_hits = [h for hits in meaning for h in hits]
-        sparse_hits = [h for hits in keyword for h in hits]
-        sources = {h.payload["note_id"]: h.payload.get("record", MEMORY) for h in dense_hits + sparse_hits}
-        candidates = [(sources[n], (n, score, cos)) for n, score, cos in fuse(dense_hits, sparse_hits, self._policy)]
-        wanted = depth if query.ranking == "relevance" else depth * 4
         # The floor filters the ranking before it is paged, and the read model is read until a
         # page's worth is above it: page two of a search is what follows page one among the hits
         # above the floor. A query that asks about a time and nothing else ("what did I do in
@@ -233,10 +229,24 @@ class SearchService:
         def kept(hit: SearchHit) -> bool:
             return hit.relevance >= floor or (asked_then is not None and within(hit, asked_then))
 
-        estimate = Estimate(query.query, max((cos for _, (_, _, cos) in candidates), default=0.0), period)
-        results = await self._hydrate(
-            query, candidates, wanted, best_per_note(sparse_hits), estimate, kept, moment, held
+        return _Plan(
+            floor=floor if asked_then is None else None,
+            scopes=_scopes(query, self._runtime.subject_key, superseded_too=held is not None),
+            sparse=sparse_query(query.query),
+            limit=max(CANDIDATES, query.top_k * (20 if filtered else 10)),
+            window=TimeWindow(_ts(query.since), _ts(query.until)),
+            then=current_at(moment) if moment is not None else {},
+            now=now,
+            period=period,
+            held=held,
+            kept=kept,
         )
+
+    async def _page(
+        self, query: SearchNotes, results: list[SearchHit], moment: Moment | None, now: datetime
+    ) -> list[SearchHit]:
+        """The page asked for, with each note's reads (a search of the present counts its hits)."""
+        depth = query.offset + query.top_k
         # Reads are not in the log: a search of the past neither shows nor counts them.
         access = self._access if moment is None else None
         if access is not None:
@@ -255,7 +265,7 @@ class SearchService:
             self._touching.add(task)
             task.add_done_callback(self._touching.discard)
             results = [msgspec.structs.replace(h, note=read_at(h.note, now)) if h.note else h for h in results]
-        return SearchReply(results=results)
+        return results
 
     def _estimate(self, estimate: Estimate, hits: list[SearchHit], ranked_before: int) -> list[SearchHit]:
         """Each hit with its ``relevance``, from the ranking's signals; ``ranked_before``: how
@@ -274,24 +284,33 @@ class SearchService:
         estimates = self._relevance.estimate(rows)
         return [msgspec.structs.replace(h, relevance=round(r, 4)) for h, r in zip(hits, estimates, strict=True)]
 
-    async def _index_and_embedding(self, text: str, past: bool = False) -> tuple[VectorIndex, list[float]]:
+    def _index(self, past: bool) -> VectorIndex:
         """The live index (refused while it holds another model's vectors), or with ``past`` its
-        timeline, and the query's vector."""
+        timeline."""
         try:
             index = self._runtime.index
-            if past:
-                timeline = self._runtime.timeline
-                if timeline is None:
-                    raise EngramError(
-                        ErrorCode.UNAVAILABLE, "this deployment's index keeps no past: searches as of a moment are off"
-                    )
-                index = timeline
-            (dense,) = await self._runtime.embedder.embed([text])
         except EngramError:
             raise
         except Exception as e:
             raise EngramError(ErrorCode.EMBEDDING_ERROR, f"cannot search right now: {e}") from None
-        return index, dense
+        if not past:
+            return index
+        timeline = self._runtime.timeline
+        if timeline is None:
+            raise EngramError(
+                ErrorCode.UNAVAILABLE, "this deployment's index keeps no past: searches as of a moment are off"
+            )
+        return timeline
+
+    async def _embedding(self, text: str) -> list[float]:
+        try:
+            with stage("encode"):
+                (dense,) = await self._runtime.embedder.embed([text])
+        except EngramError:
+            raise
+        except Exception as e:
+            raise EngramError(ErrorCode.EMBEDDING_ERROR, f"cannot search right now: {e}") from None
+        return dense
 
     async def _annotate(self, user_id: str, hits: list[SearchHit]) -> list[SearchHit]:
         assert self._access is not None
@@ -306,27 +325,28 @@ class SearchService:
         wanted: int,
         keyword: dict[str, float],
         estimate: Estimate,
-        kept: Callable[[SearchHit], bool],
-        moment: Moment | None = None,
-        held: Callable[[NoteView], bool] | None = None,
+        plan: _Plan,
+        read: Reader,
     ) -> list[SearchHit]:
         """The ``wanted`` best hits that are ``kept`` (above the floor), each with its relevance.
         The text comes from the read model (the index holds none), read a slice at a time in
         one round trip; a hit the read model does not have (yet, or any more) is left out, and
         so is one superseded meanwhile. The first slice, where the best candidates are, is
         re-ordered by the name boost: who said a turn is known only here (the index keeps no
-        speakers), and a note's subject is read with it."""
+        speakers), and a note's subject is read with it. Candidates the floor would refuse
+        whatever their words (too deep in the ranking, too far from the query) are not read."""
         ranked = 0
         results: list[SearchHit] = []
         # The first slice, which the name boost re-orders, is sized by the page too (see above).
         start, size = 0, max(query.top_k * 2, NAMED_WINDOW)
         while start < len(candidates) and len(results) < wanted:
+            if start and not self._reachable(estimate, plan.floor, candidates[start:], ranked + 1):
+                break
             window = candidates[start : start + size]
-            notes, messages = await self._read(
+            notes, messages = await read(
                 query.user_id,
                 [record_id for source, (record_id, _, _) in window if source == MEMORY],
                 [record_id for source, (record_id, _, _) in window if source == CONVERSATION],
-                moment,
             )
             hits = [
                 hit
@@ -339,31 +359,66 @@ class SearchService:
                         (round(score, 6), round(similarity, 6), round(keyword.get(record_id, 0.0), 6)),
                         notes,
                         messages,
-                        moment.at if moment is not None else self._clock(),
-                        held,
+                        plan.now,
+                        plan.held,
                     )
                 )
             ]
             if start == 0:
-                hits = self._reordered(query.query, hits, estimate.period)
+                with stage("fusion and levers"):
+                    hits = self._reordered(query.query, hits, estimate.period)
+            with stage("relevance features"):
+                results += self._kept(estimate, hits, ranked, plan.kept, wanted - len(results))
             # A hit's relevance depends on its rank among every hit, kept or not, so a deeper
             # page never changes the relevance of one above it.
-            hits = self._estimate(estimate, hits, ranked)
             ranked += len(hits)
-            results += [h for h in hits if kept(h)]
             start, size = start + size, max(wanted * 2, NAMED_WINDOW)
         return results[:wanted]
 
-    async def _read(
-        self, user_id: str, note_ids: list[str], message_ids: list[str], moment: Moment | None
-    ) -> tuple[dict[str, NoteView], dict[str, MessageView]]:
-        """The hits' notes and turns from the read model; as of a moment, each note as it was
-        then (a turn never changes)."""
+    def _reachable(
+        self, estimate: Estimate, floor: float | None, candidates: list[tuple[str, tuple[str, float, float]]], rank: int
+    ) -> bool:
+        """Whether any of ``candidates``, ranked ``rank`` or lower, could be kept: the most
+        relevance the model allows each (its cosine and source known, its words the best they
+        could be) reaches the ``floor`` (None: hits are kept for more than their relevance)."""
+        if floor is None:
+            return True
+        return any(
+            round(self._relevance.most(cos, estimate.best, rank, source == CONVERSATION), 4) >= floor
+            for source, (_, _, cos) in candidates
+        )
+
+    def _kept(
+        self, estimate: Estimate, hits: list[SearchHit], ranked: int, kept: Callable[[SearchHit], bool], wanted: int
+    ) -> list[SearchHit]:
+        """The first ``wanted`` of ``hits`` that are ``kept``, each with its relevance: estimated in
+        rank order only as far as they are needed (a hit's relevance depends on its rank and the
+        search's best cosine, never on the hits after it)."""
+        found: list[SearchHit] = []
+        done = 0
+        while done < len(hits) and len(found) < wanted:
+            more = hits[done : done + wanted - len(found)]
+            found += [h for h in self._estimate(estimate, more, ranked + done) if kept(h)]
+            done += len(more)
+        return found
+
+    def _reader(self, user_id: str, moment: Moment | None) -> Reader:
+        """How the hits' notes and turns are read from the read model; as of a moment, each note
+        as it was then (a turn never changes)."""
         if moment is None:
-            return await self._history.get_many(user_id, note_ids, message_ids)
-        _, messages = await self._history.get_many(user_id, [], message_ids)
-        found = await reads_past(self._past).notes_at(user_id, note_ids, moment)
-        return {n: view for n, view in found.items() if view is not None}, messages
+            return self._history.get_many
+        past = reads_past(self._past)
+
+        async def read(
+            user_id: str, note_ids: list[str], message_ids: list[str]
+        ) -> tuple[dict[str, NoteView], dict[str, MessageView]]:
+            (_, messages), found = await asyncio.gather(
+                self._history.get_many(user_id, [], message_ids),
+                past.notes_at(user_id, note_ids, moment),
+            )
+            return {n: view for n, view in found.items() if view is not None}, messages
+
+        return read
 
     def _reordered(self, text: str, hits: list[SearchHit], period: Period | None) -> list[SearchHit]:
         """The first slice re-ordered by what only the read model knows: whom a hit is about
@@ -382,6 +437,10 @@ class SearchService:
         return [msgspec.structs.replace(by_id[n], score=round(score, 6)) for n, score, _ in ranked]
 
 
+# Reads the hits' notes and turns: (user, note ids, message ids) -> (notes, messages) by id.
+Reader = Callable[[str, list[str], list[str]], Awaitable[tuple[dict[str, NoteView], dict[str, MessageView]]]]
+
+
 @dataclass(frozen=True)
 class Estimate:
     """What every hit's relevance in one search is estimated with: the query, the best cosine
@@ -390,6 +449,41 @@ class Estimate:
     query: str
     best: float
     period: Period | None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One search's questions to the index (``scopes``, each asked by dense and by BM25, of
+    ``limit`` candidates) and what it keeps of the hits."""
+
+    scopes: list[dict[str, str | list[str]]]
+    sparse: Sparse
+    limit: int
+    window: TimeWindow
+    then: Ranges
+    now: datetime
+    period: Period | None
+    held: Callable[[NoteView], bool] | None
+    kept: Callable[[SearchHit], bool]
+    # The relevance a hit needs to be kept, when nothing else keeps one (None: something may).
+    floor: float | None
+
+    def queries(self, user_id: str, using: str, dense: list[float] | None = None) -> list[NearestQuery]:
+        """Every scope, by the query's ``dense`` vector or by its BM25 terms."""
+        vector: dict[str, Any] = {"dense": dense} if using == DENSE else {"sparse": self.sparse}
+        return [
+            NearestQuery(
+                user_id=user_id,
+                using=using,
+                match=match,
+                limit=self.limit,
+                window=self.window,
+                ranges=self.then,
+                fields=FIELDS,
+                **vector,
+            )
+            for match in self.scopes
+        ]
 
 
 def _held(valid_at: datetime | None, period: Period | None) -> Callable[[NoteView], bool] | None:

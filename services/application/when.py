@@ -92,6 +92,12 @@ def time_only(query: str) -> bool:
     return _PHRASE.search(query) is not None and not sparse_query(rest).indices
 
 
+def warm_time_phrases() -> None:
+    """Load what reading a time phrase needs (its language data, its patterns) ahead of the
+    first search that names a time."""
+    asked_period("what did I do in May 2023, or last week?", datetime.now(UTC))
+
+
 def _read(text: str, now: datetime) -> Period | None:
     # Imported on first use: dateparser loads its language data when imported.
     from dateparser.date import DateDataParser

@@ -35,6 +35,7 @@ from typing import Any
 import msgspec
 from faststream.redis.parser.binary import BinaryMessageFormatV1
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from engram_ledger.contracts import channels
@@ -128,34 +129,53 @@ class RequestGate:
 
     async def run(self, stop: asyncio.Event) -> None:
         inbox = self.lane.inbox
+        seen: bytes | None = None
         while not stop.is_set():
             try:
-                if await self.admit_head() is None:
-                    await self._redis.blmove(inbox, inbox, BLOCK_SECONDS, "RIGHT", "RIGHT")
+                # The request the wait saw (the inbox's last) is, most often, its only one: it is
+                # tried as the whole batch, which saves reading the inbox (the script checks).
+                if await self.admit_head(seen) is None:
+                    seen = await self._redis.blmove(inbox, inbox, BLOCK_SECONDS, "RIGHT", "RIGHT")
+                else:
+                    seen = None
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError) as e:
                 log.warning("the gate of %s failed (%r); trying again", inbox, e)
+                seen = None
                 await asyncio.sleep(0.5)
 
-    async def admit_head(self) -> int | None:
+    async def admit_head(self, guess: bytes | None = None) -> int | None:
         """Admit the batch at the inbox's head; how many of it were refused (None: the inbox is
-        empty). A batch another gate took meanwhile is read again."""
-        while entries := await self._redis.lrange(self.lane.inbox, 0, self._batch - 1):
-            requests = [_read(entry) for entry in entries]
-            keys = [self.lane.inbox, self.lane.stream]
-            args: list[Any] = [len(requests), self._maxlen, self._budget]
-            for request in requests:
-                which, cap = self._place(request, keys)
-                # The place's id is the gate's own: a caller could repeat a correlation id.
-                args += [hashlib.sha1(request.entry).hexdigest(), which, cap, uuid.uuid4().hex, request.hold_ms]
-            refused = await self._admit(keys=keys, args=args)
-            if refused == -1:
-                continue
-            if refused:
-                await self._refuse([requests[i - 1] for i in refused])
-            return len(refused)
+        empty). ``guess``: a request that may be the whole inbox, tried before reading it. A
+        batch another gate took meanwhile is read again."""
+        entries = [guess] if guess is not None else await self._read_head()
+        while entries:
+            refused = await self._admitted(entries)
+            if refused is not None:
+                return refused
+            entries = await self._read_head()
         return None
+
+    async def _read_head(self) -> list[bytes]:
+        return list(await self._redis.lrange(self.lane.inbox, 0, self._batch - 1))
+
+    async def _admitted(self, entries: list[bytes]) -> int | None:
+        """Admit ``entries`` if they are the inbox's head; how many were refused (None: they
+        are not its head)."""
+        requests = [_read(entry) for entry in entries]
+        keys = [self.lane.inbox, self.lane.stream]
+        args: list[Any] = [len(requests), self._maxlen, self._budget]
+        for request in requests:
+            which, cap = self._place(request, keys)
+            # The place's id is the gate's own: a caller could repeat a correlation id.
+            args += [hashlib.sha1(request.entry).hexdigest(), which, cap, uuid.uuid4().hex, request.hold_ms]
+        refused = await self._admit(keys=keys, args=args)
+        if refused == -1:
+            return None
+        if refused:
+            await self._refuse([requests[i - 1] for i in refused])
+        return len(refused)
 
     def _place(self, request: _Request, keys: list[str]) -> tuple[int, int]:
         """The index in ``keys`` of the set of places the request takes (added to ``keys``), and
@@ -170,13 +190,17 @@ class RequestGate:
         return keys.index(key) + 1, cap
 
     async def _refuse(self, requests: list[_Request]) -> None:
-        answerable = [r for r in requests if r.reply_to is not None]
-        if not answerable:
+        answers = [(r.reply_to, await _refusal(r)) for r in requests if r.reply_to is not None]
+        if not answers:
+            return
+        if isinstance(self._redis, RedisCluster):
+            # A cluster's client refuses PUBLISH in a pipeline (it has no key to route it by).
+            for channel, answer in answers:
+                await self._redis.publish(channel, answer)
             return
         async with self._redis.pipeline(transaction=False) as pipe:
-            for request in answerable:
-                assert request.reply_to is not None
-                pipe.publish(request.reply_to, await _refusal(request))
+            for channel, answer in answers:
+                pipe.publish(channel, answer)
             await pipe.execute()
 
 

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from engram_ledger.services.adapters.embedder import MiniLMEmbedder
+from tests.support import eventually
 
 pytestmark = pytest.mark.unit
 
@@ -91,7 +92,7 @@ async def test_callers_arriving_while_the_model_loads_share_that_one_load(monkey
 
     def slow_load(kind: str, cache_dir: object, **options: object) -> object:
         loads.append(kind)
-        time.sleep(0.2)
+        time.sleep(0.2)  # a load that takes a while, so that the three starts overlap
         return object()
 
     monkeypatch.setattr(module, "load_encoder", slow_load)
@@ -110,7 +111,7 @@ class SlowEmbedder(CountingEmbedder):
     def _encode(self, texts: list[str]) -> list[list[float]]:
         import time
 
-        time.sleep(0.02)
+        time.sleep(0.02)  # an encode that takes a while, so that a query arrives mid-bulk
         return super()._encode(texts)
 
 
@@ -122,8 +123,7 @@ async def test_a_query_never_waits_behind_the_index_projections_batch() -> None:
     try:
         bulk = [f"note {n}" for n in range(100)]
         batch = asyncio.create_task(embedder.embed(bulk, background=True))
-        while not embedder.encoded:
-            await asyncio.sleep(0.001)
+        await eventually(lambda: embedder.encoded, interval=0.001, what="the bulk's first slice encoded")
         await embedder.embed(["who is my manager?", "note 99"])
         assert not batch.done(), "the query was answered while the bulk was still being encoded"
         await batch

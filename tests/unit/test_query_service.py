@@ -192,7 +192,7 @@ async def test_a_read_with_a_token_waits_until_the_read_model_has_it() -> None:
 
     # when the read model catches up while the read waits
     async def later() -> None:
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # so that the read is waiting when it does
         await world.history.catch_up()
 
     catching_up = asyncio.create_task(later())

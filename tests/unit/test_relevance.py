@@ -3,6 +3,9 @@ person reading the hit would, and the floor falls between "nothing I hold" and "
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from engram_ledger.services.application.relevance import DEFAULT_FLOOR, MODEL, Signals, features, proper_names
 
 
@@ -49,3 +52,22 @@ def test_more_of_the_query_s_words_and_a_closer_cosine_each_raise_it() -> None:
     (far,) = estimate("my dog's name", note(0.25, "Max is a beagle"))
     (near,) = estimate("my dog's name", note(0.55, "Max is a beagle"))
     assert near > far
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 1), st.booleans(), st.sampled_from(["Alec is my boss", "coffee", "May 2023 in Paris"])),
+        min_size=1,
+        max_size=12,
+    ),
+    st.sampled_from(["who is Alec?", "what did I do in May 2023?", "coffee or tea", "nothing at all"]),
+)
+def test_no_hit_is_more_relevant_than_the_most_its_rank_and_cosine_allow(
+    hits: list[tuple[float, bool, str]], query: str
+) -> None:
+    # What a search skips reading, as no word of it could lift it to the floor, is bounded here.
+    signals = [Signals(similarity=s, conversation=c, text=t, name="Alec" if c else None, within=c) for s, c, t in hits]
+    best = max(s for s, _, _ in hits)
+    for rank, (signal, relevance) in enumerate(zip(signals, MODEL.estimate(features(query, signals)), strict=True), 1):
+        for at_most in range(1, rank + 1):
+            assert relevance <= MODEL.most(signal.similarity, best, at_most, signal.conversation) + 1e-12

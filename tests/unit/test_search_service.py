@@ -255,7 +255,7 @@ async def test_a_search_with_a_token_waits_for_the_index(index: QdrantEdgeIndex)
 
     # when it catches up while the search waits
     async def later() -> None:
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # so that the search is waiting when it does
         await world.runtime.catch_up()
 
     catching_up = asyncio.create_task(later())
@@ -356,3 +356,26 @@ async def test_a_search_while_the_model_loads_waits_within_its_callers_wait_then
         await asyncio.sleep(0)
         embedder.loaded.set()
         assert ids(await answering)[0] == note
+
+
+async def test_candidates_no_words_could_lift_to_the_floor_are_not_read(world: World) -> None:
+    # More candidates than the first slice the read model is read in (40), none of them an answer:
+    # past the first slice, no hit could reach the floor whatever its words (its rank alone keeps
+    # it below), so the rest are never read.
+    for i in range(120):
+        await world.save(f"tea note {i} about coffee and other things")
+    read: list[str] = []
+    get_many = world.history.get_many
+
+    async def counting(user_id: str, note_ids: list[str], message_ids: list[str] = []) -> object:  # noqa: B006
+        read.extend([*note_ids, *message_ids])
+        return await get_many(user_id, note_ids, message_ids)
+
+    world.history.get_many = counting  # type: ignore[method-assign,assignment]
+    found = await world.find("what is the capital of Peru?", top_k=10)
+    assert len(read) == 40
+    # and with no floor every page is read until it is full
+    read.clear()
+    ranked = await world.find("what is the capital of Peru?", top_k=50, min_relevance=0)
+    assert len(ranked.results) == 50 and len(read) >= 50
+    assert [h.note_id for h in found.results] == [h.note_id for h in ranked.results if h.relevance >= DEFAULT_FLOOR]
