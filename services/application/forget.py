@@ -187,7 +187,7 @@ class ForgetService:
         else:
             message = (
                 f"Found {count(len(candidates), 'memory', 'memories')}; nothing was deleted. Ask the user which "
-                "to delete, then call forget with its memory_id (twice: the first call asks for confirmation)."
+                "to delete, then forget it by its id (twice: the first request only asks for confirmation)."
             )
         return ForgetReply(status="candidates", message=message, candidates=candidates)
 
@@ -439,7 +439,9 @@ def _reply(steps: list[NoteForgetStep], contents: dict[str, str], token: str) ->
     lapsed = [step.note_id for step in steps if step.status == "lapsed"]
     if pending:
         asks = "; ".join(f"Delete {p.preview!r} ({p.note_id})?" for p in pending)
-        message = f"Please confirm: {asks} Call forget again with the same memory_id to delete it."
+        # Said for every channel (a tool, the HTTP API, the bus): what to send, not which tool to call.
+        them = "it" if len(pending) == 1 else "them"
+        message = f"Please confirm: {asks} Send the same request again to delete {them}."
         if forgotten:
             message = f"Deleted {', '.join(forgotten)}. " + message
         if lapsed:

@@ -24,6 +24,7 @@ from engram_ledger.contracts.queries import (
 from engram_ledger.services.adapters.crypto import MasterKey
 from engram_ledger.services.adapters.redis_conn import open_redis, redact_url
 from engram_ledger.services.bus.admission import DEFAULT_USER_IN_FLIGHT
+from engram_ledger.services.bus.genai import memory_operation
 from engram_ledger.services.bus.read_your_writes import ReadYourWrites
 from engram_ledger.services.bus.reads import Reads
 from engram_ledger.services.bus.requester import BusRequester, client_name_for
@@ -147,6 +148,9 @@ class EngramClient(Writes, Reads):
 
     # Plumbing -------------------------------------------------------------------------------
 
+    # Each memory operation is a span and a measurement, as OpenTelemetry's GenAI conventions
+    # name them (services/bus/genai.py).
+    @memory_operation
     async def execute(self, command: AnyCommand, expect: type[R]) -> R:
         """Send a command. A ``TIMEOUT`` or ``UNAVAILABLE`` error carries its ``command_id``:
         the command may have been applied, and sent again under that id it is applied once."""
@@ -170,6 +174,7 @@ class EngramClient(Writes, Reads):
             raise
         return _expect(raw, expect)
 
+    @memory_operation
     async def ask(self, query: AnyQuery, expect: type[R]) -> R:
         partition = channels.partition_of(query.user_id, self.partitions)
         stream = channels.query_stream(partition)

@@ -31,7 +31,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -101,13 +101,16 @@ class Subscription:
         block_ms: int = BLOCK_MS,
         url: str = "",
         owns_redis: bool = False,
+        resume: Mapping[int, str] | None = None,
     ) -> None:
         """``from_start``: a group created now starts at the log's beginning (else at its end);
         an existing group resumes where it is. ``users``: only these users' events. ``kinds``:
         only these event types, erasures always included. ``key``: the master key, to open the
         content of notes not forgotten. ``partitions``: read only these partitions (several
         processes of one group can split them, keeping each note's order); ``partition_count``:
-        how many the log has (else read from ``engram:partitions``)."""
+        how many the log has (else read from ``engram:partitions``). ``resume``: without a group,
+        read each partition it names after that log entry id (an event stream that reconnects
+        picks up after the last event it had)."""
         if group is not None:
             check_id("group", group, UserId)
             check_id("consumer", consumer, UserId)
@@ -128,6 +131,7 @@ class Subscription:
         self._block_ms = block_ms
         self._url = url
         self._owns_redis = owns_redis
+        self._resume = dict(resume or {})
         self.partitions: list[int] = []
         self._queue: asyncio.Queue[list[Delivery] | BaseException | _Closed] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -164,7 +168,7 @@ class Subscription:
             starts: dict[int, str] = {}
             for p in self.partitions:
                 if self.group is None:
-                    starts[p] = "0-0" if self.from_start else await self._log_end(p)
+                    starts[p] = self._resume.get(p) or ("0-0" if self.from_start else await self._log_end(p))
                 else:
                     await self._ensure_group(p)
         except _TRANSIENT as e:

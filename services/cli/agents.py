@@ -67,8 +67,42 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_http(args: argparse.Namespace) -> int:
+    """`engram http`: the HTTP API and MCP on one port, until SIGINT/SIGTERM."""
+    from engram_ledger.services.agents.tokens import token_verifier
+    from engram_ledger.services.http.app import serve_api
+    from engram_ledger.services.http.auth import Shares
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise EngramError(ErrorCode.INVALID_PARAMETER, "--tls-cert and --tls-key go together")
+    settings = Settings.from_env()
+    log_to_terminal()
+    verifier = token_verifier(connect(settings), args.gateway_secret_file)
+    serving = serve_api(
+        client_for(settings, operator=False),
+        verifier,
+        args.host,
+        args.port,
+        tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
+        profile=args.profile,
+        shares=Shares(requests=args.requests_per_token),
+        session_idle_seconds=settings.mcp_session_idle_seconds,
+        sessions_per_token=settings.mcp_sessions_per_token,
+        cluster=settings.redis_cluster,
+    )
+    asyncio.run(serving)
+    return 0
+
+
+def cmd_openapi(args: argparse.Namespace) -> int:
+    from engram_ledger.services.cli.output import write_document
+    from engram_ledger.services.http.openapi import openapi
+
+    return write_document(args, openapi())
+
+
 def cmd_tokens(args: argparse.Namespace) -> int:
-    """`engram tokens create|list|revoke`: the MCP front door's bearer tokens."""
+    """`engram tokens create|list|revoke`: the bearer tokens of the HTTP API and MCP over HTTP."""
     from engram_ledger.services.agents.tokens import TokenRegistry, check_create, manage_tokens
 
     if args.action == "create":  # refused before looking for the bus

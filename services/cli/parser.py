@@ -375,10 +375,27 @@ def _agents(cli: Commands) -> None:
         "itself and names the user in X-Engram-User",
     )
 
+    help = "the HTTP API under /v1 (OpenAPI at /v1/openapi.json) and MCP at /mcp, on one port (bearer tokens)"
+    p = cli.add("http", _agent("cmd_http"), help)
+    p.add_argument("--port", type=_bounded(int, 1, 65_535), default=8788, help="port to listen on (default 8788)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (loopback by default)")
+    p.add_argument("--tls-cert", help="HTTPS: the certificate chain file (PEM)")
+    p.add_argument("--tls-key", help="HTTPS: the private key file (PEM)")
+    p.add_argument("--gateway-secret-file", help="also accept this shared secret (see engram mcp)")
+    _profile_option(p, "the tool profile served at /mcp (default engram)", "engram")
+    p.add_argument(
+        "--requests-per-token",
+        type=_bounded(int, 1, 10_000),
+        default=32,
+        help="requests one token may have in flight; more are answered 429 (default 32)",
+    )
+    p = cli.add("openapi", _agent("cmd_openapi"), "write the OpenAPI 3.1 document of the HTTP API")
+    p.add_argument("--out", help="file to write (default: stdout)")
+
     tokens = cli.add_actions(
         "tokens",
         _agent("cmd_tokens"),
-        "bearer tokens of the MCP server over HTTP: create, list, revoke",
+        "bearer tokens of the HTTP API and MCP over HTTP: create, list, revoke",
         {
             "create": "a new token for one user (or the operator role), printed once",
             "list": "every token: id, user or role, when made, when it expires",

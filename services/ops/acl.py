@@ -78,9 +78,13 @@ ROLES: dict[str, Role] = {
         ),
         Role(
             "front-door",
-            "an authenticated front door that picks the user itself: `engram mcp --http` checking bearer tokens",
-            "what an agent can, and look a presented token up in `engram:tokens` (HGET of its hash)",
-            "list, add or revoke tokens (`engram tokens` is the service role's); what an agent cannot",
+            "an authenticated front door that picks the user itself: `engram http` and `engram mcp --http` "
+            "checking bearer tokens",
+            "what an agent can, look a presented token up in `engram:tokens` (HGET of its hash), and read the "
+            "logs `engram:{p}:log` directly (XREAD, XRANGE, XREVRANGE: a caller's event stream, its content "
+            "sealed)",
+            "list, add or revoke tokens (`engram tokens` is the service role's); write the log or keep a "
+            "consumer group on it; what an agent cannot",
         ),
         Role(
             "subscriber",
@@ -171,6 +175,10 @@ def rules(role: str, user: str, *, cluster: bool = False, partitions: int = 1) -
         if role == "front-door":
             # One token's record by the token's hash: never the list of them, never a write.
             found += [f"%R~{channels.TOKENS_KEY}", "+hget"]
+            # A caller's event stream (`GET /v1/events`), read without a group: the events'
+            # content is sealed, and no group's place nor the log itself can be changed.
+            found += [f"%R~{channels.event_log(p)}" for p in range(partitions)]
+            found += ["+xread", "+xrange", "+xrevrange"]
     else:
         found = [
             *_BASE,

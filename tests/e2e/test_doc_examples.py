@@ -56,6 +56,13 @@ def assert_clean_exit(run: subprocess.CompletedProcess[str]) -> None:
         ("langgraph", "Alice likes sushi"),
         ("openai-agents", "Hi, I'm Alice"),
         ("autogen", "Alice is vegetarian"),
+        (
+            "claude",
+            "1 saved Alice likes green tea\n2 updated Alice likes black tea\n"
+            "Path /memories/../etc/passwd would escape /memories directory",
+        ),
+        ("adk", "I fly to Lisbon on May 3rd"),
+        ("llamaindex", "user: My sister Sarah moved to Lisbon last spring."),
         ("client", "Alice's sister Sarah lives in Lisbon\nconfirmation_required\nforgotten"),
         ("adapters", ""),
     ],

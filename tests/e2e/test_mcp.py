@@ -21,9 +21,10 @@ from tests.support import ENGRAM_CLI, ROOT, ServeProcess, cli, engram_env, wait_
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
-def env(bus: dict[str, str], tmp_path: Path) -> Iterator[dict[str, str]]:
-    values = engram_env(**bus, ENGRAM_DATA_DIR=str(tmp_path / "data"))
+@pytest.fixture(scope="module")
+def env(shared_bus: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """One `engram serve` for the module (on each bus); each test works on users of its own."""
+    values = engram_env(**shared_bus, ENGRAM_DATA_DIR=str(tmp_path_factory.mktemp("engram") / "data"))
     serve = ServeProcess(values).start()
     # The model loads in the background at start (6-9 s here); tool timeouts are 10-15 s, so
     # the tests begin once the index answers, as an agent would after a warm start.
@@ -171,6 +172,8 @@ async def test_streamable_http_serves_each_token_its_own_users_memory(env: dict[
     try:
         url = f"http://127.0.0.1:{port}/mcp"
         wait_until(lambda: _answers(port), timeout=30)
+        code, earlier, _ = cli(env, "tokens", "list")  # the module's other tests may have made some
+        assert code == 0
         ids, tokens = {}, {}
         for user in ("carol", "dave"):
             code, made, err = cli(env, "tokens", "create", "--user", user, "--label", f"{user}'s agent")
@@ -193,7 +196,8 @@ async def test_streamable_http_serves_each_token_its_own_users_memory(env: dict[
                 assert [m["id"] for m in memories] == [ids[user]], "each token sees only its user's memory"
 
         code, listed, _ = cli(env, "tokens", "list")
-        assert code == 0 and [t["id"] for t in listed["tokens"]] == [tokens["carol"]["id"], tokens["dave"]["id"]]
+        made_now = [t["id"] for t in listed["tokens"] if t["id"] not in {e["id"] for e in earlier["tokens"]}]
+        assert code == 0 and made_now == [tokens["carol"]["id"], tokens["dave"]["id"]]
         assert all("token" not in t for t in listed["tokens"]), "a token is shown once, when made"
 
         initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}

@@ -24,6 +24,7 @@ from engram_ledger.services.agents.mcp_sessions import SessionLimits, _sessions_
 from engram_ledger.services.agents.tokens import EngramTokenVerifier, GatewayVerifier, TokenRegistry
 from engram_ledger.services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
+from tests.support import eventually, serving_task
 
 pytestmark = pytest.mark.integration
 
@@ -95,10 +96,7 @@ class Front:
 async def serving(app: Any) -> AsyncIterator[str]:
     """``app`` under uvicorn on a free port, until the block ends; its MCP endpoint's URL."""
     web = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
-    running = asyncio.create_task(web.serve())
-    while not web.started:
-        assert not running.done(), "uvicorn did not start"
-        await asyncio.sleep(0.01)
+    running = await serving_task(web)
     try:
         yield f"http://127.0.0.1:{web.config.port}/mcp"
     finally:
@@ -247,9 +245,14 @@ async def test_a_session_left_idle_is_closed_after_the_idle_time(front: Front) -
     busy, idle = front.session(token), front.session(token)
     await busy.start(None)
     await idle.start(None)
-    for _ in range(6):  # one keeps asking, the other says nothing
+    quiet = idle.headers["mcp-session-id"]
+
+    async def idle_one_closed() -> bool:
+        # One keeps asking (each request renews its session), the other says nothing.
         assert (await busy.post(None, "tools/list")).status_code == 200
-        await asyncio.sleep(0.4)
+        return quiet not in front.open_sessions()
+
+    await eventually(idle_one_closed, interval=0.1, what="the idle session closed")
     assert (await idle.post(None, "tools/list")).status_code == 404
     assert (await busy.post(None, "tools/list")).status_code == 200
 

@@ -343,7 +343,7 @@ async def test_forgetting_owes_a_scrub_and_scrubs_once_the_history_has_the_tombs
     # then: the debt is recorded before the reply, the scrub itself waits for the read model
     assert reply.status == "forgotten" and world.scrub.calls == ["owe"]
     assert (world.access.counts, world.access.times) == ({}, {})
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # time for a scrub that must not come
     assert world.scrub.calls == ["owe"], "no scrub while the read model still holds the plaintext"
     await world.history.catch_up()
     await asyncio.wait_for(world.scrub.scrubbed.wait(), 2)
