@@ -7,12 +7,12 @@ import random
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import redis
 
 from engram_ledger.services.adapters.redis_server import RedisServer
+from tests.support import wait_until
 
 
 def free_cluster_port() -> int:
@@ -68,11 +68,7 @@ class LocalCluster:
             capture_output=True,
             timeout=timeout,
         )
-        deadline = time.monotonic() + timeout
-        while not all(self._ok(n) for n in self.nodes):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the cluster did not reach cluster_state:ok")
-            time.sleep(0.1)
+        wait_until(lambda: all(self._ok(n) for n in self.nodes), timeout, 0.1, "cluster_state:ok on every node")
         return self
 
     @staticmethod

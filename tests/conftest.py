@@ -8,13 +8,16 @@ import asyncio
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+import pytest_asyncio
 import redis
 
+from engram_ledger.services.adapters.redis_server import RedisServer
 from engram_ledger.services.bootstrap import Engram, build
 from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.config import Settings
@@ -84,9 +87,14 @@ def service_settings(url: str, **overrides: object) -> Settings:
         "redis_url": url,
         "data_dir": _service_data_dir(),
         "redis_url_configured": True,
-        "claim_idle_ms": 1_000,
+        # A request pending this long is taken for its dead worker's and sent again: longer than a
+        # busy machine's slowest handler, or a reply could come from the copy, "replayed". The
+        # tests of re-delivery set their own.
+        "claim_idle_ms": 30_000,
         "max_deliveries": 3,
-        "read_wait_seconds": 5.0,
+        # How long a read waits for a token's write: a bound for a busy machine (the index
+        # embeds a batch first), within the clients' own timeouts below.
+        "read_wait_seconds": 20.0,
         "model_cache": TEST_MODEL_CACHE,
     }
     values.update(overrides)
@@ -103,7 +111,7 @@ class RunningService:
         ready = asyncio.Event()
         self._task = asyncio.create_task(self.engram.run(ready))
         waiter = asyncio.create_task(ready.wait())
-        done, _ = await asyncio.wait({waiter, self._task}, timeout=15, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({waiter, self._task}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
         if self._task in done:
             self._task.result()
         assert waiter in done, "service did not start"
@@ -116,9 +124,44 @@ class RunningService:
     async def stop(self) -> None:
         self.engram.stopping.set()
         if self._task is not None:
-            await asyncio.wait_for(self._task, 15)
+            await asyncio.wait_for(self._task, 60)
         if _DATA_ROOT is not None and self.settings.data_dir.parent == _DATA_ROOT:
             shutil.rmtree(self.settings.data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def shared_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server of the session's own, for the services a whole module shares (``shared_service``,
+    and ``shared_bus`` in tests/e2e): each module empties it when it begins. Not the test database
+    of ``redis_url``, which is emptied before every test that asks for it."""
+    server = RedisServer(Path(tmp_path_factory.mktemp("shared-redis"))).start()
+    yield server
+    server.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared_service(shared_redis: RedisServer) -> AsyncIterator[RunningService]:
+    """One service for a whole module whose tests each work on users of their own (``user``),
+    where what a test checks is that user's memory, not the whole store's. The module's tests run
+    in its event loop: ``pytestmark = pytest.mark.asyncio(loop_scope="module")``."""
+    with redis.Redis.from_url(shared_redis.url) as r:
+        r.flushall()
+    running = await RunningService(service_settings(shared_redis.url)).start()
+    yield running
+    await running.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def shared_client(shared_service: RunningService) -> AsyncIterator[EngramClient]:
+    async with EngramClient(shared_service.settings.redis_url, timeout=30, operator=True) as c:
+        yield c
+
+
+@pytest.fixture
+def user(request: pytest.FixtureRequest) -> str:
+    """A user id of the test's own, named after the test (a shared service's other tests write
+    under theirs)."""
+    return f"{request.node.originalname[5:25].strip('_')}-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture
@@ -131,5 +174,5 @@ async def service(redis_url: str) -> AsyncIterator[RunningService]:
 @pytest.fixture
 async def client(service: RunningService) -> AsyncIterator[EngramClient]:
     # Tests act as the operator too (confirmed forgets); test_operator_only.py sends as an agent.
-    async with EngramClient(service.settings.redis_url, timeout=10, operator=True) as c:
+    async with EngramClient(service.settings.redis_url, timeout=30, operator=True) as c:
         yield c

@@ -75,7 +75,7 @@ class ServeProcess:
         self.lines: list[str] = []
         self.process: subprocess.Popen[str] | None = None
 
-    def start(self, timeout: float = 30.0, line: str = "engram serving on") -> ServeProcess:
+    def start(self, timeout: float = 60.0, line: str = "engram serving on") -> ServeProcess:
         """Start it and wait for ``line`` in its log (by default, the one saying it serves)."""
         self.process = subprocess.Popen(
             [*ENGRAM_CLI, "serve", "--role", self.roles],
@@ -125,6 +125,23 @@ class ServeProcess:
 _IN_PROCESS = threading.Lock()
 
 
+@contextmanager
+def python_environment(env: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` reads as exactly ``env`` for Python code until the block ends, the process's
+    own (C) environment left as it is. Setting ``os.environ`` calls setenv/unsetenv, which free
+    what a getenv of a native thread running meanwhile (a Redis client's resolver, ONNX Runtime,
+    gRPC) may be reading: the test process died of a segmentation fault that way."""
+    data: dict[bytes, bytes] = vars(os.environ)["_data"]
+    saved = dict(data)
+    data.clear()
+    data.update({os.environ.encodekey(k): os.environ.encodevalue(v) for k, v in env.items()})
+    try:
+        yield
+    finally:
+        data.clear()
+        data.update(saved)
+
+
 def run_cli(env: dict[str, str], args: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """`engram ARGS` through its ``main(argv)`` in this process, as the subprocess would run it:
     with exactly ``env`` as its environment, stdout and stderr captured, the exit status as
@@ -137,11 +154,8 @@ def run_cli(env: dict[str, str], args: list[str], timeout: float = 60) -> subpro
 
     def call() -> None:
         out, err = io.StringIO(), io.StringIO()
-        saved = dict(os.environ)
         try:
-            os.environ.clear()
-            os.environ.update(env)
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            with python_environment(env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 try:
                     outcome["code"] = main(list(args))
                 except SystemExit as e:  # --help, --version
@@ -149,8 +163,6 @@ def run_cli(env: dict[str, str], args: list[str], timeout: float = 60) -> subpro
         except BaseException as e:  # reported by the caller's thread
             outcome["error"] = e
         finally:
-            os.environ.clear()
-            os.environ.update(saved)
             outcome["out"], outcome["err"] = out.getvalue(), err.getvalue()
 
     if not _IN_PROCESS.acquire(timeout=timeout):
@@ -192,14 +204,17 @@ async def longest_stall(stop: asyncio.Event) -> float:
     return longest
 
 
-def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):  # type: ignore[no-untyped-def]
+    """The first truthy answer of ``predicate``, asked until ``timeout`` (a bound for a busy
+    machine): ``eventually`` for code that is not async."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         result = predicate()
         if result:
             return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met within {timeout:g} s")
         time.sleep(interval)
-    raise AssertionError("condition not met in time")
 
 
 async def eventually(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):  # type: ignore[no-untyped-def]
@@ -215,6 +230,36 @@ async def eventually(predicate, timeout: float = 30.0, interval: float = 0.05, w
             return result
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not met within {timeout:g} s")
+        await asyncio.sleep(interval)
+
+
+async def serving_task(server: Any) -> asyncio.Task[None]:
+    """``server`` (a ``uvicorn.Server``) serving on a task of its own, once it has started."""
+    task = asyncio.create_task(server.serve())
+
+    def started() -> bool:
+        if task.done():
+            task.result()  # its error, if it has one
+            raise AssertionError("uvicorn stopped before it started")
+        return bool(server.started)
+
+    await eventually(started, what="uvicorn started")
+    return task
+
+
+async def until_none(find, timeout: float = 30.0, interval: float = 0.05, what: str = "nothing left"):  # type: ignore[no-untyped-def]
+    """Asks ``find`` (a function, or a coroutine function) until it finds nothing (an empty or
+    zero answer); a failure names what it still found. For what goes away a moment after a
+    reply: a request stream trimmed, a pending entry acknowledged, plaintext scrubbed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = find()
+        if asyncio.iscoroutine(found):
+            found = await found
+        if not found:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: still {found!r} after {timeout:g} s")
         await asyncio.sleep(interval)
 
 
@@ -260,6 +305,11 @@ async def every_value(redis: Any) -> AsyncIterator[tuple[bytes, bytes]]:
             raise AssertionError(f"every_value cannot read {key!r} of type {kind}")
         for blob in [key, *blobs]:
             yield key, blob
+
+
+async def holding(redis: Any, needles: list[bytes]) -> list[bytes]:
+    """The Redis keys whose name or value (any part of it) holds any of ``needles``."""
+    return sorted({key async for key, blob in every_value(redis) if any(n in blob for n in needles)})
 
 
 async def leaked(redis_url: str, needle: bytes) -> list[bytes]:

@@ -4,13 +4,13 @@ slots by their hash tags."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
+from engram_ledger.services.adapters.redis_server import RedisServer
 from engram_ledger.services.bus.client import EngramClient
 from tests.cluster import LocalCluster
 from tests.conftest import TEST_REDIS_URL
@@ -38,6 +38,30 @@ def bus(request: pytest.FixtureRequest) -> dict[str, str]:
     return {"ENGRAM_REDIS_URL": cluster.url, "ENGRAM_REDIS_CLUSTER": "on", "ENGRAM_PARTITIONS": CLUSTER_PARTITIONS}
 
 
+@pytest.fixture(scope="session")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(Path(tmp_path_factory.mktemp("shared-cluster"))).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module", params=["redis", "cluster"])
+def shared_bus(request: pytest.FixtureRequest) -> dict[str, str]:
+    """As ``bus``, for one `engram serve` a whole module shares, each test on users of its own:
+    a Redis (or a Cluster) of the session's own, emptied when the module begins. Not ``bus``'s:
+    that one is emptied before every test, which would take a shared service's state away."""
+    if request.param == "redis":
+        server: RedisServer = request.getfixturevalue("shared_redis")
+        with redis.Redis.from_url(server.url) as client:
+            client.flushall()
+        return {"ENGRAM_REDIS_URL": server.url}
+    cluster: LocalCluster = request.getfixturevalue("shared_cluster")
+    for node in cluster.nodes:
+        with redis.Redis(port=node.port) as client:
+            client.flushall()
+    return {"ENGRAM_REDIS_URL": cluster.url, "ENGRAM_REDIS_CLUSTER": "on", "ENGRAM_PARTITIONS": CLUSTER_PARTITIONS}
+
+
 @pytest.fixture(scope="module")
 def engram_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One `engram serve` on the test Redis for a whole module (the framework adapters' tests:
@@ -59,9 +83,3 @@ async def engram(engram_url: str) -> AsyncIterator[EngramClient]:
     """A client of the module's `engram serve`."""
     async with EngramClient(engram_url, timeout=30, operator=True) as client:
         yield client
-
-
-@pytest.fixture
-def user() -> str:
-    """A user of the test's own on the module's shared service."""
-    return f"user-{uuid.uuid4().hex[:8]}"

@@ -33,9 +33,16 @@ def serving(bus: dict[str, str], data: Path, **extra: str) -> Iterator[dict[str,
             serve.stop()
 
 
+@pytest.fixture(scope="module")
+def env(shared_bus: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """One `engram serve` for the module (on each bus); each test works on a user of its own.
+    These tests are about the CLI and the core; the index (and its model load) is off."""
+    yield from serving(shared_bus, tmp_path_factory.mktemp("engram") / "data", ENGRAM_INDEX="off")
+
+
 @pytest.fixture
-def env(bus: dict[str, str], tmp_path: Path) -> Iterator[dict[str, str]]:
-    # These tests are about the CLI and the core; the index (and its model load) is off.
+def fresh_env(bus: dict[str, str], tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A service of the test's own, on an empty Redis: for a test that reads the whole log."""
     yield from serving(bus, tmp_path / "data", ENGRAM_INDEX="off")
 
 
@@ -44,7 +51,8 @@ def env_with_index(bus: dict[str, str], tmp_path: Path) -> Iterator[dict[str, st
     yield from serving(bus, tmp_path / "data")
 
 
-def test_the_note_lifecycle_through_the_cli(env: dict[str, str]) -> None:
+def test_the_note_lifecycle_through_the_cli(fresh_env: dict[str, str]) -> None:
+    env = fresh_env
     save = ["save", "--user", "alice", "--category", "person", "--subject", "Alec", "--command-id", "cli-1"]
     code, saved, _ = cli(env, *save, "Alec is my boss")
     assert code == 0 and saved["version"] == 1 and len(saved["note_id"]) == 8
@@ -117,9 +125,9 @@ def test_the_note_lifecycle_through_the_cli(env: dict[str, str]) -> None:
     assert [n["content"] for n in listed["notes"]] == ["Bob X's note"]
 
 
-def test_human_output_and_schema(env: dict[str, str], tmp_path: Path) -> None:
+def test_human_output_and_schema(env: dict[str, str], user: str, tmp_path: Path) -> None:
     run = subprocess.run(
-        [*ENGRAM_CLI, "save", "--user", "bob", "Likes black coffee"],
+        [*ENGRAM_CLI, "save", "--user", user, "Likes black coffee"],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -205,49 +213,49 @@ def test_search_and_an_index_rebuild_while_serving(env_with_index: dict[str, str
     assert code == 0 and [r["note_id"] for r in past["results"]] == [saved["note_id"]]
 
 
-def test_forget_in_two_calls_with_yes_and_for_a_whole_user(env: dict[str, str]) -> None:
-    _, first, _ = cli(env, "save", "--user", "alice", "User lives in San Francisco")
-    _, second, _ = cli(env, "save", "--user", "alice", "User visited Lisbon")
-    code, asked, _ = cli(env, "forget", "--user", "alice", first["note_id"])
+def test_forget_in_two_calls_with_yes_and_for_a_whole_user(env: dict[str, str], user: str) -> None:
+    _, first, _ = cli(env, "save", "--user", user, "User lives in San Francisco")
+    _, second, _ = cli(env, "save", "--user", user, "User visited Lisbon")
+    code, asked, _ = cli(env, "forget", "--user", user, first["note_id"])
     assert code == 0 and asked["status"] == "confirmation_required"
     assert asked["pending"][0]["preview"] == "User lives in San Francisco"
-    code, done, _ = cli(env, "forget", "--user", "alice", first["note_id"])
+    code, done, _ = cli(env, "forget", "--user", user, first["note_id"])
     assert code == 0 and done["status"] == "forgotten" and done["forgotten"] == [first["note_id"]]
-    code, missing, _ = cli(env, "forget", "--user", "alice", first["note_id"])
+    code, missing, _ = cli(env, "forget", "--user", user, first["note_id"])
     assert code == 1 and missing["error"]["code"] == "MEMORY_NOT_FOUND"
-    code, at_once, _ = cli(env, "forget", "--user", "alice", "--yes", second["note_id"])
+    code, at_once, _ = cli(env, "forget", "--user", user, "--yes", second["note_id"])
     assert at_once["status"] == "forgotten"
-    cli(env, "save", "--user", "alice", "User likes tea")
-    code, ask_all, _ = cli(env, "forget", "--user", "alice", "--all")
+    cli(env, "save", "--user", user, "User likes tea")
+    code, ask_all, _ = cli(env, "forget", "--user", user, "--all")
     assert ask_all["status"] == "confirmation_required" and "ALL 1 memory (" in ask_all["message"]
-    code, erased, _ = cli(env, "forget", "--user", "alice", "--all")
+    code, erased, _ = cli(env, "forget", "--user", user, "--all")
     assert erased["status"] == "forgotten" and len(erased["forgotten"]) == 1 and erased["erased_at"]
-    code, listed, _ = cli(env, "list", "--user", "alice", "--after", erased["token"])
+    code, listed, _ = cli(env, "list", "--user", user, "--after", erased["token"])
     assert listed["notes"] == []
-    code, bad, _ = cli(env, "forget", "--user", "alice")
+    code, bad, _ = cli(env, "forget", "--user", user)
     assert code == 1 and bad["error"]["code"] == "INVALID_PARAMETER"
 
 
-def test_tools_context_and_the_memory_command(env: dict[str, str]) -> None:
+def test_tools_context_and_the_memory_command(env: dict[str, str], user: str) -> None:
     code, exported, _ = cli(env, "tools", "--profile", "runtime", "--format", "openai")
     assert code == 0 and exported["tools"][0]["function"]["name"] == "memory_search"
     code, anthropic, _ = cli(env, "tools", "--profile", "memento", "--format", "anthropic")
     assert anthropic["tools"][0]["input_schema"]["required"] == ["content"]
-    _, alec, _ = cli(env, "save", "--user", "al", "--category", "person", "--subject", "Alec", "Alec is my boss")
-    _, friday, _ = cli(env, "save", "--user", "al", "--category", "preference", "User prefers Thursday due dates")
-    plain = cli_text(env, "context", "--user", "al", "--after", friday["token"])
+    _, alec, _ = cli(env, "save", "--user", user, "--category", "person", "--subject", "Alec", "Alec is my boss")
+    _, friday, _ = cli(env, "save", "--user", user, "--category", "preference", "User prefers Thursday due dates")
+    plain = cli_text(env, "context", "--user", user, "--after", friday["token"])
     assert plain.returncode == 0 and plain.stdout.startswith("## Your Memory\n")
     assert f"- [id:{alec['note_id']}] [Alec] Alec is my boss\n" in plain.stdout
-    listed = cli_text(env, "memory", "list", "--user", "al")
+    listed = cli_text(env, "memory", "list", "--user", user)
     assert listed.stdout == (
         "📝 Your memories:\n\n"
         "**Person**\n"
         f"• [{alec['note_id']}] Alec is my boss\n\n"
         "**Preference**\n"
         f"• [{friday['note_id']}] User prefers Thursday due dates\n\n"
-        "Use `engram memory delete --user al <id>` to remove a memory.\n"
+        f"Use `engram memory delete --user {user} <id>` to remove a memory.\n"
     )
-    deleted = cli_text(env, "memory", "delete", "--user", "al", friday["note_id"])
+    deleted = cli_text(env, "memory", "delete", "--user", user, friday["note_id"])
     assert deleted.stdout == "Deleted: 'User prefers Thursday due dates'\n", deleted.stderr
 
 
@@ -262,16 +270,16 @@ def engram_raw(env: dict[str, str], *args: str | bytes, timeout: float = 60) -> 
 NOT_UTF8 = b"caf\xe9"  # what `"$(printf 'caf\xe9')"` passes: Latin-1, not UTF-8
 
 
-def test_text_that_is_not_utf8_is_refused_in_words(env: dict[str, str]) -> None:
+def test_text_that_is_not_utf8_is_refused_in_words(env: dict[str, str], user: str) -> None:
     cases: list[tuple[str, tuple[str | bytes, ...]]] = [
-        ("text", ("save", "--user", "u", NOT_UTF8)),
+        ("text", ("save", "--user", user, NOT_UTF8)),
         ("--user", ("save", "--user", NOT_UTF8, "hello")),
-        ("--subject", ("save", "--user", "u", "--subject", NOT_UTF8, "hello")),
-        ("query", ("search", "--user", "u", NOT_UTF8)),
-        ("note_id", ("get", "--user", "u", b"AAAA\xe9AAA")),
-        ("text", ("update", "--user", "u", "AAAAAAAA", NOT_UTF8)),
-        ("--query", ("forget", "--user", "u", "--query", NOT_UTF8)),
-        ("old_id", ("supersede", "--user", "u", b"\xff", "AAAAAAAA")),
+        ("--subject", ("save", "--user", user, "--subject", NOT_UTF8, "hello")),
+        ("query", ("search", "--user", user, NOT_UTF8)),
+        ("note_id", ("get", "--user", user, b"AAAA\xe9AAA")),
+        ("text", ("update", "--user", user, "AAAAAAAA", NOT_UTF8)),
+        ("--query", ("forget", "--user", user, "--query", NOT_UTF8)),
+        ("old_id", ("supersede", "--user", user, b"\xff", "AAAAAAAA")),
     ]
     for argument, args in cases:
         done = engram_raw(env, *args, "--json")
@@ -280,12 +288,12 @@ def test_text_that_is_not_utf8_is_refused_in_words(env: dict[str, str]) -> None:
         error = json.loads(done.stdout)["error"]
         assert error["code"] == "INVALID_PARAMETER", (args, error)
         assert error["message"].startswith(f"{argument} is not valid UTF-8"), (args, error)
-    plain = engram_raw(env, "save", "--user", "u", NOT_UTF8)
+    plain = engram_raw(env, "save", "--user", user, NOT_UTF8)
     assert plain.returncode == 1 and plain.stdout == b""
     assert plain.stderr.decode().splitlines() == [
         "engram: INVALID_PARAMETER: text is not valid UTF-8 (byte 0xe9 at position 3); give text in UTF-8"
     ]
-    code, listed, _ = cli(env, "list", "--user", "u")
+    code, listed, _ = cli(env, "list", "--user", user)
     assert code == 0 and listed["notes"] == []
 
 
@@ -361,51 +369,51 @@ def human(env: dict[str, str], *args: str) -> str:
     return done.stdout
 
 
-def test_human_output_says_what_the_reply_says(env: dict[str, str]) -> None:
-    saved = human(env, "save", "--user", "bob", "Likes black coffee")
+def test_human_output_says_what_the_reply_says(env: dict[str, str], user: str) -> None:
+    saved = human(env, "save", "--user", user, "Likes black coffee")
     first = saved.split()[1]
     assert saved.startswith(f"saved {first} (version 1)") and "token " in saved
-    assert human(env, "save", "--user", "bob", "likes  BLACK coffee") == (
+    assert human(env, "save", "--user", user, "likes  BLACK coffee") == (
         f"already saved as {first} (version 1): nothing new written\n"
     )
 
-    _, newer, _ = cli(env, "save", "--user", "bob", "Drinks green tea now")
-    replaced = human(env, "supersede", "--user", "bob", first, newer["note_id"])
+    _, newer, _ = cli(env, "save", "--user", user, "Drinks green tea now")
+    replaced = human(env, "supersede", "--user", user, first, newer["note_id"])
     assert f"{first} is superseded by {newer['note_id']}" in replaced
     token = replaced.split("token ")[1].split()[0]
     assert token and ":" in token
-    old = human(env, "get", "--user", "bob", "--after", token, first)
+    old = human(env, "get", "--user", user, "--after", token, first)
     assert "Likes black coffee" in old and f"superseded by {newer['note_id']}" in old
-    assert f"superseded  by {newer['note_id']}" in human(env, "history", "--user", "bob", first)
-    listing = human(env, "list", "--user", "bob", "--include-superseded").splitlines()
+    assert f"superseded  by {newer['note_id']}" in human(env, "history", "--user", user, first)
+    listing = human(env, "list", "--user", user, "--include-superseded").splitlines()
     assert len(listing) == 2 and f"superseded by {newer['note_id']}" in next(x for x in listing if first in x)
 
     long_text = ("word " * 4000)[:16_383] + "!"
-    _, big, _ = cli(env, "save", "--user", "bob", long_text)
-    shown = human(env, "get", "--user", "bob", big["note_id"])
+    _, big, _ = cli(env, "save", "--user", user, long_text)
+    shown = human(env, "get", "--user", user, big["note_id"])
     assert "… (16,384 characters; --json for all)" in shown and max(map(len, shown.splitlines())) < 1100
-    listed = human(env, "list", "--user", "bob")
+    listed = human(env, "list", "--user", user)
     assert max(map(len, listed.splitlines())) < 300 and "16,384 characters" in listed
 
-    _, gone, _ = cli(env, "forget", "--user", "bob", "--yes", newer["note_id"])
-    forgotten = human(env, "get", "--user", "bob", "--after", gone["token"], newer["note_id"])
+    _, gone, _ = cli(env, "forget", "--user", user, "--yes", newer["note_id"])
+    forgotten = human(env, "get", "--user", user, "--after", gone["token"], newer["note_id"])
     assert "forgotten on " in forgotten and "its content is gone" in forgotten
-    history = human(env, "history", "--user", "bob", newer["note_id"])
+    history = human(env, "history", "--user", user, newer["note_id"])
     assert history.strip() and "forgotten on " in history and "its content is gone" in history
 
     health = human(env, "health")
     assert health.startswith("status: ok\n") and "partition 0" in health and "{" not in health
 
 
-def test_colour_on_a_terminal(env: dict[str, str]) -> None:
+def test_colour_on_a_terminal(env: dict[str, str], user: str) -> None:
     import os
     import pty
 
-    _, saved, _ = cli(env, "save", "--user", "bob", "Likes black coffee")
+    _, saved, _ = cli(env, "save", "--user", user, "Likes black coffee")
     leader, follower = pty.openpty()
     try:
         done = subprocess.run(
-            [*ENGRAM_CLI, "get", "--user", "bob", saved["note_id"]],
+            [*ENGRAM_CLI, "get", "--user", user, saved["note_id"]],
             env={k: v for k, v in env.items() if k not in ("NO_COLOR", "FORCE_COLOR")} | {"TERM": "xterm-256color"},
             cwd=ROOT,
             stdout=follower,
@@ -461,42 +469,42 @@ def test_human_output_of_advice_and_search(env_with_index: dict[str, str]) -> No
     assert not any(word in asked.lower() for word in TOOL_WORDS), asked
 
 
-def test_forget_speaks_to_a_person(env: dict[str, str]) -> None:
-    _, saved, _ = cli(env, "save", "--user", "ann", "User lives in San Francisco")
+def test_forget_speaks_to_a_person(env: dict[str, str], user: str) -> None:
+    _, saved, _ = cli(env, "save", "--user", user, "User lives in San Francisco")
     note = saved["note_id"]
-    asked = human(env, "forget", "--user", "ann", note).splitlines()
+    asked = human(env, "forget", "--user", user, note).splitlines()
     assert asked[0] == f"Forget 'User lives in San Francisco' ({note})? Nothing is deleted yet."
     assert asked[1].startswith("Run the same command again before ") and asked[1].endswith(" to forget it.")
-    done = human(env, "forget", "--user", "ann", note)
+    done = human(env, "forget", "--user", user, note)
     assert done.startswith(f"Forgotten: {note}. The content cannot be recovered.")
     assert not any(word in text.lower() for text in (*asked, done) for word in TOOL_WORDS)
 
 
-def test_get_and_the_listings_agree_on_a_notes_reads(env: dict[str, str]) -> None:
+def test_get_and_the_listings_agree_on_a_notes_reads(env: dict[str, str], user: str) -> None:
     """`engram get` said "read 6 times" while `engram list --json` gave access_count 0."""
-    _, saved, _ = cli(env, "save", "--user", "ann", "Alec is my boss")
+    _, saved, _ = cli(env, "save", "--user", user, "Alec is my boss")
     note = saved["note_id"]
     for count in (1, 2):
-        _, got, _ = cli(env, "get", "--user", "ann", note, "--after", saved["token"])
-        _, listed, _ = cli(env, "list", "--user", "ann")
-        _, recent, _ = cli(env, "recent", "--user", "ann")
+        _, got, _ = cli(env, "get", "--user", user, note, "--after", saved["token"])
+        _, listed, _ = cli(env, "list", "--user", user)
+        _, recent, _ = cli(env, "recent", "--user", user)
         shown = [(n["access_count"], n["last_accessed_at"]) for n in (got, listed["notes"][0], recent["notes"][0])]
         assert shown == [(count, got["last_accessed_at"])] * 3 and got["last_accessed_at"] is not None
-    assert "read 3 times, last " in human(env, "get", "--user", "ann", note)
+    assert "read 3 times, last " in human(env, "get", "--user", user, note)
 
 
-def test_list_pages_and_says_how_many_more(env: dict[str, str]) -> None:
+def test_list_pages_and_says_how_many_more(env: dict[str, str], user: str) -> None:
     """`engram list` printed the whole memory in one go; it now asks for a page (--limit,
     --offset) and says how many more there are."""
     for i in range(5):
-        code, saved, _ = cli(env, "save", "--user", "pat", "--category", "general", f"fact number {i}")
+        code, saved, _ = cli(env, "save", "--user", user, "--category", "general", f"fact number {i}")
         assert code == 0, saved
-    code, page, _ = cli(env, "list", "--user", "pat", "--limit", "2", "--offset", "1", "--after", saved["token"])
+    code, page, _ = cli(env, "list", "--user", user, "--limit", "2", "--offset", "1", "--after", saved["token"])
     assert code == 0 and len(page["notes"]) == 2 and page["total"] == 5 and page["more"] == 2, page
-    shown = human(env, "list", "--user", "pat", "--limit", "2").splitlines()
+    shown = human(env, "list", "--user", user, "--limit", "2").splitlines()
     assert len(shown) == 3 and shown[-1] == "… 3 more (--offset 2)", shown
-    assert human(env, "list", "--user", "pat").count("fact number") == 5, "a page of 100 by default"
-    code, refused, _ = cli(env, "list", "--user", "pat", "--limit", "1001")
+    assert human(env, "list", "--user", user).count("fact number") == 5, "a page of 100 by default"
+    code, refused, _ = cli(env, "list", "--user", user, "--limit", "1001")
     assert code == 1 and refused["error"]["code"] == "INVALID_PARAMETER" and "limit" in refused["error"]["message"]
 
 
@@ -530,46 +538,46 @@ def test_engram_model_prepares_the_encoder_in_the_model_cache() -> None:
     assert code == 1 and "ENGRAM_ENCODER='tf' is not one of onnx, onnx-int8, torch" in refused["error"]["message"]
 
 
-def test_time_travel_through_the_cli(env: dict[str, str]) -> None:
-    _, saved, _ = cli(env, "save", "--user", "carol", "--category", "work", "Tess works at Acme")
+def test_time_travel_through_the_cli(env: dict[str, str], user: str) -> None:
+    _, saved, _ = cli(env, "save", "--user", user, "--category", "work", "Tess works at Acme")
     note_id = saved["note_id"]
-    _, updated, _ = cli(env, "update", "--user", "carol", note_id, "Tess works at Initech")
+    _, updated, _ = cli(env, "update", "--user", user, note_id, "Tess works at Initech")
     # As of the save's token: the note and the listing as they were right after it.
-    code, then, _ = cli(env, "get", "--user", "carol", "--as-of", saved["token"], "--after", updated["token"], note_id)
+    code, then, _ = cli(env, "get", "--user", user, "--as-of", saved["token"], "--after", updated["token"], note_id)
     assert code == 0 and (then["version"], then["content"]) == (1, "Tess works at Acme")
-    _, listed, _ = cli(env, "list", "--user", "carol", "--as-of", saved["token"])
+    _, listed, _ = cli(env, "list", "--user", user, "--as-of", saved["token"])
     assert [n["content"] for n in listed["notes"]] == ["Tess works at Acme"]
     # What changed since the save: the update, before and after.
-    _, diff, _ = cli(env, "diff", "--user", "carol", "--since", saved["token"])
+    _, diff, _ = cli(env, "diff", "--user", user, "--since", saved["token"])
     assert [(c["change"], c["before"]["content"], c["after"]["content"]) for c in diff["changes"]] == [
         ("updated", "Tess works at Acme", "Tess works at Initech")
     ]
-    shown = human(env, "diff", "--user", "carol", "--since", saved["token"])
+    shown = human(env, "diff", "--user", user, "--since", saved["token"])
     assert "updated" in shown and "Tess works at Acme → Tess works at Initech" in shown
     # Undo as a new version: version 3 holds what version 1 held.
-    reverted = human(env, "revert", "--user", "carol", note_id, "--to-version", "1")
+    reverted = human(env, "revert", "--user", user, note_id, "--to-version", "1")
     assert f"reverted {note_id} to what version 1 held: now version 3" in reverted
-    history = human(env, "history", "--user", "carol", note_id)
+    history = human(env, "history", "--user", user, note_id)
     assert "v3" in history and "reverted" in history
-    assert "nothing new written" in human(env, "revert", "--user", "carol", note_id, "--to-version", "1")
-    assert human(env, "get", "--user", "carol", "--as-of", saved["token"], note_id).startswith(
+    assert "nothing new written" in human(env, "revert", "--user", user, note_id, "--to-version", "1")
+    assert human(env, "get", "--user", user, "--as-of", saved["token"], note_id).startswith(
         f"as of {saved['token']}:\n"
     )
-    code, refused, _ = cli(env, "revert", "--user", "carol", note_id, "--to-version", "9")
+    code, refused, _ = cli(env, "revert", "--user", user, note_id, "--to-version", "9")
     assert code == 1 and refused["error"]["code"] == "INVALID_PARAMETER"
     assert "has versions 1 to 3: version 9 is not one" in refused["error"]["message"]
-    code, bad, _ = cli(env, "get", "--user", "carol", "--as-of", "last tuesday", note_id)
+    code, bad, _ = cli(env, "get", "--user", user, "--as-of", "last tuesday", note_id)
     assert code == 1 and bad["error"]["code"] == "INVALID_PARAMETER" and "as_of" in bad["error"]["message"]
     # World time: when a fact held; a supersede ends it where the new one begins.
-    _, old, _ = cli(env, "save", "--user", "carol", "--valid-from", "2019-02-01", "Carol lives in Lyon")
-    _, new, _ = cli(env, "save", "--user", "carol", "--valid-from", "2023-09-01", "Carol lives in Nantes")
-    cli(env, "supersede", "--user", "carol", old["note_id"], new["note_id"])
-    _, moved, _ = cli(env, "get", "--user", "carol", old["note_id"])
+    _, old, _ = cli(env, "save", "--user", user, "--valid-from", "2019-02-01", "Carol lives in Lyon")
+    _, new, _ = cli(env, "save", "--user", user, "--valid-from", "2023-09-01", "Carol lives in Nantes")
+    cli(env, "supersede", "--user", user, old["note_id"], new["note_id"])
+    _, moved, _ = cli(env, "get", "--user", user, old["note_id"])
     assert (moved["valid_from"], moved["valid_until"]) == ("2019-02-01T00:00:00Z", "2023-09-01T00:00:00Z")
-    _, held, _ = cli(env, "list", "--user", "carol", "--valid-at", "2020")
+    _, held, _ = cli(env, "list", "--user", user, "--valid-at", "2020")
     assert [n["content"] for n in held["notes"] if "Carol lives" in n["content"]] == ["Carol lives in Lyon"]
     assert "held in the world from 2019-02-01 00:00:00 UTC until 2023-09-01 00:00:00 UTC" in human(
-        env, "get", "--user", "carol", old["note_id"]
+        env, "get", "--user", user, old["note_id"]
     )
 
 

@@ -13,6 +13,7 @@ import pytest
 from engram_ledger.services import cli
 from engram_ledger.services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
+from tests.support import eventually
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -58,10 +59,11 @@ async def test_a_timed_out_save_is_retried_once_with_its_command_id(
         # The service takes the saves that waited before the retry is sent: the retry then
         # meets the first outcome of its command id.
         async with EngramClient(redis_url) as client:
-            for _ in range(100):
-                if (await client.list_notes(user)).total == 2:
-                    break
-                await asyncio.sleep(0.1)
+
+            async def both_taken() -> bool:
+                return (await client.list_notes(user)).total == 2
+
+            await eventually(both_taken, what="the two saves that waited taken")
         code, out, _ = await asyncio.to_thread(
             cli_run, "save", "--json", "--user", user, "--command-id", command_id, "Alec retired in May"
         )

@@ -516,6 +516,7 @@ def test_the_memories_as_of_a_moment_what_changed_and_a_revert(browser: WebDrive
 
     async def seed(client: EngramClient) -> tuple[str, str, str]:
         note = await client.save(user, "Grace writes her compilers in COBOL", category="work")
+        # A moment the console can name (to the second) between the save and the update.
         await asyncio.sleep(0.05)
         then = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
         await asyncio.sleep(1.1)

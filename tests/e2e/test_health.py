@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from engram_ledger.contracts.commands import NoteDraft
 from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.observability.health import LAG_ENTRIES_LIMIT, health
-from tests.support import TEST_MODEL_CACHE, ServeProcess, cli, engram_env, wait_until
+from tests.support import TEST_MODEL_CACHE, ServeProcess, cli, engram_env, eventually, wait_until
 
 # Notes the index has to embed when it starts: more than "caught up" allows, and more than the lag
 # that makes a request group or another projection "degraded" (an index catching up is "starting").
@@ -34,13 +34,14 @@ async def watch_the_model_load(url: str) -> list[tuple[str, str, str]]:
     is loaded."""
     redis = aioredis.Redis.from_url(url)
     states: list[tuple[str, str, str]] = []
+
+    async def loaded() -> bool:
+        report = await health(redis)
+        states.append((report["status"], report["model"], report["index"]))
+        return report["model"] == "loaded"
+
     try:
-        for _ in range(2_400):  # two minutes
-            report = await health(redis)
-            states.append((report["status"], report["model"], report["index"]))
-            if report["model"] == "loaded":
-                break
-            await asyncio.sleep(0.05)
+        await eventually(loaded, 120, what="the model loaded")
     finally:
         await redis.aclose()
     return states

@@ -17,7 +17,7 @@ from engram_ledger.contracts import channels
 from engram_ledger.services.adapters.crypto import wrapped_generation
 from engram_ledger.services.adapters.redis_conn import close_redis, open_redis
 from engram_ledger.services.bus.client import EngramClient
-from tests.support import ENGRAM_CLI, ROOT, ServeProcess, cli, engram_env
+from tests.support import ENGRAM_CLI, ROOT, ServeProcess, cli, engram_env, eventually
 
 USERS = [f"user-{i}" for i in range(8)]
 
@@ -41,7 +41,7 @@ class Load:
             except Exception as e:
                 self.failures.append(repr(e))
             i += 1
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # paces the load
 
     def stop(self) -> None:
         self._stop.set()
@@ -105,10 +105,11 @@ async def test_rotate_under_load_killed_midway_resumed_then_read_with_the_new_ke
                 *ENGRAM_CLI, "keys", "rotate", "--json", "--batch", "5", "--pause", "0.05",
                 env=env, cwd=ROOT, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
             )  # fmt: skip
-            for _ in range(600):
-                if await any_cursor(url, cluster, partitions) or rotation.returncode is not None:
-                    break
-                await asyncio.sleep(0.02)
+
+            async def midway_or_ended() -> bool:
+                return rotation.returncode is not None or await any_cursor(url, cluster, partitions)
+
+            await eventually(midway_or_ended, 60, 0.02, "the rotation under way")
             assert rotation.returncode is None, "the rotation ended before it could be killed midway"
             rotation.send_signal(signal.SIGKILL)
             await rotation.wait()
@@ -139,7 +140,7 @@ async def test_rotate_under_load_killed_midway_resumed_then_read_with_the_new_ke
             assert (done["from"], done["to"], done["status"], done["resumed"]) == (1, 2, "done", True)
             assert done["key_file"] is None, "generation 2 was added to the file once, by the killed run"
 
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)  # writes go on a while under the new key alone
             load.stop()
             await writer
             assert not load.failures, load.failures[:3]

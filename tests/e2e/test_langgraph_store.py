@@ -9,7 +9,7 @@ import json
 import threading
 import uuid
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
 import pytest
@@ -22,6 +22,7 @@ from langmem import create_manage_memory_tool, create_search_memory_tool
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.integrations.langgraph import EngramStore, namespace_to_category
+from tests.support import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -412,17 +413,26 @@ async def test_a_client_is_given_unconnected_and_the_store_owns_it(engram_url: s
 async def test_an_item_put_with_a_ttl_is_forgotten_when_it_runs_out_unless_read(
     engram_url: str, engram: EngramClient, user: str
 ) -> None:
-    # 0.02 minutes: 1.2 s. A store whose reads do not renew, and one whose reads do.
+    # 0.05 minutes: 3 s, long enough to be read before it runs out on a busy machine. A store
+    # whose reads do not renew, and one whose reads do.
     with EngramStore(engram_url, user_id=user, ttl={"refresh_on_read": False}) as store:
-        await store.aput(("cache",), "otp", {"code": "pelican-0093"}, ttl=0.02)
-        await store.aput(("cache",), "read", {"code": "kept while read"}, ttl=0.02)
+        await store.aput(("cache",), "otp", {"code": "pelican-0093"}, ttl=0.05)
+        await store.aput(("cache",), "read", {"code": "kept while read"}, ttl=0.05)
         await store.aput(("cache",), "forever", {"code": "no ttl"})
         otp = await engram.get_by_key(user, "cache", "otp", after=store.token)
-        assert otp is not None and otp.expires_at is not None
-        for _ in range(5):  # 2.5 s: the read item is renewed each time
-            await asyncio.sleep(0.5)
-            assert await store.aget(("cache",), "read", refresh_ttl=True) is not None
-        assert await store.aget(("cache",), "otp") is None
+        assert otp is not None, "read before its time ran out"
+        assert otp.expires_at is not None
+        read = await engram.get_by_key(user, "cache", "read")
+        assert read is not None and read.expires_at is not None
+        first_expiry = read.expires_at
+
+        async def unread_one_run_out() -> bool:
+            assert await store.aget(("cache",), "read", refresh_ttl=True) is not None, "renewed by each read"
+            # Past the time to live it was put with: the read one is there because it was renewed.
+            past = datetime.now(UTC) > first_expiry + timedelta(seconds=0.5)
+            return past and await store.aget(("cache",), "otp") is None
+
+        await eventually(unread_one_run_out, 60, interval=0.5, what="the item never read run out")
         assert sorted(keys(await store.asearch(("cache",)))) == ["forever", "read"]
         note = await engram.get_by_key(user, "cache", "forever")
         assert note is not None and note.expires_at is None

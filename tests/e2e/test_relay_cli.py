@@ -20,7 +20,7 @@ from engram_ledger.services.adapters.redis_server import free_port
 from engram_ledger.services.bus.client import EngramClient
 from tests.integration.test_recalls import alter, user_log
 from tests.integration.test_relay import SECRET, Receiver
-from tests.support import ENGRAM_CLI, ROOT, ServeProcess, cli_text, engram_env
+from tests.support import ENGRAM_CLI, ROOT, ServeProcess, cli_text, engram_env, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -35,14 +35,6 @@ async def log_events(url: str) -> list[tuple[str, str]]:
                 event = msgspec.json.decode(fields[b"e"])
                 found.append((event["event_id"], f"{event['user_id']}/{event['note_id']}"))
         return found
-
-
-async def until(predicate, timeout: float) -> None:  # type: ignore[no-untyped-def]
-    async def poll() -> None:
-        while not predicate():
-            await asyncio.sleep(0.05)
-
-    await asyncio.wait_for(poll(), timeout)
 
 
 async def test_a_relay_killed_midway_and_restarted_delivers_every_event_in_note_order(
@@ -69,14 +61,15 @@ async def test_a_relay_killed_midway_and_restarted_delivers_every_event_in_note_
                         await client.update(f"user-{n % 3}", written.note_id, content=f"note number {n}, changed")
 
             loading = asyncio.create_task(load())
-            await until(lambda: len(receiver.accepted) >= 20, 60)
+            await eventually(lambda: len(receiver.accepted) >= 20, 60, what="20 events delivered")
             relay.send_signal(signal.SIGKILL)  # mid-stream: posts in flight, acks not sent
             relay.wait(timeout=10)
             at_kill = len(receiver.accepted)
             await loading
         relay = subprocess.Popen(command, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
         expected = await log_events(redis_url)
-        await until(lambda: {i for i, _ in expected} <= {i for i, _, _ in receiver.seen}, 90)
+        every = {i for i, _ in expected}
+        await eventually(lambda: every <= {i for i, _, _ in receiver.seen}, 90, what="every event of the log delivered")
     finally:
         relay.send_signal(signal.SIGTERM)
         assert relay.wait(timeout=20) == 0, relay.stderr.read() if relay.stderr else ""
@@ -104,14 +97,17 @@ async def test_a_relay_killed_midway_and_restarted_delivers_every_event_in_note_
 async def warm(client: EngramClient, token: str) -> None:
     """Once the index has the write ``token`` names: the model loads in the background at start
     (6-9 s warm, more from a cold disk cache), and a search waits for the token only 5 s."""
-    for _ in range(90):
+
+    async def searched() -> bool:
         try:
             await client.search("warm-up", "anything", after=token)
-            return
+            return True
         except EngramError as e:
             if e.code is not ErrorCode.TIMEOUT:
                 raise
-    raise AssertionError("the index did not start")
+            return False
+
+    await eventually(searched, 300, what="the index at the token")
 
 
 async def test_relay_and_tail_with_content_open_recalls_and_pass_over_an_event_that_does_not_open(
@@ -144,11 +140,20 @@ async def test_relay_and_tail_with_content_open_recalls_and_pass_over_an_event_t
             assert len(recalls) == 2
             altered = await alter(redis_url, recalls[0])
             later = await client.save("alice", "Alec moved to Lisbon", subject="Alec")
-        await until(lambda: later.note_id in {b["event"]["note_id"] for b in receiver.bodies.values()}, 60)  # type: ignore[index]
+        await eventually(
+            lambda: later.note_id in {b["event"]["note_id"] for b in receiver.bodies.values()},  # type: ignore[index]
+            60,
+            what="the note saved after the altered entry delivered",
+        )
         assert relay.poll() is None, "the relay goes on"
         async with aioredis.Redis.from_url(redis_url) as redis:
             log = channels.event_log(channels.partition_of("alice", int(await redis.get(channels.PARTITIONS_KEY))))
-            assert (await redis.xpending(log, "hooks"))["pending"] == 0, "the altered entry was acked too"
+
+            async def all_acked() -> bool:
+                # Each entry is acked once its post is answered: the last may still be on its way.
+                return (await redis.xpending(log, "hooks"))["pending"] == 0
+
+            await eventually(all_acked, 30, what="every entry acked, the altered one too")
         relay.send_signal(signal.SIGTERM)
         assert relay.wait(timeout=20) == 0
         await tail_passes_over(env, redis_url, altered)

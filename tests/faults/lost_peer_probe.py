@@ -31,7 +31,7 @@ from engram_ledger.services.adapters.redis_conn import close_redis, open_redis, 
 from engram_ledger.services.adapters.redis_server import answers
 from engram_ledger.services.bootstrap import make_broker
 from engram_ledger.services.bus.requester import BusRequester
-from tests.support import longest_stall
+from tests.support import longest_stall, wait_until
 
 # Far beyond what the serving options allow; a connection still waiting then counts as hung.
 GIVE_UP_SECONDS = 45.0
@@ -49,6 +49,7 @@ async def time_to_fail(call: Any) -> dict[str, Any]:
 
 
 async def time_until(what: str, happened: Callable[[], bool]) -> dict[str, Any]:
+    """How long until ``happened``: a measurement (the test judges it), not a wait that fails."""
     started = time.monotonic()
     while not happened():
         if time.monotonic() - started > GIVE_UP_SECONDS:
@@ -149,10 +150,12 @@ def main() -> None:
         far.stdin.write(b"go\n")
         far.stdin.close()
         url = f"redis://{FAR}:{PORT}/0"
-        deadline = time.monotonic() + 10
-        while not answers(url):
-            assert time.monotonic() < deadline and far.poll() is None, f"the far Redis did not start ({far.poll()})"
-            time.sleep(0.05)
+
+        def far_answers() -> bool:
+            assert far.poll() is None, f"the far Redis exited ({far.poll()})"
+            return answers(url)
+
+        wait_until(far_answers, timeout=30, what="the far Redis answering")
         print(json.dumps(asyncio.run(probe(url, far.pid))), flush=True)
     finally:
         far.kill()

@@ -46,7 +46,7 @@ async def main() -> None:
             }
             os.write(out, msgspec.json.encode(record) + b"\n")
             if args.delay_ms:
-                await asyncio.sleep(args.delay_ms / 1000)
+                await asyncio.sleep(args.delay_ms / 1000)  # a subscriber slower than the writer
             await delivery.ack()
 
 

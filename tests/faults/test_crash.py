@@ -17,7 +17,7 @@ from engram_ledger.contracts.errors import EngramError
 from engram_ledger.services.adapters.event_store import decode_event
 from engram_ledger.services.adapters.redis_server import RedisServer
 from engram_ledger.services.bus.client import EngramClient
-from tests.support import ServeProcess, engram_env
+from tests.support import ServeProcess, engram_env, eventually
 
 COMMANDS = 300
 USERS = 12
@@ -69,8 +69,7 @@ async def test_sigkill_serve_mid_load_then_redis_restart_loses_no_acknowledged_c
                         pass  # no reply: the command may or may not have been applied
 
             async def killer() -> None:
-                while len(replied) < COMMANDS // 3:
-                    await asyncio.sleep(0.005)
+                await eventually(lambda: len(replied) >= COMMANDS // 3, 120, 0.005, "a third of the load replied")
                 serve.kill()
                 killed.set()
 

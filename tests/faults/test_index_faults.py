@@ -13,7 +13,6 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from engram_ledger.contracts.commands import RequestForget, SaveNote, UpdateNote
-from engram_ledger.contracts.errors import EngramError
 from engram_ledger.contracts.queries import ForgetReply, NoteWritten
 from engram_ledger.projections.index import IndexProjection, live_index_generation
 from engram_ledger.projections.index_runtime import edge_directory
@@ -23,22 +22,17 @@ from engram_ledger.services.adapters.embedder import MiniLMEmbedder
 from engram_ledger.services.adapters.event_store import RedisEventStore
 from engram_ledger.services.adapters.redis_server import RedisServer
 from engram_ledger.services.bus.client import EngramClient
-from tests.faults.workload import RETRYABLE
+from tests.faults.workload import answered
 from tests.support import ServeProcess, engram_env, shape
 
 TOPICS = ["sailing", "chess openings", "sourdough", "tax forms", "piano scales", "hiking boots", "tomato plants"]
 
 
 async def until_replied(client: EngramClient, command: SaveNote | UpdateNote | RequestForget) -> object:
+    """The command's reply, sent again after every silence, as a caller must."""
     expect = ForgetReply if isinstance(command, RequestForget) else NoteWritten
-    for _ in range(200):
-        try:
-            return await client.execute(command, expect)  # type: ignore[arg-type]
-        except EngramError as e:
-            if e.code not in RETRYABLE:
-                raise
-            await asyncio.sleep(0.1)
-    raise AssertionError(f"{command.command_id} never answered")
+    deadline = asyncio.get_running_loop().time() + 120
+    return await answered(lambda: client.execute(command, expect), deadline, f"a reply to {command.command_id}")  # type: ignore[arg-type]
 
 
 async def test_index_killed_mid_load_and_mid_catch_up_equals_a_rebuild(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from engram_ledger.contracts.errors import EngramError
 from engram_ledger.services.adapters.event_store import decode_event
 from engram_ledger.services.adapters.redis_server import RedisServer
 from engram_ledger.services.bus.client import EngramClient
-from tests.support import ROOT, TEST_MASTER_KEY_B64, ServeProcess, engram_env, wait_until
+from tests.support import ROOT, TEST_MASTER_KEY_B64, ServeProcess, engram_env, eventually, until_none, wait_until
 
 PARTITIONS = 3
 USERS = [f"user-{i}" for i in range(8)]
@@ -78,7 +78,7 @@ async def write(client: EngramClient, texts: dict[str, str], forgotten: set[str]
                     forgotten.add(note)
             except EngramError:
                 pass  # a note forgotten by another caller meanwhile: nothing was written
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # paces the writer
 
     await asyncio.gather(*(caller(k) for k in range(4)))
     erased = await client.forget_user(USERS[0], confirmed=True)
@@ -114,13 +114,12 @@ async def test_a_subscriber_killed_mid_stream_ends_with_exactly_the_logs_events_
     try:
         async with EngramClient(server.url, timeout=15, operator=True) as client:
             writer = asyncio.create_task(write(client, texts, forgotten, done))
-            while len(records(out)) < 120:
-                await asyncio.sleep(0.01)
+            await eventually(lambda: len(records(out)) >= 120, 60, 0.01, "120 events processed")
             subscriber.kill()  # SIGKILL, mid-stream: the writer is still writing
             subscriber.wait()
             assert not done.is_set(), "killed while events were still being written"
             before = len(records(out))
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # down a while: the writer goes on without it
             subscriber = start_subscriber(env, server.url, out)
             await writer
         log = await the_log(server.url)
@@ -128,15 +127,16 @@ async def test_a_subscriber_killed_mid_stream_ends_with_exactly_the_logs_events_
         wait_until(lambda: {r["token"] for r in records(out)} >= tokens, timeout=90, interval=0.2)
         redis = aioredis.Redis.from_url(server.url)
 
-        async def pending_now() -> list[int]:
-            return [(await redis.xpending(channels.event_log(p), GROUP))["pending"] for p in range(PARTITIONS)]
+        async def pending() -> list[int]:
+            counts = [(await redis.xpending(channels.event_log(p), GROUP))["pending"] for p in range(PARTITIONS)]
+            return counts if any(counts) else []
 
-        # A line is written before its ack: the last acks follow the last lines.
-        for _ in range(100):
-            if not any(pending := await pending_now()):
-                break
-            await asyncio.sleep(0.1)
-        await redis.aclose()
+        # A line is written before its ack: the last acks follow the last lines. Everything
+        # processed is acked.
+        try:
+            await until_none(pending, 60, interval=0.1, what="entries processed and not acked, by partition")
+        finally:
+            await redis.aclose()
     finally:
         subscriber.kill()
         serve.kill()
@@ -171,4 +171,3 @@ async def test_a_subscriber_killed_mid_stream_ends_with_exactly_the_logs_events_
             assert r["note"] in forgotten and r["content"] == ""
     latest = {(r["note"]): r["content"] for r in first.values() if r["content_state"] == "open" and r["content"]}
     assert all(latest[n] == text for n, text in texts.items() if n not in forgotten and n in latest)
-    assert pending == [0] * PARTITIONS, "everything processed was acked"

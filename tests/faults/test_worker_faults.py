@@ -19,8 +19,10 @@ the index projection instead).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +30,8 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from engram_ledger.contracts.channels import SCRUB_OWED_KEY
+from engram_ledger.contracts import channels
+from engram_ledger.contracts.channels import SCRUB_OWED_KEY, HistoryKeys
 from engram_ledger.contracts.commands import RequestForget, SaveNote, UpdateNote
 from engram_ledger.contracts.queries import ForgetReply, NoteWritten
 from engram_ledger.projections.forget_saga import ForgetSagaProjection, member
@@ -41,7 +44,7 @@ from engram_ledger.services.adapters.redis_server import RedisServer
 from engram_ledger.services.bus.client import EngramClient
 from tests.cluster import LocalCluster
 from tests.faults.workload import Actor, check_log, check_read_model, retry_read, run_actor
-from tests.support import ServeProcess, dump, engram_env, every_value
+from tests.support import ServeProcess, dump, engram_env, eventually, every_value, holding, until_none
 
 USERS = 10
 STEPS = 30  # commands per user: 300 in all, plus the reads and the duplicates
@@ -52,11 +55,22 @@ PAUSE = 0.3  # mean seconds between one actor's commands: the load lasts about 1
 
 
 class Workers:
-    """The worker processes by role; a killed one is restarted in its place."""
+    """The worker processes by role; a killed one is restarted in its place. ``timeline``: when
+    each fault struck and each restart ended, for a failure to tell."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
         self.by_role = {role: [ServeProcess(env, roles=role) for _ in range(n)] for role, n in WORKERS.items()}
+        self.timeline: list[str] = []
+        self._started = time.monotonic()
+
+    def mark(self, what: str) -> None:
+        self.timeline.append(f"{time.monotonic() - self._started:7.1f} s  {what}")
+
+    def report(self) -> str:
+        """The timeline and the last lines of every worker's log."""
+        logs = [f"--- {p.roles} worker, last lines:\n" + "".join(p.lines[-12:]) for p in self.all()]
+        return "\n".join(["faults and restarts:", *self.timeline, *logs])
 
     def all(self) -> Iterator[ServeProcess]:
         for processes in self.by_role.values():
@@ -68,16 +82,18 @@ class Workers:
     async def kill_and_restart(self, role: str, rng: random.Random) -> None:
         victim = rng.choice(self.by_role[role])
         victim.kill()
-        await asyncio.sleep(rng.uniform(0.2, 1.0))
+        self.mark(f"{role} worker killed")
+        await asyncio.sleep(rng.uniform(0.2, 1.0))  # down a while, as a worker a supervisor restarts
         for attempt in range(10):
             # As a supervisor would (compose's restart policy): a worker that finds Redis down exits.
             try:
                 await asyncio.to_thread(victim.start)
+                self.mark(f"{role} worker serving again (start {attempt + 1})")
                 return
             except RuntimeError:
                 if attempt == 9:
                     raise
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.5)  # the supervisor's pause between restarts
 
     def restarted_later(self, role: str, rng: random.Random) -> asyncio.Task[None]:
         return asyncio.create_task(self.kill_and_restart(role, rng))
@@ -147,14 +163,17 @@ async def test_every_worker_kind_and_redis_killed_mid_load_loses_nothing(tmp_pat
                 points = sorted(rng.uniform(0.1, 0.8) for _ in kinds)
                 restarts = []
                 for point, kind in zip(points, kinds, strict=True):
-                    while done < point * USERS * STEPS:
-                        await asyncio.sleep(0.01)
+                    await eventually(
+                        lambda point=point: done >= point * USERS * STEPS, 120, 0.01, f"{point:.0%} of the load"
+                    )
                     landed.append(done)
                     if kind == "redis":  # on a cluster, one of its masters
                         server = rng.choice(backend.servers)
                         server.kill()
-                        await asyncio.sleep(0.3)
+                        workers.mark(f"redis {server.port} killed")
+                        await asyncio.sleep(0.3)  # down a moment, as a crashed Redis is
                         await asyncio.to_thread(server.start)
+                        workers.mark(f"redis {server.port} answering again")
                     else:
                         restarts.append(workers.restarted_later(kind, rng))
                 await asyncio.gather(*restarts)
@@ -196,6 +215,11 @@ async def test_every_worker_kind_and_redis_killed_mid_load_loses_nothing(tmp_pat
                 await _no_forgotten_text_left(redis, backend.servers, actors)
             finally:
                 await close_redis(redis)
+    except BaseException as e:
+        e.add_note(workers.report())
+        with contextlib.suppress(Exception):
+            e.add_note(await asyncio.wait_for(_where_requests_wait(backend, actors), 30))
+        raise
     finally:
         workers.kill_all()
 
@@ -240,22 +264,42 @@ async def _pending_forgets_kept_their_deadlines(redis: aioredis.Redis, partition
 async def _no_forgotten_text_left(redis: aioredis.Redis, servers: list[RedisServer], actors: list[Actor]) -> None:
     needles = [t.encode() for a in actors for n in a.forgotten for t in a.texts[n]]
     kept = [n.encode() for a in actors for n in a.notes]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
-    found: set[bytes] = set()
-    on_disk: set[str] = set()
-    while True:
+
+    async def left() -> str:
+        """Where forgotten text is left (nothing: the scrub is settled and nothing holds any)."""
         # The scrub owed by the forgets is settled once no command is pending; then the AOF rewrites.
         settled = await redis.get(SCRUB_OWED_KEY) is None
         infos = [await server("INFO", "persistence") for server in await each_server(redis)]
-        if settled and not any(info["aof_rewrite_in_progress"] for info in infos):
-            found = {key async for key, blob in every_value(redis) for n in needles if n in blob}
-            files = [p for s in servers for p in s.directory.rglob("*") if p.is_file() and p.name != "redis.log"]
-            on_disk = {str(p) for p in files for n in needles if n in p.read_bytes()}
-            if not found and not on_disk:
-                break
-        assert loop.time() < deadline, f"forgotten text left: settled {settled}, keys {found}, files {on_disk}"
-        await asyncio.sleep(0.2)
+        if not settled or any(info["aof_rewrite_in_progress"] for info in infos):
+            return f"scrub settled {settled}, AOF rewrites {[info['aof_rewrite_in_progress'] for info in infos]}"
+        found = await holding(redis, needles)
+        files = [p for s in servers for p in s.directory.rglob("*") if p.is_file() and p.name != "redis.log"]
+        on_disk = {str(p) for p in files for n in needles if n in p.read_bytes()}
+        return f"keys {found}, files {on_disk}" if found or on_disk else ""
+
+    await until_none(left, 60, interval=0.2, what="forgotten text left")
     # The scan does reach the notes still alive (their text is sealed: no plain text is left to see).
     keys = [key async for key, _ in every_value(redis)]
     assert kept and all(any(k in key for key in keys) for k in kept[:3])
+
+
+async def _where_requests_wait(backend: Backend, actors: list[Actor]) -> str:
+    """For a failure to tell: each actor's partition, its last token and how far the read model
+    has applied that partition, and its partition's queries waiting for admission (inbox), in the
+    stream, and taken but not answered (pending)."""
+    redis = open_redis(backend.url, backend.cluster)
+    lines = ["where requests wait:"]
+    try:
+        for actor in actors:
+            p = channels.partition_of(actor.user, backend.partitions)
+            applied = await redis.get(HistoryKeys(p, await live_generation(redis, p)).checkpoint)
+            queries = channels.query_stream(p)
+            waiting = await redis.llen(channels.inbox(queries))
+            pending = (await redis.xpending(queries, channels.QUERY_GROUP))["pending"]
+            lines.append(
+                f"{actor.user}: partition {p}, last token {actor.last_token}, applied {applied!r}; "
+                f"queries in the inbox {waiting}, in the stream {await redis.xlen(queries)}, pending {pending}"
+            )
+    finally:
+        await close_redis(redis)
+    return "\n".join(lines)

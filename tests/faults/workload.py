@@ -105,25 +105,24 @@ async def send(client: EngramClient, actor: Actor, command: AnyCommand, deadline
     """Until a reply: the same command again after every silence. ``duplicate`` sends it twice at
     once, as a client retrying too eagerly would."""
     expect: type[Any] = ForgetReply if isinstance(command, RequestForget) else NoteWritten
-    loop = asyncio.get_running_loop()
-    while True:
-        try:
-            if duplicate:
-                first, second = await asyncio.gather(
-                    client.execute(command, expect), client.execute(command, expect), return_exceptions=True
-                )
-                if isinstance(first, BaseException) or isinstance(second, BaseException):
-                    raise first if isinstance(first, BaseException) else second  # type: ignore[misc]
-                # One of the two is the first outcome, the other its replay: the same answer.
-                same = msgspec.structs.replace(second, replayed=first.replayed)
-                assert same == first, f"two copies of one command answered differently: {first} / {second}"
-                return first
-            return await client.execute(command, expect)
-        except EngramError as e:
-            if e.code not in RETRYABLE or loop.time() > deadline:
-                raise
-            actor.retries += 1
-            await asyncio.sleep(0.1)
+
+    async def once() -> Any:
+        if duplicate:
+            first, second = await asyncio.gather(
+                client.execute(command, expect), client.execute(command, expect), return_exceptions=True
+            )
+            if isinstance(first, BaseException) or isinstance(second, BaseException):
+                raise first if isinstance(first, BaseException) else second  # type: ignore[misc]
+            # One of the two is the first outcome, the other its replay: the same answer.
+            same = msgspec.structs.replace(second, replayed=first.replayed)
+            assert same == first, f"two copies of one command answered differently: {first} / {second}"
+            return first
+        return await client.execute(command, expect)
+
+    def retried() -> None:
+        actor.retries += 1
+
+    return await answered(once, deadline, f"a reply to {command.command_id}", retried)
 
 
 async def run_actor(
@@ -137,7 +136,7 @@ async def run_actor(
     """``pause``: the mean think time between two commands, so that a load lasts long enough
     for the faults to land in the middle of it."""
     for step in range(steps):
-        await asyncio.sleep(actor.rng.uniform(0, 2 * pause))
+        await asyncio.sleep(actor.rng.uniform(0, 2 * pause))  # think time: paces the load
         command = actor.next_command(step)
         actor.sent.append(command)
         reply = await send(client, actor, command, deadline, duplicate=actor.rng.random() < 0.1)
@@ -157,14 +156,28 @@ async def run_actor(
 
 
 async def retry_read(read: Callable[[], Awaitable[Any]], deadline: float) -> Any:
+    return await answered(read, deadline, "an answer to a read")
+
+
+async def answered(
+    ask: Callable[[], Awaitable[Any]], deadline: float, what: str, retried: Callable[[], None] = lambda: None
+) -> Any:
+    """``ask``'s answer, asked again after every silence (a RETRYABLE error: the command may or
+    may not have been applied, and the same one again is applied once) until ``deadline`` (the
+    event loop's time); then the silence itself, saying for how long it lasted."""
     loop = asyncio.get_running_loop()
+    since = loop.time()
     while True:
         try:
-            return await read()
+            return await ask()
         except EngramError as e:
-            if e.code not in RETRYABLE or loop.time() > deadline:
+            if e.code not in RETRYABLE:
                 raise
-            await asyncio.sleep(0.1)
+            if loop.time() > deadline:
+                e.add_note(f"{what}: asked for {loop.time() - since:.1f} s without an answer")
+                raise
+            retried()
+        await asyncio.sleep(0.1)  # a caller's pause before it asks again
 
 
 async def log_events(redis: aioredis.Redis, partitions: int) -> list[Any]:

@@ -20,7 +20,7 @@ from engram_ledger.contracts import channels
 from engram_ledger.contracts.commands import SaveNote
 from engram_ledger.services.bus.envelope import ENVELOPE_ERROR
 from tests.conftest import RunningService, service_settings
-from tests.support import log_events
+from tests.support import eventually, log_events, until_none
 
 STREAM = channels.command_stream(0)
 
@@ -69,11 +69,7 @@ def json_reply(payload: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
 
 async def answered_and_gone(redis: aioredis.Redis, stream: str = STREAM) -> None:
     """Every request on ``stream`` was acknowledged and deleted (the delete follows the reply)."""
-    for _ in range(100):
-        if await redis.xlen(stream) == 0:
-            break
-        await asyncio.sleep(0.05)
-    assert await redis.xlen(stream) == 0
+    await until_none(lambda: redis.xlen(stream), what=f"requests left in {stream}")
     assert (await redis.xpending(stream, channels.COMMAND_GROUP))["pending"] == 0
     assert await redis.xlen(channels.dead_letter_stream(stream)) == 0
 
@@ -248,10 +244,7 @@ async def test_a_json_request_that_keeps_failing_is_dead_lettered_without_its_bo
             poison = caller.envelope(save("poison-1", "poison"))
             assert b"poison" in poison
             await redis.xadd(STREAM, {"__data__": poison})
-            for _ in range(100):
-                if await redis.xlen(dead_letters):
-                    break
-                await asyncio.sleep(0.1)
+            await eventually(lambda: redis.xlen(dead_letters), what="the poison request in the dead letters")
             [(_, fields)] = await redis.xrange(dead_letters)
             # The letter names the request for an operator, but keeps none of what it asked: a
             # body can hold a user's text, and no forget reaches a dead letter.

@@ -4,8 +4,6 @@ left pending or dead-lettered, and the streams keep serving good requests."""
 
 from __future__ import annotations
 
-import asyncio
-
 import msgspec
 import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
@@ -13,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from engram_ledger.contracts import channels
 from engram_ledger.services.bus.client import EngramClient
 from tests.builders import bodies
+from tests.support import until_none
 
 STREAMS = [
     (channels.command_stream(0), channels.COMMAND_GROUP),
@@ -20,13 +19,10 @@ STREAMS = [
 ]
 
 
-async def nothing_pending(redis: aioredis.Redis) -> bool:
-    for _ in range(100):  # the entry is acknowledged just after its reply is published
-        counts = [(await redis.xpending(stream, group))["pending"] for stream, group in STREAMS]
-        if not any(counts):
-            return True
-        await asyncio.sleep(0.01)
-    return False
+async def pending(redis: aioredis.Redis) -> list[int]:
+    """The request streams' counts of pending entries; none when nothing is pending."""
+    counts = [(await redis.xpending(stream, group))["pending"] for stream, group in STREAMS]
+    return counts if any(counts) else []
 
 
 @settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -43,7 +39,8 @@ async def test_fuzzed_bodies_on_the_real_bus_get_typed_replies_and_nothing_stick
     assert (await client.get_note("u", good.note_id, after=good.token)).content == "still flowing"
     redis = aioredis.Redis.from_url(redis_url)
     try:
-        assert await nothing_pending(redis)
+        # An entry is acknowledged just after its reply is published.
+        await until_none(lambda: pending(redis), what="requests pending")
         assert [await redis.xlen(channels.dead_letter_stream(s)) for s, _ in STREAMS] == [0, 0]
     finally:
         await redis.aclose()

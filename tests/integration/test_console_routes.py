@@ -24,6 +24,7 @@ from engram_ledger.services.console.app import create_app, http_server
 from engram_ledger.services.console.auth import COOKIE
 from engram_ledger.services.console.web import when
 from tests.conftest import RunningService, service_settings
+from tests.support import eventually, serving_task
 
 TOKEN = "integration-console-token-0123456789"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
@@ -50,10 +51,7 @@ async def served(redis_url: str) -> AsyncIterator[Served]:
             for method in sorted(getattr(route, "methods", None) or []):
                 routes.append((method, route.path))  # type: ignore[attr-defined]
         web = http_server(app, "127.0.0.1", free_port())
-        serving = asyncio.create_task(web.serve())
-        while not web.started:
-            assert not serving.done(), "uvicorn did not start"
-            await asyncio.sleep(0.01)
+        serving = await serving_task(web)
         try:
             async with EngramClient(redis_url, operator=True) as client:
                 yield Served(f"http://127.0.0.1:{web.config.port}", client, routes)
@@ -237,7 +235,8 @@ async def test_the_prompt_block_is_the_replys_text_byte_for_byte(served: Served)
     async with served.http(headers=BEARER) as http:
         for form in ({"format": "markdown"}, {"format": "xml"}, {"format": "xml", "max_tokens": "80"}):
             budget = int(form.get("max_tokens", 0)) or None
-            expected = await served.client.context("erin", format=form["format"], max_tokens=budget)
+            # As the console asks for it: a block naming no tool (none is known there).
+            expected = await served.client.context("erin", format=form["format"], max_tokens=budget, update_tool=None)
             download = await http.post("/user/context.txt", data={"u": "erin", **form})
             assert download.status_code == 200 and download.content == expected.text.encode()
             assert download.headers["content-type"] == "text/plain; charset=utf-8"
@@ -280,14 +279,13 @@ async def test_event_streams_are_bounded(served: Served) -> None:
         finally:
             for s in opened:
                 await s.__aexit__(None, None, None)
+
         # A closed stream gives its place back.
-        started = asyncio.get_running_loop().time()
-        while True:
+        async def a_place_again() -> bool:
             async with http.stream("GET", "/events") as again:
-                if again.status_code == 200:
-                    break
-            assert asyncio.get_running_loop().time() - started < 5, "the closed streams kept their places"
-            await asyncio.sleep(0.05)
+                return again.status_code == 200
+
+        await eventually(a_place_again, what="a place freed by the closed streams")
 
 
 async def test_no_memory_content_goes_into_a_url_or_a_log_line(

@@ -7,17 +7,20 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 from faststream.redis.parser.binary import BinaryMessageFormatV1
+from redis.asyncio.cluster import RedisCluster
 
 from engram_ledger.contracts import channels
 from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.services.bus.admission import DEFAULT_USER_IN_FLIGHT, WAIT_HEADER
 from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.bus.gate import ADMISSION_HEADER, Lane, RequestGate
+from tests.cluster import LocalCluster
 from tests.conftest import RunningService, service_settings
 from tests.support import eventually, log_events
 
@@ -95,7 +98,7 @@ async def test_one_clients_flood_waits_its_turn_in_the_client_and_others_are_not
             async with aioredis.Redis.from_url(redis_url) as redis:
                 # then the user never has more requests in flight than its places
                 seen = []
-                for _ in range(50):
+                for _ in range(50):  # samples, while the flood goes on
                     seen.append(await redis.zcard(channels.in_flight(0, "flood")))
                     await asyncio.sleep(0.005)
                 assert max(seen) <= DEFAULT_USER_IN_FLIGHT and max(seen) > 0, seen
@@ -226,6 +229,51 @@ async def test_the_gate_admits_a_users_share_and_refuses_the_rest_in_the_format_
         body, headers = binaries[0]
         assert json.loads(body)["code"] == "RATE_LIMITED" and headers["correlation_id"] == "bin-0"
         await pubsub.aclose()
+
+
+async def test_on_a_redis_cluster_the_gate_refuses_past_the_share_and_goes_on_admitting(tmp_path: Path) -> None:
+    """A refusal on a Redis Cluster stopped the gate for good: its answers were published in a
+    pipeline, which a cluster's client refuses, and every later request of the partition waited in
+    the inbox until its caller gave up."""
+    cluster = LocalCluster(tmp_path / "cluster").start()
+    stream = channels.query_stream(0)
+    lane = Lane(channels.inbox(stream), stream)
+    redis = RedisCluster.from_url(cluster.url)
+    # A cluster passes PUBLISH on to every node: any node's subscriber hears the answers.
+    listener = aioredis.Redis(port=cluster.nodes[0].port)
+    pubsub = listener.pubsub(ignore_subscribe_messages=True)
+    await pubsub.subscribe("engram:replies:cluster-gate")
+    stop = asyncio.Event()
+    gate = asyncio.create_task(RequestGate(redis, 0, lane, per_user=1, maxlen=100_000).run(stop))
+    try:
+        # given three requests of one user, whose place is one
+        def request(user: str, n: int) -> bytes:
+            body = json.dumps({"type": "list_notes", "user_id": user})
+            headers = {"reply_to": "engram:replies:cluster-gate", "correlation_id": f"{user}-{n}"}
+            return json.dumps({"data": body, "headers": headers}).encode()
+
+        await redis.rpush(lane.inbox, *(request("flood", n) for n in range(3)))
+        # then the two past the place are refused, typed
+        refused: list[dict[str, Any]] = []
+
+        async def two_refused() -> bool:
+            if (message := await pubsub.get_message(timeout=0.1)) is not None:
+                refused.append(json.loads(json.loads(message["data"])["data"]))
+            return len(refused) == 2
+
+        await eventually(two_refused, what="two refusals", interval=0)
+        assert all(r["code"] == "RATE_LIMITED" for r in refused)
+        # and the gate goes on: another user's request is admitted
+        await redis.rpush(lane.inbox, request("bob", 0))
+        await eventually(lambda: redis.xlen(stream), what="bob's request admitted too")
+        assert await redis.xlen(stream) == 2 and not gate.done()
+    finally:
+        stop.set()
+        await asyncio.wait_for(gate, 10)
+        await pubsub.aclose()
+        await listener.aclose()
+        await redis.aclose()
+        cluster.stop()
 
 
 async def test_a_place_lapses_when_its_callers_wait_ends(redis_url: str) -> None:

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import io
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 import redis.asyncio as aioredis
 
 from engram_ledger.contracts.errors import EngramError, ErrorCode
@@ -19,112 +22,149 @@ from engram_ledger.services.adapters.event_store import RedisEventStore
 from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.ops.portable import export_log
 from tests.conftest import RunningService, service_settings
-from tests.support import every_value
+from tests.support import eventually, every_value, holding, until_none
 
 SF = "User lives in San Francisco near the Golden Gate park"
 SF_VISIT = "User visited San Francisco last year for a conference"
+DEADLINES = "engram:{0}:forget:deadlines"
+
+
+# One service for the module (tests/conftest.py, ``shared_service``): each test is a user of its own.
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest.fixture
+def service(shared_service: RunningService) -> RunningService:
+    return shared_service
+
+
+@pytest.fixture
+def client(shared_client: EngramClient) -> EngramClient:
+    return shared_client
+
+
+@pytest.fixture
+def other_user(user: str) -> str:
+    return f"{user}-other"
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def fresh_service(redis_url: str) -> AsyncIterator[RunningService]:
+    """A service of the test's own, on an empty Redis: for a test that reads the whole store."""
+    running = await RunningService(service_settings(redis_url)).start()
+    yield running
+    await running.stop()
 
 
 async def saved(client: EngramClient, user: str, text: str) -> str:
     return (await client.save(user, text, advise=False)).note_id
 
 
-async def test_a_query_returns_candidates_and_deletes_nothing(client: EngramClient) -> None:
-    lives = await saved(client, "alice", SF)
-    visited = await saved(client, "alice", SF_VISIT)
-    token = (await client.save("alice", "My favourite food is ramen", advise=False)).token
-    await client.search("alice", "x", after=token)
-    reply = await client.forget("alice", query="San Francisco")
+async def forget_expired(redis_url: str) -> bool:
+    """Whether a ForgetExpired is in the log."""
+    async with aioredis.Redis.from_url(redis_url) as redis:
+        return any(b"forget_expired" in fields[b"e"] for _, fields in await redis.xrange("engram:{0}:log"))
+
+
+async def test_a_query_returns_candidates_and_deletes_nothing(client: EngramClient, user: str) -> None:
+    lives = await saved(client, user, SF)
+    visited = await saved(client, user, SF_VISIT)
+    token = (await client.save(user, "My favourite food is ramen", advise=False)).token
+    await client.search(user, "x", after=token)
+    reply = await client.forget(user, query="San Francisco")
     assert reply.status == "candidates" and not reply.forgotten and not reply.pending
     found = [c.note_id for c in reply.candidates]
     assert set(found) == {lives, visited}, "the two San Francisco notes, not the ramen (too weak a match)"
-    ranked = (await client.search("alice", "San Francisco")).results[: len(found)]
+    ranked = (await client.search(user, "San Francisco")).results[: len(found)]
     assert found == [h.note_id for h in ranked], "best first: the search's order"
     assert [c.similarity for c in reply.candidates] == [h.similarity for h in ranked]
     assert all(c.preview and 0 < c.similarity <= 1 for c in reply.candidates)
-    assert (await client.get_note("alice", lives)).status == "active"
+    assert (await client.get_note(user, lives)).status == "active"
 
 
-async def test_two_calls_with_the_same_id_delete_and_the_first_only_asks(client: EngramClient) -> None:
-    note = await saved(client, "alice", SF)
-    first = await client.forget("alice", note_ids=[note])
+async def test_two_calls_with_the_same_id_delete_and_the_first_only_asks(client: EngramClient, user: str) -> None:
+    note = await saved(client, user, SF)
+    first = await client.forget(user, note_ids=[note])
     assert first.status == "confirmation_required" and first.forgotten == []
     assert first.pending[0].note_id == note and first.pending[0].request_count == 1
     assert SF[:40] in first.pending[0].preview and "Please confirm" in first.message
-    assert (await client.get_note("alice", note, after=first.token)).status == "active"
-    second = await client.forget("alice", note_ids=[note])
+    assert (await client.get_note(user, note, after=first.token)).status == "active"
+    second = await client.forget(user, note_ids=[note])
     assert second.status == "forgotten" and second.forgotten == [note]
-    view = await client.get_note("alice", note, after=second.token)
+    view = await client.get_note(user, note, after=second.token)
     assert view.status == "forgotten" and view.content == ""
-    assert note not in [n.id for n in (await client.list_notes("alice", include_superseded=True)).notes]
-    assert (await client.search("alice", "San Francisco", after=second.token)).results == []
+    assert note not in [n.id for n in (await client.list_notes(user, include_superseded=True)).notes]
+    assert (await client.search(user, "San Francisco", after=second.token)).results == []
 
 
-async def test_a_note_deleted_between_the_calls_is_not_found(client: EngramClient) -> None:
-    note = await saved(client, "alice", SF)
-    await client.forget("alice", note_ids=[note])
-    await client.forget("alice", note_ids=[note], confirmed=True)
+async def test_a_note_deleted_between_the_calls_is_not_found(client: EngramClient, user: str) -> None:
+    note = await saved(client, user, SF)
+    await client.forget(user, note_ids=[note])
+    await client.forget(user, note_ids=[note], confirmed=True)
     with pytest.raises(EngramError) as refused:
-        await client.forget("alice", note_ids=[note])
+        await client.forget(user, note_ids=[note])
     assert refused.value.code is ErrorCode.MEMORY_NOT_FOUND
 
 
-async def test_an_unknown_id_is_not_found_with_suggestions(client: EngramClient) -> None:
-    note = await saved(client, "alice", SF)
+async def test_an_unknown_id_is_not_found_with_suggestions(client: EngramClient, user: str) -> None:
+    note = await saved(client, user, SF)
     typo = note[:7] + ("x" if note[7] != "x" else "y")
     with pytest.raises(EngramError) as refused:
-        await client.forget("alice", note_ids=[typo])
+        await client.forget(user, note_ids=[typo])
     assert refused.value.code is ErrorCode.MEMORY_NOT_FOUND
     assert "not found" in refused.value.message and note in refused.value.message
 
 
-async def test_each_id_is_tracked_separately_and_all_must_be_confirmed(client: EngramClient) -> None:
-    a, b = await saved(client, "alice", SF), await saved(client, "alice", SF_VISIT)
-    both = await client.forget("alice", note_ids=[a, b])
+async def test_each_id_is_tracked_separately_and_all_must_be_confirmed(client: EngramClient, user: str) -> None:
+    a, b = await saved(client, user, SF), await saved(client, user, SF_VISIT)
+    both = await client.forget(user, note_ids=[a, b])
     assert both.status == "confirmation_required" and {p.note_id for p in both.pending} == {a, b}
-    again = await client.forget("alice", note_ids=[a, b])
+    again = await client.forget(user, note_ids=[a, b])
     assert again.status == "forgotten" and sorted(again.forgotten) == sorted([a, b])
 
 
 async def test_a_different_id_on_the_second_call_is_a_new_first_call_and_the_old_pending_lapses(
     client: EngramClient,
+    user: str,
 ) -> None:
-    a, b = await saved(client, "alice", SF), await saved(client, "alice", SF_VISIT)
-    first = await client.forget("alice", note_ids=[a])
-    await client.get_note("alice", a, after=first.token)  # the saga has seen it pending
-    other = await client.forget("alice", note_ids=[b])
+    a, b = await saved(client, user, SF), await saved(client, user, SF_VISIT)
+    first = await client.forget(user, note_ids=[a])
+    await client.get_note(user, a, after=first.token)  # the saga has seen it pending
+    other = await client.forget(user, note_ids=[b])
     assert other.status == "confirmation_required" and [p.note_id for p in other.pending] == [b]
     assert f"earlier request for {a} is withdrawn" in other.message
-    await client.get_note("alice", b, after=other.token)
-    back = await client.forget("alice", note_ids=[a])
+    await client.get_note(user, b, after=other.token)
+    back = await client.forget(user, note_ids=[a])
     assert back.status == "confirmation_required" and back.pending[0].request_count == 1, "a asks again"
-    assert (await client.get_note("alice", a, after=back.token)).status == "active"
-    assert (await client.get_note("alice", b)).status == "active"
+    assert (await client.get_note(user, a, after=back.token)).status == "active"
+    assert (await client.get_note(user, b)).status == "active"
 
 
-async def test_rapid_calls_count_requests_and_still_need_two(client: EngramClient) -> None:
-    note = await saved(client, "alice", SF)
-    replies = await asyncio.gather(*[client.forget("alice", note_ids=[note]) for _ in range(2)])
+async def test_rapid_calls_count_requests_and_still_need_two(client: EngramClient, user: str) -> None:
+    note = await saved(client, user, SF)
+    replies = await asyncio.gather(*[client.forget(user, note_ids=[note]) for _ in range(2)])
     assert sorted(r.status for r in replies) == ["confirmation_required", "forgotten"]
     done = next(r for r in replies if r.status == "forgotten")
     assert done.forgotten == [note]
 
 
-async def test_a_retried_request_returns_its_first_outcome(client: EngramClient) -> None:
-    note = await saved(client, "alice", SF)
-    first = await client.forget("alice", note_ids=[note], command_id="forget-1")
-    again = await client.forget("alice", note_ids=[note], command_id="forget-1")
+async def test_a_retried_request_returns_its_first_outcome(client: EngramClient, user: str) -> None:
+    note = await saved(client, user, SF)
+    first = await client.forget(user, note_ids=[note], command_id="forget-1")
+    again = await client.forget(user, note_ids=[note], command_id="forget-1")
     assert again.replayed and again.status == "confirmation_required" and again.token == first.token
-    assert (await client.get_note("alice", note, after=again.token)).status == "active"
+    assert (await client.get_note(user, note, after=again.token)).status == "active"
 
 
-async def test_another_user_can_neither_see_nor_confirm_a_pending_forget(client: EngramClient) -> None:
-    note = await saved(client, "alice", SF)
-    await client.forget("alice", note_ids=[note])
+async def test_another_user_can_neither_see_nor_confirm_a_pending_forget(
+    client: EngramClient, user: str, other_user: str
+) -> None:
+    note = await saved(client, user, SF)
+    await client.forget(user, note_ids=[note])
     with pytest.raises(EngramError) as refused:
-        await client.forget("mallory", note_ids=[note])
+        await client.forget(other_user, note_ids=[note])
     assert refused.value.code is ErrorCode.MEMORY_NOT_FOUND and SF not in refused.value.message
-    assert (await client.get_note("alice", note)).status == "active"
+    assert (await client.get_note(user, note)).status == "active"
 
 
 async def test_a_pending_forget_expires_and_the_next_request_asks_again(redis_url: str) -> None:
@@ -133,18 +173,8 @@ async def test_a_pending_forget_expires_and_the_next_request_asks_again(redis_ur
         async with EngramClient(redis_url, operator=True) as client:
             note = await saved(client, "alice", SF)
             await client.forget("alice", note_ids=[note])
-            redis = aioredis.Redis.from_url(redis_url)
-            try:
-                # The saga's timer lapses it (ForgetExpired in the log).
-                for _ in range(100):
-                    log = await redis.xrange("engram:{0}:log")
-                    if any(b"forget_expired" in fields[b"e"] for _, fields in log):
-                        break
-                    await asyncio.sleep(0.05)
-                else:
-                    raise AssertionError("no ForgetExpired")
-            finally:
-                await redis.aclose()
+            # The saga's timer lapses it (ForgetExpired in the log).
+            await eventually(lambda: forget_expired(redis_url), what="a ForgetExpired in the log")
             again = await client.forget("alice", note_ids=[note])
             assert again.status == "confirmation_required" and again.pending[0].request_count == 1
     finally:
@@ -152,25 +182,27 @@ async def test_a_pending_forget_expires_and_the_next_request_asks_again(redis_ur
 
 
 async def test_an_expiry_due_while_the_service_was_down_is_applied_at_start(redis_url: str) -> None:
-    settings = service_settings(redis_url, forget_ttl_seconds=0.3)
-    running = await RunningService(settings).start()
-    async with EngramClient(redis_url, operator=True) as client:
-        note = await saved(client, "alice", SF)
-        asked = await client.forget("alice", note_ids=[note])
-        await client.get_note("alice", note, after=asked.token)
-    await running.stop()
+    running = RunningService(service_settings(redis_url, forget_ttl_seconds=0.3))
+    # Its clock stopped: on a busy machine the deadline could pass, and the expiry be applied,
+    # before this service stops; the test is of one that passes while nothing runs.
+    running.engram.forget_timer = None
+    await running.start()
     redis = aioredis.Redis.from_url(redis_url)
     try:
-        assert await redis.zcard("engram:{0}:forget:deadlines") == 1, "the deadline is kept in Redis"
-        await asyncio.sleep(0.5)  # the deadline passes while nothing runs
+        async with EngramClient(redis_url, operator=True) as client:
+            note = await saved(client, "alice", SF)
+            await client.forget("alice", note_ids=[note])
+        # The saga, not the read model a token waits for, keeps the deadline.
+        await eventually(lambda: redis.zcard(DEADLINES), what="the pending forget's deadline in Redis")
+        await running.stop()
+        [(_, deadline_ms)] = await redis.zrange(DEADLINES, 0, -1, withscores=True)
+        # Time passes while nothing runs, until the deadline has.
+        await asyncio.sleep(max(0.0, deadline_ms / 1000 - time.time()) + 0.05)
+        assert await redis.zcard(DEADLINES) == 1, "the deadline is kept in Redis"
         running = await RunningService(service_settings(redis_url, forget_ttl_seconds=0.3)).start()
         try:
-            for _ in range(100):
-                if await redis.zcard("engram:{0}:forget:deadlines") == 0:
-                    break
-                await asyncio.sleep(0.05)
-            log = await redis.xrange("engram:{0}:log")
-            assert any(b"forget_expired" in fields[b"e"] for _, fields in log)
+            await until_none(lambda: redis.zcard(DEADLINES), what="the deadline applied at start")
+            assert await forget_expired(redis_url)
         finally:
             await running.stop()
     finally:
@@ -178,10 +210,11 @@ async def test_an_expiry_due_while_the_service_was_down_is_applied_at_start(redi
 
 
 async def test_after_a_forget_the_plaintext_is_in_no_redis_key_no_file_and_no_export(
-    service: RunningService,
+    fresh_service: RunningService,
 ) -> None:
     """Content and subject alike: a subject is free text (a person's name, a place), so it is
     personal data too, in the log, the note's stream, the index's state and shard, and an export."""
+    service = fresh_service  # its index is closed below
     secret = "My locker code at the Embarcadero gym is 4417-blue"
     async with EngramClient(service.settings.redis_url, operator=True) as client:
         note = (await client.save("alice", secret, subject="Ottoline Quarrington")).note_id
@@ -200,12 +233,7 @@ async def test_after_a_forget_the_plaintext_is_in_no_redis_key_no_file_and_no_ex
     redis = aioredis.Redis.from_url(service.settings.redis_url)
     try:
         # The request streams are trimmed once the forget is acknowledged, just after its reply.
-        for _ in range(100):
-            found = [key async for key, blob in every_value(redis) for n in needles if n in blob]
-            if not found:
-                break
-            await asyncio.sleep(0.05)
-        assert found == [], f"plaintext left in {found}"
+        await until_none(lambda: holding(redis, needles), what="plaintext left in Redis")
         # No text is at rest in plain any more (the kept note's is sealed too): the scan does
         # reach where it is stored, and test_the_plaintext_scan_reads_every_kind_of_redis_value
         # shows it would see text there.
@@ -224,7 +252,8 @@ async def test_after_a_forget_the_plaintext_is_in_no_redis_key_no_file_and_no_ex
             assert not any(n in data for n in needles), f"plaintext left in {path}"
 
 
-async def test_rebuild_after_forgets_equals_live(service: RunningService) -> None:
+async def test_rebuild_after_forgets_equals_live(fresh_service: RunningService) -> None:
+    service = fresh_service  # the read model is rebuilt, and the saga's every deadline compared
     async with EngramClient(service.settings.redis_url, operator=True) as client:
         notes = [await saved(client, "alice", f"fact number {i} about the garden") for i in range(5)]
         await client.forget("alice", note_ids=notes[:2], confirmed=True)
@@ -257,47 +286,44 @@ async def test_rebuild_after_forgets_equals_live(service: RunningService) -> Non
 
 
 async def test_forgetting_a_user_asks_then_erases_everything_and_leaves_others_untouched(
-    client: EngramClient,
+    client: EngramClient, user: str, other_user: str
 ) -> None:
-    mine = [await saved(client, "alice", t) for t in (SF, SF_VISIT, "My dentist is Dr. Molar")]
-    await client.supersede("alice", mine[0], mine[1])
-    said = await client.record_message("alice", "s1", "I told you my passport number is X1234567")
-    theirs = await saved(client, "bob", SF)
-    asked = await client.forget_user("alice")
+    mine = [await saved(client, user, t) for t in (SF, SF_VISIT, "My dentist is Dr. Molar")]
+    await client.supersede(user, mine[0], mine[1])
+    said = await client.record_message(user, "s1", "I told you my passport number is X1234567")
+    theirs = await saved(client, other_user, SF)
+    asked = await client.forget_user(user)
     assert asked.status == "confirmation_required" and "ALL 4 memories" in asked.message
-    assert len((await client.list_notes("alice", after=asked.token)).notes) == 2, "nothing erased yet"
-    done = await client.forget_user("alice")
+    assert len((await client.list_notes(user, after=asked.token)).notes) == 2, "nothing erased yet"
+    done = await client.forget_user(user)
     assert done.status == "forgotten" and sorted(done.forgotten) == sorted([*mine, said.note_id])
     assert done.erased_at is not None
-    assert (await client.list_notes("alice", include_superseded=True, after=done.token)).notes == []
-    assert (await client.list_recent("alice")).notes == []
+    assert (await client.list_notes(user, include_superseded=True, after=done.token)).notes == []
+    assert (await client.list_recent(user)).notes == []
     with pytest.raises(EngramError) as gone:
-        await client.get_note("alice", mine[2])
+        await client.get_note(user, mine[2])
     assert gone.value.code is ErrorCode.MEMORY_NOT_FOUND
-    hits = await client.search("alice", "passport", include_conversation=True, session_id="s1", after=done.token)
+    hits = await client.search(user, "passport", include_conversation=True, session_id="s1", after=done.token)
     assert hits.results == []
-    assert (await client.get_note("bob", theirs)).content == SF
-    assert [h.note_id for h in (await client.search("bob", "San Francisco", after=done.token)).results] == [theirs]
+    assert (await client.get_note(other_user, theirs)).content == SF
+    assert [h.note_id for h in (await client.search(other_user, "San Francisco", after=done.token)).results] == [theirs]
     # The user can start over; the erased notes stay erased.
-    fresh = await client.save("alice", SF, advise=False)
+    fresh = await client.save(user, SF, advise=False)
     assert fresh.note_id not in mine and not fresh.duplicate
 
 
-async def test_an_erased_users_plaintext_is_in_no_redis_key(client: EngramClient, redis_url: str) -> None:
-    await saved(client, "alice", "My passport number is X1234567")
-    await client.record_message("alice", "s1", "and my bank PIN is 9921")
-    kept = await saved(client, "bob", "My bike lock code is 5150")
-    done = await client.forget_user("alice", confirmed=True)
-    assert (await client.get_note("bob", kept, after=done.token)).status == "active"
-    redis = aioredis.Redis.from_url(redis_url)
+async def test_an_erased_users_plaintext_is_in_no_redis_key(
+    service: RunningService, client: EngramClient, user: str, other_user: str
+) -> None:
+    await saved(client, user, "My passport number is X1234567")
+    await client.record_message(user, "s1", "and my bank PIN is 9921")
+    kept = await saved(client, other_user, "My bike lock code is 5150")
+    done = await client.forget_user(user, confirmed=True)
+    assert (await client.get_note(other_user, kept, after=done.token)).status == "active"
+    redis = aioredis.Redis.from_url(service.settings.redis_url)
     try:
-        needles = (b"passport number is X1234567", b"bank PIN is 9921")
-        for _ in range(100):
-            leaks = [key async for key, blob in every_value(redis) for n in needles if n in blob]
-            if not leaks:
-                break
-            await asyncio.sleep(0.05)
-        assert leaks == []
+        needles = [b"passport number is X1234567", b"bank PIN is 9921"]
+        await until_none(lambda: holding(redis, needles), what="plaintext left in Redis")
         keys = [key async for key, _ in every_value(redis)]
         assert any(kept.encode() in key for key in keys), "the scan sees another user's (sealed) note"
     finally:

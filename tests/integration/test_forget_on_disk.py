@@ -4,7 +4,6 @@ rewritten once the read model has dropped it; the index never held either)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import struct
 from pathlib import Path
@@ -21,11 +20,15 @@ from engram_ledger.services.application.vector_index import DENSE
 from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.observability.health import health
 from tests.conftest import RunningService, service_settings
-from tests.support import eventually, files_holding
+from tests.support import eventually, files_holding, until_none
 
 # Generous: in one full CI run on a slow evening the start-up scrub was still owed after 10 s (its
 # cause not seen; a failure now says what held it). What is checked is what is on disk, not how soon.
 SETTLE_SECONDS = 60.0
+
+
+async def scrub_settled(redis: aioredis.Redis) -> bool:
+    return await redis.get(channels.SCRUB_OWED_KEY) is None
 
 
 async def why_not_settled(running: RunningService, redis: aioredis.Redis, redis_log: Path) -> str:
@@ -66,12 +69,11 @@ async def test_no_file_under_the_data_dir_holds_a_forgotten_text(
         # first quiet moment; a rewrite after the saves below would take away what this test
         # checks is there before the forget.
         async with aioredis.Redis.from_url(server.url) as redis:
-            deadline = asyncio.get_running_loop().time() + SETTLE_SECONDS
-            while await redis.get(channels.SCRUB_OWED_KEY) is not None:
-                if asyncio.get_running_loop().time() > deadline:
-                    why = await why_not_settled(running, redis, server.directory / "redis.log")
-                    pytest.fail(f"the start-up scrub did not settle: {why}")
-                await asyncio.sleep(0.05)
+            try:
+                await eventually(lambda: scrub_settled(redis), SETTLE_SECONDS)
+            except AssertionError:
+                why = await why_not_settled(running, redis, server.directory / "redis.log")
+                pytest.fail(f"the start-up scrub did not settle: {why}")
         async with EngramClient(server.url, operator=True) as client:
             note = (await client.save("alice", secret, subject=subject)).note_id
             tea = await client.save("alice", "I like tea", advise=False)
@@ -81,10 +83,7 @@ async def test_no_file_under_the_data_dir_holds_a_forgotten_text(
             assert subject.encode() in aof, "and the subject"
             await client.forget("alice", note_ids=[note], confirmed=True)
         # The scrub runs once the forget is acknowledged; the rewrite in the background.
-        deadline = asyncio.get_running_loop().time() + SETTLE_SECONDS
-        while leaks() and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.05)
-        assert leaks() == []
+        await until_none(leaks, SETTLE_SECONDS, what="files holding the forgotten text")
     finally:
         await running.stop()
         server.stop()

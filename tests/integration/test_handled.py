@@ -16,6 +16,7 @@ from faststream.redis import StreamSub
 from faststream.redis.parser import BinaryMessageFormatV1
 
 from engram_ledger.services.bootstrap import make_broker
+from tests.support import until_none
 
 STREAM, GROUP = "handled-test:requests", "handled-test"
 
@@ -70,11 +71,8 @@ async def ask(redis: aioredis.Redis, reply_to: str, body: bytes) -> bytes | None
 
 async def test_an_answered_request_is_acked_and_deleted_with_its_reply(redis: aioredis.Redis, echo: None) -> None:
     assert await ask(redis, "allowed:one", b"hello") == b"hello"
-    for _ in range(50):  # the reply and the delete are one round trip: gone by now, or nearly
-        if await redis.xlen(STREAM) == 0:
-            break
-        await asyncio.sleep(0.02)
-    assert await redis.xlen(STREAM) == 0
+    # The reply and the delete are one round trip: gone by now, or nearly.
+    await until_none(lambda: redis.xlen(STREAM), what="the answered request in its stream")
     assert (await redis.xpending(STREAM, GROUP))["pending"] == 0
 
 

@@ -5,7 +5,6 @@ of a rotated store that imports with the new key alone."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import os
@@ -32,6 +31,7 @@ from engram_ledger.services.ops import keys
 from engram_ledger.services.ops.portable import export_log, import_log
 from engram_ledger.services.ops.rebuild import rebuild_history
 from tests.conftest import RunningService, service_settings
+from tests.support import eventually
 
 OLD, NEW = os.urandom(32), os.urandom(32)
 
@@ -292,13 +292,12 @@ async def test_a_running_worker_lets_go_of_the_generations_retire_takes_out(
         assert worker is not None and worker.generations == [1, 2], "both, until the old one is retired"
         retired = await keys.retire(r, load_master_key(service.settings.data_dir), 1, wait_seconds=10)
         assert retired["retired"] == [1]
-        for _ in range(100):
+
+        async def let_go() -> bool:
             reports = await live_workers(r)
-            if worker.generations == [2] and all(w.get("key_generations") == [2] for w in reports):
-                break
-            await asyncio.sleep(0.05)
-        assert worker.generations == [2]
-        assert [w.get("key_generations") for w in reports] == [[2]]
+            return worker.generations == [2] and [w.get("key_generations") for w in reports] == [[2]]
+
+        await eventually(let_go, what="the worker holding generation 2 alone, and saying so")
     finally:
         await r.aclose()
     async with EngramClient(url, operator=True) as client:  # what it holds still opens

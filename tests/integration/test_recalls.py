@@ -20,7 +20,7 @@ from engram_ledger.services.bus.client import EngramClient
 from engram_ledger.services.bus.deliveries import ContentState, Delivery
 from engram_ledger.services.cli import render
 from tests.conftest import RunningService, service_settings
-from tests.support import leaked, master_key_for_tests
+from tests.support import eventually, leaked, master_key_for_tests
 
 
 @pytest.fixture
@@ -33,12 +33,12 @@ async def audited(redis_url: str) -> AsyncIterator[tuple[RunningService, EngramC
 
 async def recalled(client: EngramClient, user: str, count: int, **filters: object) -> list[RecallView]:
     """The user's recalls once ``count`` are in the read model (it follows the log)."""
-    for _ in range(100):
-        found = (await client.recalls(user, **filters)).recalls  # type: ignore[arg-type]
-        if len(found) >= count:
-            return found
-        await asyncio.sleep(0.05)
-    return found
+
+    async def found() -> list[RecallView] | None:
+        recalls = (await client.recalls(user, **filters)).recalls  # type: ignore[arg-type]
+        return recalls if len(recalls) >= count else None
+
+    return await eventually(found, what=f"{count} recalls of {user} in the read model")  # type: ignore[no-any-return]
 
 
 async def test_a_search_and_a_memory_block_record_what_they_showed(

@@ -76,10 +76,7 @@ async def test_a_poison_command_is_dead_lettered_after_bounded_deliveries(redis_
             )  # the stream keeps flowing meanwhile
             assert healthy.version == 1
             dead_stream = channels.dead_letter_stream(stream)
-            for _ in range(100):
-                if await redis.xlen(dead_stream):
-                    break
-                await asyncio.sleep(0.1)
+            await eventually(lambda: redis.xlen(dead_stream), what="the poison command in the dead letters")
             (_, fields), *rest = await redis.xrange(dead_stream)
             assert rest == []
             assert fields[ATTEMPT_FIELD.encode()] == b"3" and calls == 3

@@ -35,6 +35,7 @@ from engram_ledger.services.ops.relay import (
     verify,
 )
 from tests.conftest import RunningService
+from tests.support import eventually, serving_task
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +62,7 @@ class Receiver:
 
     async def post(self, request: Request) -> Response:
         body = await request.body()
-        await asyncio.sleep(self.delay)
+        await asyncio.sleep(self.delay)  # a receiver that takes a while to answer
         if not verify(SECRET, body, request.headers.get(SIGNATURE_HEADER, "")):
             self.bad_signatures += 1
             return Response(status_code=401)
@@ -78,10 +79,7 @@ class Receiver:
     async def start(self) -> None:
         app = Starlette(routes=[Route("/hook", self.post, methods=["POST"])])
         self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self._task = asyncio.create_task(self._server.serve())
-        while not self._server.started:
-            assert not self._task.done(), "the receiver did not start"
-            await asyncio.sleep(0.01)
+        self._task = await serving_task(self._server)
 
     async def stop(self) -> None:
         assert self._server is not None and self._task is not None
@@ -148,16 +146,16 @@ async def test_every_event_reaches_a_flaky_receiver_that_restarts_with_duplicate
         # The receiver goes away while events keep coming, and comes back on the same port.
         await receiver.stop()
         await write_load(redis_url, users=4, notes=15, first=15)
+        # Away a while longer: the relay's posts meet a closed port, and are retried.
         await asyncio.sleep(0.5)
         await receiver.start()
         expected = await log_event_ids(redis_url, 2)
 
-        async def all_in() -> None:
-            while not set(expected) <= {i for i, _ in receiver.accepted}:
-                assert not relaying.done(), relaying
-                await asyncio.sleep(0.1)
+        def all_in() -> bool:
+            assert not relaying.done(), relaying
+            return set(expected) <= {i for i, _ in receiver.accepted}
 
-        await asyncio.wait_for(all_in(), 60)
+        await eventually(all_in, 60, interval=0.1, what="every event of the log accepted")
     finally:
         stop.set()
         await asyncio.wait_for(relaying, 30)
@@ -201,20 +199,10 @@ async def test_an_event_that_keeps_failing_is_dead_lettered_and_the_rest_flow(
     )
     relaying = asyncio.create_task(run_relay(redis_url, False, options, stop))
     try:
-
-        async def delivered() -> None:
-            while ids[1] not in {i for i, _ in receiver.accepted}:
-                await asyncio.sleep(0.05)
-
-        await asyncio.wait_for(delivered(), 30)
+        await eventually(lambda: ids[1] in {i for i, _ in receiver.accepted}, what="the fine event delivered")
         async with aioredis.Redis.from_url(redis_url) as redis:
-
-            async def dead() -> list[tuple[bytes, dict[bytes, bytes]]]:
-                while not (found := await redis.xrange(channels.relay_dead_letters("crm"))):
-                    await asyncio.sleep(0.05)
-                return found  # type: ignore[no-any-return]
-
-            ((_, letter),) = await asyncio.wait_for(dead(), 30)
+            dead_letters = channels.relay_dead_letters("crm")
+            ((_, letter),) = await eventually(lambda: redis.xrange(dead_letters), what="the poisoned event's letter")
             assert letter[b"id"].decode() == ids[0] and letter[b"type"] == b"note_saved"
             assert letter[b"error"] == b"HTTP 500" and int(letter[b"attempts"]) >= 2
             assert b"poisoned" not in b"".join(letter.values()), "a dead letter keeps no content"
@@ -270,12 +258,12 @@ async def test_a_receiver_answering_with_a_huge_body_is_read_no_further_than_a_b
     try:
         log = channels.event_log(channels.partition_of("alice", 2))
         async with aioredis.Redis.from_url(redis_url) as redis:
-            for _ in range(300):
+
+            async def acknowledged() -> bool:
                 group = await group_info(redis, log, "huge")
-                if group is not None and group["entries-read"] and group["pending"] == 0:
-                    break
-                await asyncio.sleep(0.05)
-            assert group is not None and group["pending"] == 0, group
+                return group is not None and bool(group["entries-read"]) and group["pending"] == 0
+
+            await eventually(acknowledged, what="the event read and acknowledged")
     finally:
         stop.set()
         await asyncio.wait_for(relaying, 30)
@@ -339,12 +327,11 @@ async def test_a_receiver_that_trickles_its_answer_is_cut_off_at_the_post_deadli
     relaying = asyncio.create_task(run_relay(redis_url, False, options, stop))
     try:
 
-        async def all_in() -> None:
-            while not set(ids) <= set(accepted):
-                assert not relaying.done(), relaying
-                await asyncio.sleep(0.05)
+        def all_in() -> bool:
+            assert not relaying.done(), relaying
+            return set(ids) <= set(accepted)
 
-        await asyncio.wait_for(all_in(), 20)
+        await eventually(all_in, what="every event accepted")
     finally:
         stop.set()
         await asyncio.wait_for(relaying, 30)

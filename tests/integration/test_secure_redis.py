@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from engram_ledger.contracts.errors import EngramError, ErrorCode
 from engram_ledger.services.adapters.redis_server import find_redis_server, free_port
 from engram_ledger.services.bus.client import EngramClient
 from tests.conftest import RunningService, service_settings
-from tests.support import redis_with_password
+from tests.support import redis_with_password, wait_until
 
 PASSWORD = "s3cret-for-tests"
 
@@ -87,14 +86,15 @@ def secure_redis(tmp_path: Path) -> Iterator[tuple[int, Path]]:
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     url = f"rediss://engram:{PASSWORD}@127.0.0.1:{port}/0?ssl_ca_certs={ca}"
-    deadline = time.monotonic() + 10
-    while True:
+
+    def answering() -> bool:
         try:
-            if redis.Redis.from_url(url).ping():
-                break
+            with redis.Redis.from_url(url) as client:
+                return bool(client.ping())
         except redis.RedisError:
-            assert time.monotonic() < deadline, "the TLS redis-server did not start"
-            time.sleep(0.05)
+            return False
+
+    wait_until(answering, timeout=30, what="the TLS redis-server answering")
     yield port, ca
     process.terminate()
     process.wait(10)

@@ -24,7 +24,7 @@ from engram_ledger.services.bus.deliveries import ContentState, Delivery
 from engram_ledger.services.bus.subscription import Subscription
 from tests.cluster import LocalCluster
 from tests.conftest import RunningService, service_settings
-from tests.support import master_key_for_tests
+from tests.support import eventually, master_key_for_tests
 
 
 @pytest.fixture
@@ -342,13 +342,16 @@ async def test_a_subscription_rides_out_a_redis_restart(tmp_path: Path) -> None:
                 server.kill()
                 server.start()
                 for i in range(5):
-                    while True:
+
+                    async def saved(i: int = i) -> bool:
                         try:
                             await client.save("alice", f"after the restart {i}", command_id=f"after-{i}")
-                            break
+                            return True
                         except EngramError as e:  # Redis coming back: retried as a caller must
                             assert e.code in (ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT), e
-                            await asyncio.sleep(0.2)
+                            return False
+
+                    await eventually(saved, 60, interval=0.2, what=f"save {i} after the restart")
                 after = await take(events, 5, timeout=20)
                 await events.ack(*before[3:], *after)
                 await nothing_more(events)

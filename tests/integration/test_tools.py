@@ -12,25 +12,31 @@ from engram_ledger.contracts.limits import LIST_NOTES_MAX, LIST_NOTES_PAGE
 from engram_ledger.services.agents.tools import PROFILES, ToolDispatcher
 from engram_ledger.services.bus.client import EngramClient
 
-pytestmark = pytest.mark.integration
+# One service for the module (tests/conftest.py, ``shared_service``): each test is a user of its own.
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 
-def tools(client: EngramClient, profile: str, user: str = "alice", session: str | None = None) -> ToolDispatcher:
+@pytest.fixture
+def client(shared_client: EngramClient) -> EngramClient:
+    return shared_client
+
+
+def tools(client: EngramClient, profile: str, user: str, session: str | None = None) -> ToolDispatcher:
     return ToolDispatcher(client, user, profile, session)
 
 
-async def test_unknown_tools_and_bad_arguments_are_error_objects(client: EngramClient) -> None:
-    t = tools(client, "memento")
+async def test_unknown_tools_and_bad_arguments_are_error_objects(client: EngramClient, user: str) -> None:
+    t = tools(client, "memento", user)
     assert (await t.call("nope", {}))["error"]["code"] == "INVALID_PARAMETER"
     assert (await t.call("store_memory", {}))["error"]["code"] == "INVALID_PARAMETER"
     missing = await t.call("supersede_memory", {"old_memory_id": "AAAAAAAA", "new_memory_id": "BBBBBBBB"})
     assert missing["error"]["code"] == "MEMORY_NOT_FOUND" and "not found" in missing["error"]["message"]
 
 
-async def test_runtime_profile(client: EngramClient) -> None:
+async def test_runtime_profile(client: EngramClient, user: str) -> None:
     """Requirements §2: save returns a stable note_id, update keeps it, search finds notes and (with
     include_conversation) the current session, delete goes through the two calls."""
-    t = tools(client, "runtime", session="chat-1")
+    t = tools(client, "runtime", user, session="chat-1")
     saved = await t.call("memory_save", {"content": "User's name is Shantanu"})
     note = saved["note_id"]
     assert len(note) == 8 and "message" in saved
@@ -41,7 +47,7 @@ async def test_runtime_profile(client: EngramClient) -> None:
     assert updated["note_id"] == note
     found = await t.call("memory_search", {"query": "what should I call the user?"})
     assert found["results"][0]["note_id"] == note and found["results"][0]["text"] == "User prefers to be called SG"
-    said = await client.record_message("alice", "chat-1", "By the way my flight lands at 6pm")
+    said = await client.record_message(user, "chat-1", "By the way my flight lands at 6pm")
     t.track(said.token)
     plain = await t.call("memory_search", {"query": "when does my flight land?"})
     assert all(r["source"] == "memory" for r in plain["results"])
@@ -57,10 +63,10 @@ async def test_runtime_profile(client: EngramClient) -> None:
     assert (await t.call("memory_delete", {"note_id": note}))["error"]["code"] == "MEMORY_NOT_FOUND"
 
 
-async def test_versioned_alec_is_my_boss_and_sarah_moved_to_design(client: EngramClient) -> None:
+async def test_versioned_alec_is_my_boss_and_sarah_moved_to_design(client: EngramClient, user: str) -> None:
     """Requirements §3: add_to_memory with categories and subjects; a known subject suggests
     update_memory; update keeps the id and reports old -> new; /memory-style context block."""
-    t = tools(client, "prd29")  # by its old name: configurations that use it keep working
+    t = tools(client, "prd29", user)  # by its old name: configurations that use it keep working
     alec = await t.call(
         "add_to_memory", {"content": "Alec is the user's boss at TechCorp", "category": "person", "subject": "Alec"}
     )
@@ -82,16 +88,16 @@ async def test_versioned_alec_is_my_boss_and_sarah_moved_to_design(client: Engra
     assert (await t.call("add_to_memory", {"content": "hey", "category": "person"}))["error"]["code"] == (
         "INVALID_PARAMETER"
     )
-    block = await client.context("alice", after=t.last_token)
+    block = await client.context(user, after=t.last_token)
     assert f"- [id:{alec['id']}] [Alec] Alec is the user's boss at TechCorp" in block.text
     assert f"- [id:{sarah['id']}] [Sarah] Sarah is on the Design team" in block.text
     assert f"### Preference\n- [id:{friday['id']}] User prefers tasks to have due dates on Fridays" in block.text
 
 
-async def test_memento_the_austin_supersede(client: EngramClient) -> None:
+async def test_memento_the_austin_supersede(client: EngramClient, user: str) -> None:
     """Requirements §4: store_memory answers created / similar / action_required; supersede_memory;
     search_memories hides the superseded one and carries relevance_score."""
-    t = tools(client, "memento")
+    t = tools(client, "memento", user)
     seattle = await t.call("store_memory", {"content": "User lives in Seattle", "confidence": 0.9})
     assert seattle["similar"] == [] and seattle["action_required"] is None
     created = seattle["created"]
@@ -110,10 +116,10 @@ async def test_memento_the_austin_supersede(client: EngramClient) -> None:
     assert [m["id"] for m in recent["memories"]] == [new]
 
 
-async def test_assistant_batch_extraction_with_a_duplicate(client: EngramClient) -> None:
+async def test_assistant_batch_extraction_with_a_duplicate(client: EngramClient, user: str) -> None:
     """Requirements §5: extract_memory in a batch, exact duplicates (case and spacing) caught, and
     memory_updated: true; update, list, remove (two calls)."""
-    t = tools(client, "assistant")
+    t = tools(client, "assistant", user)
     first = await t.call(
         "extract_memory", {"facts": [{"content": "Likes black coffee"}, {"content": "Has a dog named Max"}]}
     )
@@ -140,17 +146,17 @@ async def test_assistant_batch_extraction_with_a_duplicate(client: EngramClient)
     assert asked["memory_updated"] is False and asked["status"] == "confirmation_required"
     removed = await t.call("remove_memory", {"fact_ids": [dog]})
     assert removed["memory_updated"] is True and removed["deleted"] == [dog]
-    xml = await client.context("alice", format="xml", after=t.last_token)
+    xml = await client.context(user, format="xml", after=t.last_token)
     assert "<facts>\n    Prefers tea. Allergic to peanuts.\n  </facts>" in xml.text  # category, then age
 
 
-async def test_forget_profile_the_san_francisco_forget(client: EngramClient) -> None:
+async def test_forget_profile_the_san_francisco_forget(client: EngramClient, user: str) -> None:
     """Requirements §1's conversation: query -> candidates with ids; the chosen id -> please confirm;
     the same id -> deleted; the other candidate stays."""
-    t = tools(client, "forget")
-    lives = await client.save("alice", "User lives in San Francisco", advise=False)
-    visited = await client.save("alice", "User visited San Francisco last year", advise=False)
-    await client.save("alice", "User likes hiking in Yosemite", advise=False)
+    t = tools(client, "forget", user)
+    lives = await client.save(user, "User lives in San Francisco", advise=False)
+    visited = await client.save(user, "User visited San Francisco last year", advise=False)
+    await client.save(user, "User likes hiking in Yosemite", advise=False)
     t.track(visited.token)
     found = await t.call("forget", {"query": "San Francisco"})
     assert found["status"] == "candidates"
@@ -162,11 +168,11 @@ async def test_forget_profile_the_san_francisco_forget(client: EngramClient) -> 
     done = await t.call("forget", {"memory_id": lives.note_id})
     assert done["status"] == "forgotten" and done["deleted"] == [lives.note_id]
     assert (await t.call("forget", {}))["error"]["code"] == "INVALID_PARAMETER"
-    assert (await client.get_note("alice", visited.note_id)).status == "active"
+    assert (await client.get_note(user, visited.note_id)).status == "active"
 
 
-async def test_engram_profile_every_tool(client: EngramClient) -> None:
-    t = tools(client, "engram")
+async def test_engram_profile_every_tool(client: EngramClient, user: str) -> None:
+    t = tools(client, "engram", user)
     saved = await t.call("save", {"content": "Alec is my boss", "category": "person", "subject": "Alec"})
     note = saved["note_id"]
     newer = await t.call("save", {"content": "Alec retired in May and Priya is my boss now", "category": "person"})
@@ -195,18 +201,18 @@ async def test_engram_profile_every_tool(client: EngramClient) -> None:
             "links": [newer["note_id"]],
         },
     )
-    stored = await client.get_note("alice", episode["note_id"], after=episode["token"])
+    stored = await client.get_note(user, episode["note_id"], after=episode["token"])
     assert stored.links == [newer["note_id"]] and stored.summary == "Dinner plans with sister Sarah"
     linked_fact = await t.call("save", {"content": "a fact with links", "links": [note]})
     assert linked_fact["error"]["code"] == "INVALID_PARAMETER"
     assert (await t.call("forget", {"note_id": episode["note_id"]}))["status"] == "confirmation_required"
 
 
-async def test_the_tools_that_list_notes_page_them(client: EngramClient) -> None:
+async def test_the_tools_that_list_notes_page_them(client: EngramClient, user: str) -> None:
     """The listing tools returned the whole memory in one result; they now page it."""
-    written = await client.save_many("alice", [NoteDraft(content=f"fact number {i}") for i in range(5)])
+    written = await client.save_many(user, [NoteDraft(content=f"fact number {i}") for i in range(5)])
     for name, key in (("engram", "notes"), ("assistant", "facts")):
-        t = tools(client, name)
+        t = tools(client, name, user)
         t.track(written.token)
         lister = "list" if name == "engram" else "list_memories"
         first = await t.call(lister, {"limit": 2})
@@ -234,9 +240,9 @@ def _shape(result: dict[str, Any]) -> set[str]:
     ],
 )
 async def test_every_search_tool_says_in_words_when_nothing_matched(
-    client: EngramClient, profile: str, tool: str, listed: str
+    client: EngramClient, user: str, profile: str, tool: str, listed: str
 ) -> None:
-    t = tools(client, profile, user=f"floor-{profile}", session="chat-1")
+    t = tools(client, profile, user, session="chat-1")
     save = {"engram": "save", "memento": "store_memory", "runtime": "memory_save"}[profile]
     await t.call(save, {"content": "Keeps bees on the roof"})
     nothing = await t.call(tool, {"query": "What is the capital of Peru?"})

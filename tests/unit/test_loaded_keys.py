@@ -20,7 +20,7 @@ def test_a_kept_key_serves_the_next_append_then_expires_and_is_bounded() -> None
     keys.keep("alice", "n1", b"wrapped-1", cipher)
     assert keys.get("alice", "n1") == (b"wrapped-1", cipher)
     assert keys.get("bob", "n1") is None, "kept per user and note"
-    time.sleep(0.06)
+    time.sleep(0.06)  # its time runs out
     assert keys.get("alice", "n1") is None, "expired"
     keys.keep("alice", "n2", b"w2", cipher)  # also sweeps the expired n1 out
     keys.keep("alice", "n3", b"w3", cipher)
