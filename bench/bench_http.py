@@ -13,7 +13,8 @@ separate processes, saves ``--notes`` notes for one user, then from this process
    rounds of a save and a search: every answer that is not a 2xx counts as an error (there must
    be none), and the p50/p99 of all the requests.
 
-Prints both, then one JSON line.
+Then the raw floor of an HTTP request: the same client against a route that does nothing (uvicorn,
+Starlette) in a process of its own. Prints them, then one JSON line.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -109,6 +111,45 @@ async def bus_against_http(client: EngramClient, base: str, bearer: str, searche
     return {"bus": bus, "http": web, "p50_difference_ms": round(web["p50_ms"] - bus["p50_ms"], 3)}
 
 
+# The raw floor of an HTTP request on this machine: the same client, uvicorn and Starlette, a route
+# that reads the body and answers a fixed reply, in a process of its own.
+_FLOOR_APP = """
+import sys, uvicorn
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
+async def answer(request):
+    await request.body()
+    return Response(b'{"results": []}', media_type="application/json")
+app = Starlette(routes=[Route("/v1/search", answer, methods=["POST"])])
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+"""
+
+
+async def http_floor(requests: int) -> dict[str, float]:
+    """The p50/p99 of a POST answered by a route that does nothing, in ms."""
+    port = free_port()
+    app = subprocess.Popen([sys.executable, "-c", _FLOOR_APP, str(port)], preexec_fn=die_with_parent)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient(base_url=base) as http:
+            for _ in range(600):
+                try:
+                    await http.post("/v1/search", json={})
+                    break
+                except httpx.TransportError:
+                    await asyncio.sleep(0.1)
+            took = []
+            for _ in range(requests):
+                began = time.perf_counter()
+                (await http.post("/v1/search", json={"query": QUERY, "top_k": 5})).raise_for_status()
+                took.append((time.perf_counter() - began) * 1000)
+        return summary(took)
+    finally:
+        app.terminate()
+        app.wait(timeout=20)
+
+
 async def concurrent_clients(base: str, tokens: list[str], each: int) -> dict[str, object]:
     """Every token's client at once, each doing ``each`` rounds of a save then a search."""
     latencies: list[float] = []
@@ -167,7 +208,8 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             web.wait(timeout=20)
             worker.stop()
             server.stop()
-    return {"cores": os.cpu_count(), "notes": args.notes, "search": compared, "concurrent": crowd}
+    floor = await http_floor(args.searches)
+    return {"cores": os.cpu_count(), "notes": args.notes, "search": compared, "http_floor": floor, "concurrent": crowd}
 
 
 def main() -> None:
@@ -182,6 +224,9 @@ def main() -> None:
     print(f"search over the bus:  p50 {search['bus']['p50_ms']} ms, p99 {search['bus']['p99_ms']} ms")
     print(f"search over HTTP:     p50 {search['http']['p50_ms']} ms, p99 {search['http']['p99_ms']} ms")
     print(f"HTTP's p50 over the bus's: {search['p50_difference_ms']} ms")
+    floor = results["http_floor"]
+    assert isinstance(floor, dict)
+    print(f"raw floor, a POST to a route that does nothing (httpx, uvicorn, Starlette): p50 {floor['p50_ms']} ms")
     print(
         f"{crowd['clients']} concurrent HTTP clients: {crowd['requests']} requests, {crowd['errors']} errors, "
         f"p50 {crowd['p50_ms']} ms, p99 {crowd['p99_ms']} ms, {crowd['requests_per_s']} requests/s"

@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
-from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -51,6 +51,8 @@ def redact_url(url: str) -> str:
 UNACKNOWLEDGED_LIMIT_MS = 10_000
 KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 5, 2, 3
 CONNECT_TIMEOUT_S = 5.0
+# A client's connections (redis-py's default), and how long a command waits for one of them.
+POOL_CONNECTIONS, POOL_WAIT_S = 100, 30.0
 
 
 def serving_options(url: str, socket_timeout: float | None = None) -> dict[str, Any]:
@@ -139,7 +141,11 @@ def open_redis(url: str, cluster: bool = False, **options: Any) -> Redis:
         client = RedisCluster.from_url(url, **options)
         stream_reads_routed_locally(client)
         return client
-    return Redis.from_url(url, **options)
+    # A caller past the pool's connections waits for one to come back (redis-py's own pool
+    # refuses it at once: "Too many connections", 100 by default), as 200 HTTP clients at once do.
+    return Redis.from_pool(
+        BlockingConnectionPool.from_url(url, **{"max_connections": POOL_CONNECTIONS, "timeout": POOL_WAIT_S, **options})
+    )
 
 
 _STREAM_READS = frozenset({"XREAD", "XREADGROUP"})
