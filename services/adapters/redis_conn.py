@@ -51,8 +51,10 @@ def redact_url(url: str) -> str:
 UNACKNOWLEDGED_LIMIT_MS = 10_000
 KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 5, 2, 3
 CONNECT_TIMEOUT_S = 5.0
-# A client's connections (redis-py's default), and how long a command waits for one of them.
-POOL_CONNECTIONS, POOL_WAIT_S = 100, 30.0
+# A client's connections at most, and how long a command waits for one of them. Made as needed;
+# a serving process's gates and projection runners each hold one in a blocking read (about seven
+# a partition), so the cap leaves room for many partitions beside the requests.
+POOL_CONNECTIONS, POOL_WAIT_S = 1_000, 30.0
 
 
 def serving_options(url: str, socket_timeout: float | None = None) -> dict[str, Any]:
@@ -142,7 +144,7 @@ def open_redis(url: str, cluster: bool = False, **options: Any) -> Redis:
         stream_reads_routed_locally(client)
         return client
     # A caller past the pool's connections waits for one to come back (redis-py's own pool
-    # refuses it at once: "Too many connections", 100 by default), as 200 HTTP clients at once do.
+    # refuses it at once: "Too many connections", past 100 by default).
     return Redis.from_pool(
         BlockingConnectionPool.from_url(url, **{"max_connections": POOL_CONNECTIONS, "timeout": POOL_WAIT_S, **options})
     )
