@@ -309,40 +309,58 @@ async def serve_http(
     sessions_per_token: int = 16,
 ) -> None:
     """``tls``: certificate and key files, for anything but loopback."""
-    import uvicorn
-
     from engram_ledger.services.ops.listening import check_port, http_url
 
     check_port(host, port, "--http PORT")
-    if tls is None and host not in LOOPBACK:
-        log.warning(
-            "serving MCP on %s without TLS: bearer tokens cross the network in clear; "
-            "give --tls-cert and --tls-key, or put a TLS proxy in front",
-            host,
-        )
+    warn_without_tls("MCP", host, tls)
     async with client:
         server = build_server(client, profile_name, None)
         limits = SessionLimits(verifier, per_token=sessions_per_token)
         app = http_app(server, verifier, host, session_idle_seconds=session_idle_seconds, limits=limits)
-        certfile, keyfile = tls if tls is not None else (None, None)
-        config = uvicorn.Config(
-            app, host=host, port=port, log_level="warning", ssl_certfile=certfile, ssl_keyfile=keyfile
+        announce = (
+            "engram mcp: the %s profile over streamable HTTP at %s (each request's bearer token says who "
+            "calls: `engram tokens create --user U`)"
         )
-        http = uvicorn.Server(config)
-        serving = asyncio.create_task(http.serve())
-        stop = asyncio.Event()
-        checking = asyncio.create_task(limits.run(stop))
-        while not http.started and not serving.done():
-            await asyncio.sleep(0.05)
-        if http.started:
-            log.info(
-                "engram mcp: the %s profile over streamable HTTP at %s (each request's bearer token says who "
-                "calls: `engram tokens create --user U`)",
-                profile_name,
-                http_url(host, port, MCP_PATH, tls is not None),
-            )
-        try:
-            await serving
-        finally:
-            stop.set()
-            await checking
+        await serve_until_stopped(
+            app, host, port, tls, limits, announce, profile_name, http_url(host, port, MCP_PATH, tls is not None)
+        )
+
+
+def warn_without_tls(what: str, host: str, tls: tuple[str, str] | None) -> None:
+    if tls is None and host not in LOOPBACK:
+        log.warning(
+            "serving %s on %s without TLS: bearer tokens cross the network in clear; "
+            "give --tls-cert and --tls-key, or put a TLS proxy in front",
+            what,
+            host,
+        )
+
+
+async def serve_until_stopped(
+    app: Any,
+    host: str,
+    port: int,
+    tls: tuple[str, str] | None,
+    limits: SessionLimits,
+    announce: str,
+    *args: object,
+) -> None:
+    """Serve ``app`` with uvicorn until stopped (SIGINT/SIGTERM), checking the sessions' tokens
+    (``limits``) meanwhile; once it listens, log ``announce % args``."""
+    import uvicorn
+
+    certfile, keyfile = tls if tls is not None else (None, None)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", ssl_certfile=certfile, ssl_keyfile=keyfile)
+    web = uvicorn.Server(config)
+    serving = asyncio.create_task(web.serve())
+    stop = asyncio.Event()
+    checking = asyncio.create_task(limits.run(stop))
+    while not web.started and not serving.done():
+        await asyncio.sleep(0.05)
+    if web.started:
+        log.info(announce, *args)
+    try:
+        await serving
+    finally:
+        stop.set()
+        await checking

@@ -4,11 +4,9 @@ else, as ``engram mcp --http``."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend
 from mcp.server.auth.provider import TokenVerifier
@@ -21,7 +19,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
 from engram_ledger.contracts.errors import EngramError, ErrorCode
-from engram_ledger.services.agents.mcp_server import LOOPBACK, MCP_PATH, build_server, http_app
+from engram_ledger.services.agents.mcp_server import (
+    MCP_PATH,
+    build_server,
+    http_app,
+    serve_until_stopped,
+    warn_without_tls,
+)
 from engram_ledger.services.agents.mcp_sessions import SessionLimits
 from engram_ledger.services.agents.tokens import TokensUnreachable
 from engram_ledger.services.bus.client import EngramClient
@@ -120,17 +124,10 @@ async def serve_api(
     cluster: bool = False,
 ) -> None:
     """Until stopped (SIGINT/SIGTERM); ``tls``: certificate and key files, for anything but loopback."""
-    import uvicorn
-
     from engram_ledger.services.ops.listening import check_port, http_url
 
     check_port(host, port, "--port")
-    if tls is None and host not in LOOPBACK:
-        log.warning(
-            "serving HTTP on %s without TLS: bearer tokens cross the network in clear; "
-            "give --tls-cert and --tls-key, or put a TLS proxy in front",
-            host,
-        )
+    warn_without_tls("HTTP", host, tls)
     async with client:
         limits = SessionLimits(verifier, per_token=sessions_per_token)
         app = api_app(
@@ -143,26 +140,16 @@ async def serve_api(
             session_idle_seconds=session_idle_seconds,
             cluster=cluster,
         )
-        certfile, keyfile = tls if tls is not None else (None, None)
-        config: Any = uvicorn.Config(
-            app, host=host, port=port, log_level="warning", ssl_certfile=certfile, ssl_keyfile=keyfile
+        api = http_url(host, port, API_PATH, tls is not None)
+        mcp = http_url(host, port, MCP_PATH, tls is not None)
+        await serve_until_stopped(
+            app,
+            host,
+            port,
+            tls,
+            limits,
+            "engram http: the API at %s (OpenAPI at %s/openapi.json), MCP at %s",
+            api,
+            api,
+            mcp,
         )
-        web = uvicorn.Server(config)
-        serving = asyncio.create_task(web.serve())
-        stop = asyncio.Event()
-        checking = asyncio.create_task(limits.run(stop))
-        while not web.started and not serving.done():
-            await asyncio.sleep(0.05)
-        if web.started:
-            tls_on = tls is not None
-            log.info(
-                "engram http: the API at %s (OpenAPI at %s/openapi.json), MCP at %s",
-                http_url(host, port, API_PATH, tls_on),
-                http_url(host, port, API_PATH, tls_on),
-                http_url(host, port, MCP_PATH, tls_on),
-            )
-        try:
-            await serving
-        finally:
-            stop.set()
-            await checking
